@@ -1,0 +1,73 @@
+#include "algorithms/call_header.h"
+
+#include "common/error.h"
+
+namespace rr {
+namespace {
+
+constexpr uint32_t kHeaderMagic = 0x52524331;  // "RRC1"
+
+CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args) {
+  CallHeader h{};
+  h.magic = kHeaderMagic;
+  h.kind = static_cast<uint8_t>(args.kind);
+  h.dtype = static_cast<uint8_t>(args.dtype);
+  h.op = static_cast<uint8_t>(args.op);
+  h.seq = ctx.seq;
+  h.count = args.count;
+  h.root = args.root;
+  return h;
+}
+
+// Renders a header the way the user wrote the call.
+std::string describe_header(const CallHeader& h) {
+  const bool known = h.kind >= 1 && h.kind <= 5 && valid_dtype(h.dtype) && valid_op(h.op);
+  if (!known) return "an unknown call (corrupt header)";
+  CollectiveArgs args;
+  args.kind = static_cast<CollectiveKind>(h.kind);
+  args.count = h.count;
+  args.dtype = static_cast<DataType>(h.dtype);
+  args.op = static_cast<ReduceOp>(h.op);
+  args.root = h.root;
+  return describe_call(args) + " as call #" + std::to_string(h.seq);
+}
+
+}  // namespace
+
+RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
+                                 std::unique_ptr<CallHeader>& storage) {
+  Transport& t = ctx.transport;
+  const int size = t.size();
+  const int rank = t.rank();
+  const int right = (rank + 1) % size;
+  const int left = (rank + size - 1) % size;
+
+  storage = std::make_unique<CallHeader>(make_header(ctx, args));
+  RequestPtr sent = t.isend(right, storage.get(), sizeof(CallHeader));
+
+  CallHeader theirs{};
+  RequestPtr received = t.irecv(left, &theirs, sizeof theirs);
+  try {
+    t.wait(*received, ctx.deadline());
+  } catch (const TimeoutError& e) {
+    // The left neighbour never started this call: that is the useful fact.
+    throw TimeoutError("rank " + std::to_string(left) + " did not start " + describe_call(args) +
+                           " (call #" + std::to_string(ctx.seq) + ") within " +
+                           format_seconds(ctx.timeout_seconds) +
+                           " s; rank " + std::to_string(rank) + " waited for it",
+                       left);
+  }
+  const CallHeader& mine = *storage;
+  if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
+      theirs.op != mine.op || theirs.seq != mine.seq || theirs.count != mine.count ||
+      theirs.root != mine.root) {
+    throw MismatchError("collective mismatch between rank " + std::to_string(left) + " and rank " +
+                            std::to_string(rank) + ": rank " + std::to_string(left) +
+                            " called " + describe_header(theirs) + ", rank " +
+                            std::to_string(rank) + " called " + describe_header(mine),
+                        left);
+  }
+  return sent;
+}
+
+}  // namespace rr

@@ -1,0 +1,35 @@
+// The always-on consistency check. Before any data, every rank sends its right
+// neighbour a 32-byte header describing the call it is making, and compares
+// the header from its left neighbour with its own. Around the ring this
+// compares every rank with every other, for 32 bytes per call. A mismatch
+// raises MismatchError naming both ranks and both calls, instead of a hang or
+// silently wrong data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "algorithms/collective.h"
+
+namespace rr {
+
+struct CallHeader {
+  uint32_t magic;
+  uint8_t kind;
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t reserved;
+  uint64_t seq;
+  uint64_t count;
+  int32_t root;
+  uint32_t reserved2;
+};
+static_assert(sizeof(CallHeader) == 32, "the header is part of the wire format");
+
+// Sends our header right, receives the left neighbour's and checks it. The
+// returned request (our header send) must be waited on before the call ends;
+// `storage` keeps our header alive until then.
+RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
+                                 std::unique_ptr<CallHeader>& storage);
+
+}  // namespace rr

@@ -1,0 +1,54 @@
+// What a collective call is, independent of how it is run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "transport/transport.h"
+
+namespace rr {
+
+// Numbering is part of the wire header: append only.
+enum class CollectiveKind : uint8_t {
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+};
+const char* collective_name(CollectiveKind kind);
+
+// One call. `count` is the number of elements of `send`: the whole vector for
+// all_reduce/reduce_scatter/broadcast, one rank's block for all_gather.
+struct CollectiveArgs {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;  // all_reduce: count; reduce_scatter: own block; all_gather: size*count
+  size_t count = 0;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+};
+
+// "all_reduce(count=10, float32, sum)": how errors name a call.
+std::string describe_call(const CollectiveArgs& args);
+
+// What the algorithms need besides the transport.
+struct RingContext {
+  Transport& transport;
+  double timeout_seconds;   // each wait gives up after this long without completing
+  size_t segment_bytes;     // the pipelined unit of a chunk on the wire
+  uint64_t seq;             // the call's number on this communicator, from 1
+  std::vector<char>& scratch;  // reused between calls; grown on demand
+
+  Deadline deadline() const { return Deadline::after(timeout_seconds); }
+};
+
+// Runs one collective to completion on the calling thread. Throws the typed
+// errors of common/error.h; on a throw the transport must be considered broken.
+void run_collective(RingContext& ctx, const CollectiveArgs& args);
+
+}  // namespace rr

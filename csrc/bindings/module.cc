@@ -1,0 +1,140 @@
+// pybind11 module ringreduce._core: a thin, pointer-level layer. The Python
+// package validates arrays and passes raw addresses; every wait here releases
+// the GIL so other Python threads run while a collective is in flight.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algorithms/ring_schedule.h"
+#include "common/error.h"
+#include "config.h"
+#include "engine/communicator.h"
+#include "reduce/cpu_kernels.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Raises ringreduce.errors.<name>(message) with .peer set.
+void raise_python(const char* name, const char* message, int peer) {
+  py::object cls = py::module_::import("ringreduce.errors").attr(name);
+  py::object exc = cls(message);
+  exc.attr("peer") = peer >= 0 ? py::object(py::int_(peer)) : py::object(py::none());
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+void translate(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const rr::MismatchError& e) {
+    raise_python("MismatchError", e.what(), e.peer());
+  } catch (const rr::TimeoutError& e) {
+    raise_python("TimeoutError", e.what(), e.peer());
+  } catch (const rr::PeerError& e) {
+    raise_python("PeerError", e.what(), e.peer());
+  } catch (const rr::InvalidArgument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const rr::Error& e) {
+    raise_python("RingReduceError", e.what(), -1);
+  }
+}
+
+void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+rr::DataType to_dtype(int value) {
+  if (!rr::valid_dtype(value)) throw rr::InvalidArgument("unknown dtype code " + std::to_string(value));
+  return static_cast<rr::DataType>(value);
+}
+
+rr::ReduceOp to_op(int value) {
+  if (!rr::valid_op(value)) throw rr::InvalidArgument("unknown op code " + std::to_string(value));
+  return static_cast<rr::ReduceOp>(value);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "ringreduce C++ engine (internal; use the ringreduce package)";
+  py::register_exception_translator(&translate);
+
+  py::class_<rr::Work, std::shared_ptr<rr::Work>>(m, "Work")
+      .def("wait", &rr::Work::wait, py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+           "Waits at most `seconds` (negative: until the collective ends); True when finished.")
+      .def("done", &rr::Work::done)
+      .def_property_readonly("description", &rr::Work::description);
+
+  py::class_<rr::Communicator>(m, "Communicator")
+      .def_static("create_tcp", &rr::create_tcp_communicator, py::arg("rank"),
+                  py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
+                  py::arg("timeout"), py::arg("segment_bytes"), py::arg("store_dir"),
+                  py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &rr::Communicator::rank)
+      .def_property_readonly("world_size", &rr::Communicator::size)
+      .def_property_readonly("transport", &rr::Communicator::transport_name)
+      .def_property_readonly("timeout", &rr::Communicator::timeout)
+      .def(
+          "submit",
+          [](rr::Communicator& self, int kind, uintptr_t send, uintptr_t recv, size_t count,
+             int dtype, int op, int root) {
+            rr::CollectiveArgs args;
+            args.kind = static_cast<rr::CollectiveKind>(kind);
+            args.send = as_ptr(send);
+            args.recv = as_ptr(recv);
+            args.count = count;
+            args.dtype = to_dtype(dtype);
+            args.op = to_op(op);
+            args.root = root;
+            return self.submit(args);
+          },
+          py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"))
+      .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](const rr::Communicator& self) {
+        rr::CommStats s = self.stats();
+        py::dict d;
+        d["bytes_sent"] = s.bytes_sent;
+        d["bytes_received"] = s.bytes_received;
+        d["ops"] = s.ops;
+        return d;
+      });
+
+  m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
+  m.def(
+      "reduce_scatter_step",
+      [](int rank, int size, int step) {
+        auto s = rr::reduce_scatter_step(rank, size, step);
+        return std::make_pair(s.send_chunk, s.recv_chunk);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("step"));
+  m.def(
+      "all_gather_step",
+      [](int rank, int size, int step) {
+        auto s = rr::all_gather_step(rank, size, step);
+        return std::make_pair(s.send_chunk, s.recv_chunk);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("step"));
+  m.def(
+      "reduce_local",
+      [](int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n) {
+        rr::cpu_reduce_fn(to_dtype(dtype), to_op(op))(as_ptr(out), as_ptr(a), as_ptr(b), n);
+      },
+      py::arg("dtype"), py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"),
+      "out = a op b on raw buffers with the CPU kernels (for tests and benchmarks).");
+  m.def(
+      "divide_local",
+      [](int dtype, uintptr_t data, size_t n, int divisor) {
+        rr::divide_by(to_dtype(dtype), as_ptr(data), n, divisor);
+      },
+      py::arg("dtype"), py::arg("data"), py::arg("n"), py::arg("divisor"));
+  m.def("build_info", [] {
+    py::dict d;
+    d["version"] = RR_VERSION;
+    d["mpi"] = RR_WITH_MPI != 0;
+    d["cuda"] = RR_WITH_CUDA != 0;
+    py::list transports;
+    transports.append("tcp");
+    if (RR_WITH_MPI) transports.append("mpi");
+    d["transports"] = transports;
+    d["cpu_kernels"] = rr::cpu_kernel_isa();
+    return d;
+  });
+}

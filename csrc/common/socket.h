@@ -1,0 +1,63 @@
+// Small POSIX socket helpers shared by the TCP transport and the TCP store.
+// Blocking-style helpers here still honour a Deadline: they run on
+// non-blocking sockets and poll() in bounded slices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/deadline.h"
+
+namespace rr {
+
+// Owns a file descriptor; closes it on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// Listens on `host` (empty = all interfaces) and `port` (0 = any free port).
+Fd listen_tcp(const std::string& host, int port, int backlog = 128);
+int bound_port(int fd);
+// The local IP address of a connected socket, as text.
+std::string local_ip(int fd);
+
+// Connects to host:port, retrying refused/unreachable attempts until the
+// deadline (the peer may not be listening yet). Throws TimeoutError naming
+// `what` when the deadline passes.
+Fd connect_tcp(const std::string& host, int port, const Deadline& deadline, const std::string& what);
+
+// Accepts one connection, waiting at most until the deadline.
+Fd accept_tcp(int listen_fd, const Deadline& deadline, const std::string& what);
+
+void set_nonblocking(int fd);
+// TCP_NODELAY and large kernel buffers: the ring streams megabytes per step.
+void tune_stream_socket(int fd);
+
+// Sends/receives exactly n bytes before the deadline. Throws PeerError(peer) when
+// the connection breaks and TimeoutError(peer) at the deadline.
+void send_exact(int fd, const void* data, size_t n, const Deadline& deadline, int peer,
+                const std::string& what);
+void recv_exact(int fd, void* data, size_t n, const Deadline& deadline, int peer,
+                const std::string& what);
+
+}  // namespace rr

@@ -1,0 +1,23 @@
+// CPU reduction kernels: a (dtype x op) table of type-erased functions.
+#pragma once
+
+#include <cstddef>
+
+#include "common/dtype.h"
+
+namespace rr {
+
+// out[i] = a[i] op b[i] for i < n. `out` may alias `a` or `b`.
+using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+
+// The kernel for (dtype, op). kAvg maps to the sum kernel: the division by the
+// number of ranks happens once, in divide_by().
+ReduceFn cpu_reduce_fn(DataType dtype, ReduceOp op);
+
+// data[i] /= divisor, in the dtype's compute type (floating types only).
+void divide_by(DataType dtype, void* data, size_t n, int divisor);
+
+// Which instruction set the kernels run with on this CPU ("avx2" or "generic").
+const char* cpu_kernel_isa();
+
+}  // namespace rr

@@ -1,0 +1,15 @@
+// Instantiates the kernels for one instruction-set variant. CMake compiles this
+// file several times with different -m flags and RR_KERNEL_VARIANT names.
+#include "reduce/cpu_kernels_impl.h"
+
+namespace rr {
+namespace RR_KERNEL_VARIANT {
+
+ReduceFn variant_reduce_fn(DataType dtype, ReduceOp op) { return reduce_fn(dtype, op); }
+
+void variant_divide(DataType dtype, void* data, size_t n, int divisor) {
+  divide(dtype, data, n, divisor);
+}
+
+}  // namespace RR_KERNEL_VARIANT
+}  // namespace rr

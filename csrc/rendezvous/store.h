@@ -1,0 +1,37 @@
+// Rendezvous: a key-value store the ranks share while they bootstrap, and
+// afterwards as an out-of-band channel for failure reports (so a rank whose
+// neighbour vanished can say which rank failed first).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/deadline.h"
+
+namespace rr {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // The value, or nothing if the key is not set yet. Never blocks for long.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  // Stores `value` unless the key exists; returns whichever value the key
+  // holds afterwards. This is how ranks agree on "the first failure".
+  virtual std::string set_if_absent(const std::string& key, const std::string& value) = 0;
+
+  // Waits until `key` is set. Throws TimeoutError naming the key at the deadline.
+  std::string get(const std::string& key, const Deadline& deadline);
+};
+
+// A store hosted by one rank: `is_server` ranks run the server on host:port,
+// everybody (the host included) connects to it as a client.
+std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
+                                      const Deadline& deadline);
+
+// A store in a directory visible to every rank (a shared file system).
+std::unique_ptr<Store> make_file_store(const std::string& directory);
+
+}  // namespace rr

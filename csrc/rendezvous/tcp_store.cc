@@ -1,0 +1,201 @@
+// The TCP store: a tiny request/response protocol on one connection per rank.
+//
+//   request  = u8 command, u32 key length, key, u32 value length, value
+//   response = u8 status (0 = ok, 1 = missing), u32 value length, value
+//
+// The server is a thread on the hosting rank that polls its listening socket
+// and every client; requests are small, so replies are written synchronously.
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "common/socket.h"
+#include "rendezvous/store.h"
+
+namespace rr {
+namespace {
+
+enum Command : uint8_t { kSet = 1, kGet = 2, kSetIfAbsent = 3 };
+constexpr double kIoSeconds = 30.0;
+
+void append_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<char*>(&v), 4); }
+
+class StoreServer {
+ public:
+  explicit StoreServer(Fd listener) : listener_(std::move(listener)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~StoreServer() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  struct Client {
+    Fd fd;
+    std::string inbox;
+  };
+
+  void run() {
+    while (!stop_) {
+      std::vector<pollfd> fds;
+      fds.push_back({listener_.get(), POLLIN, 0});
+      for (auto& c : clients_) fds.push_back({c.fd.get(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+      if (fds[0].revents & POLLIN) accept_all();
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents) serve(clients_[i - 1]);
+      }
+      clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
+                                    [](const Client& c) { return !c.fd.valid(); }),
+                     clients_.end());
+    }
+  }
+
+  void accept_all() {
+    while (true) {
+      int fd = ::accept(listener_.get(), nullptr, nullptr);
+      if (fd < 0) return;
+      set_nonblocking(fd);
+      clients_.push_back(Client{Fd(fd), {}});
+    }
+  }
+
+  void serve(Client& c) {
+    char buf[4096];
+    while (true) {
+      ssize_t k = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (k > 0) {
+        c.inbox.append(buf, static_cast<size_t>(k));
+        continue;
+      }
+      if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c.fd.reset();  // the client left; its keys stay
+        return;
+      }
+      break;
+    }
+    try {
+      while (handle_one(c)) {
+      }
+    } catch (const Error&) {
+      c.fd.reset();  // a client that stops reading replies is dropped, not waited on
+    }
+  }
+
+  // Parses and answers one complete request from the client's inbox.
+  bool handle_one(Client& c) {
+    const std::string& in = c.inbox;
+    if (in.size() < 5) return false;
+    uint32_t klen, vlen;
+    std::memcpy(&klen, in.data() + 1, 4);
+    if (in.size() < 9 + klen) return false;
+    std::memcpy(&vlen, in.data() + 5 + klen, 4);
+    size_t total = 9 + size_t{klen} + vlen;
+    if (in.size() < total) return false;
+    uint8_t cmd = static_cast<uint8_t>(in[0]);
+    std::string key = in.substr(5, klen);
+    std::string value = in.substr(9 + klen, vlen);
+    c.inbox.erase(0, total);
+
+    uint8_t status = 0;
+    std::string reply;
+    if (cmd == kSet) {
+      data_[key] = value;
+    } else if (cmd == kGet) {
+      auto it = data_.find(key);
+      if (it == data_.end()) {
+        status = 1;
+      } else {
+        reply = it->second;
+      }
+    } else if (cmd == kSetIfAbsent) {
+      reply = data_.emplace(key, value).first->second;
+    } else {
+      c.fd.reset();
+      return false;
+    }
+    std::string out(1, static_cast<char>(status));
+    append_u32(out, static_cast<uint32_t>(reply.size()));
+    out += reply;
+    send_exact(c.fd.get(), out.data(), out.size(), Deadline::after(kIoSeconds), -1,
+               "store client");
+    return true;
+  }
+
+  Fd listener_;
+  std::vector<Client> clients_;
+  std::map<std::string, std::string> data_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class TcpStore : public Store {
+ public:
+  TcpStore(std::unique_ptr<StoreServer> server, Fd fd)
+      : server_(std::move(server)), fd_(std::move(fd)) {}
+
+  void set(const std::string& key, const std::string& value) override {
+    request(kSet, key, value);
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    std::string value;
+    if (request(kGet, key, "", &value) != 0) return std::nullopt;
+    return value;
+  }
+  std::string set_if_absent(const std::string& key, const std::string& value) override {
+    std::string stored;
+    request(kSetIfAbsent, key, value, &stored);
+    return stored;
+  }
+
+ private:
+  uint8_t request(uint8_t cmd, const std::string& key, const std::string& value,
+                  std::string* reply = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Deadline deadline = Deadline::after(kIoSeconds);
+    std::string msg(1, static_cast<char>(cmd));
+    append_u32(msg, static_cast<uint32_t>(key.size()));
+    msg += key;
+    append_u32(msg, static_cast<uint32_t>(value.size()));
+    msg += value;
+    send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, "the rendezvous store (rank 0)");
+    char head[5];
+    recv_exact(fd_.get(), head, 5, deadline, 0, "the rendezvous store (rank 0)");
+    uint32_t len;
+    std::memcpy(&len, head + 1, 4);
+    std::string body(len, '\0');
+    recv_exact(fd_.get(), body.data(), len, deadline, 0, "the rendezvous store (rank 0)");
+    if (reply) *reply = std::move(body);
+    return static_cast<uint8_t>(head[0]);
+  }
+
+  // Declared first so it outlives our own client connection on destruction.
+  std::unique_ptr<StoreServer> server_;
+  Fd fd_;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
+                                      const Deadline& deadline) {
+  std::unique_ptr<StoreServer> server;
+  if (is_server) {
+    // Listen on every interface: MASTER_ADDR names this host as the others see it.
+    server = std::make_unique<StoreServer>(listen_tcp("", port));
+  }
+  Fd fd = connect_tcp(host, port, deadline, "the rendezvous store (MASTER_ADDR:MASTER_PORT)");
+  return std::make_unique<TcpStore>(std::move(server), std::move(fd));
+}
+
+}  // namespace rr

@@ -1,0 +1,62 @@
+// The TCP transport: one stream socket to the right ring neighbour (we only
+// send on it) and one from the left neighbour (we only receive on it).
+//
+// Sockets are non-blocking with TCP_NODELAY and large kernel buffers. Progress
+// is driven by wait(): it writes and reads as much as the kernel takes on every
+// link that has work queued, then poll()s in slices of at most 100 ms until the
+// awaited request completes or the deadline passes.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/socket.h"
+#include "rendezvous/store.h"
+#include "transport/transport.h"
+
+namespace rr {
+
+class TcpTransport : public Transport {
+ public:
+  // Publishes this rank's listening address in `store` under `prefix`, then
+  // connects to the right neighbour and accepts the left one, retrying until
+  // the deadline. `advertise_host` is the address other ranks can reach us at.
+  static std::unique_ptr<TcpTransport> connect_ring(Store& store, const std::string& prefix,
+                                                    int rank, int size,
+                                                    const std::string& advertise_host,
+                                                    const Deadline& deadline);
+  ~TcpTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "tcp"; }
+
+  RequestPtr isend(int peer, const void* data, size_t bytes) override;
+  RequestPtr irecv(int peer, void* data, size_t bytes) override;
+  void wait(Request& request, const Deadline& deadline) override;
+  void abort() noexcept override;
+  TransportStats stats() const override { return stats_; }
+
+ private:
+  struct Op;
+  struct Link;
+
+  TcpTransport(int rank, int size);
+  Link& link_to(int peer, bool sending);
+  RequestPtr post(int peer, char* data, size_t bytes, bool sending);
+  void progress(Link& link);
+  void poll_links(const Deadline& deadline);
+  [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);
+
+  int rank_;
+  int size_;
+  std::vector<std::unique_ptr<Link>> links_;
+  TransportStats stats_;
+};
+
+// The address of the local interface that routes to `host` (no packet is sent).
+std::string local_ip_towards(const std::string& host);
+
+}  // namespace rr

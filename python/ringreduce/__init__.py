@@ -1,0 +1,39 @@
+"""ringreduce: ring all-reduce collectives for data-parallel training.
+
+    import ringreduce as rr
+    comm = rr.init()                      # rank/world size from the launcher's env
+    y = comm.all_reduce(x, op="avg")      # numpy arrays, torch CPU tensors, DLPack
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds, init
+from .errors import MismatchError, PeerError, RingReduceError, TimeoutError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "init",
+    "Communicator",
+    "Work",
+    "ReduceOp",
+    "chunk_bounds",
+    "build_info",
+    "RingReduceError",
+    "TimeoutError",
+    "PeerError",
+    "MismatchError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The torch adapter is imported on first use so that importing ringreduce
+    # never imports torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'ringreduce' has no attribute {name!r}")

@@ -1,0 +1,120 @@
+"""Per-bucket timing of a GradientBucketer: events, the exposed-communication summary and
+the chrome-trace export.
+
+Times come from `time.perf_counter`, which on Linux reads CLOCK_MONOTONIC: traces that
+local ranks save share one clock and can be loaded together in Perfetto.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["BucketEvent", "Timeline"]
+
+
+@dataclass(frozen=True)
+class BucketEvent:
+    """One bucket in one step. ``done`` is when the bucketer first saw the all-reduce
+    finished (polled from ready() and wait()), so it can be late, never early."""
+
+    step: int
+    bucket: int
+    params: int
+    nbytes: int
+    first_ready: float | None
+    last_ready: float | None
+    launch: float
+    done: float
+
+
+def _busy_time(events: list[BucketEvent]) -> float:
+    """Length of the union of the [launch, done] intervals: the time the communicator spent
+    on this step's buckets, counting overlapping in-flight buckets once."""
+    total = 0.0
+    end = float("-inf")
+    for e in sorted(events, key=lambda e: e.launch):
+        start = max(e.launch, end)
+        if e.done > start:
+            total += e.done - start
+        end = max(end, e.done)
+    return total
+
+
+class Timeline:
+    """Collects the BucketEvents of every step; keeps the last ``max_steps`` for the trace
+    and running totals of all steps for the summary."""
+
+    def __init__(self, rank: int, max_steps: int) -> None:
+        self._rank = rank
+        self._steps: deque[list[BucketEvent]] = deque(maxlen=max_steps)
+        self._count = 0
+        self._comm_s = 0.0
+        self._exposed_s = 0.0
+        self._writeback_s = 0.0
+        self._bucket_comm_s: list[float] = []
+        self._bucket_shape: list[tuple[int, int]] = []
+
+    def record_step(self, events: list[BucketEvent], exposed_s: float,
+                    writeback_s: float) -> None:
+        """Adds one synchronised step: its bucket events, the time wait() was blocked on
+        communication and the time it spent copying results back."""
+        self._steps.append(events)
+        self._count += 1
+        self._comm_s += _busy_time(events)
+        self._exposed_s += exposed_s
+        self._writeback_s += writeback_s
+        if not self._bucket_comm_s:
+            self._bucket_comm_s = [0.0] * len(events)
+            self._bucket_shape = [(e.params, e.nbytes) for e in events]
+        for e in events:
+            self._bucket_comm_s[e.bucket] += e.done - e.launch
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over every recorded step; see GradientBucketer.summary."""
+        steps = max(self._count, 1)
+        return {
+            "rank": self._rank,
+            "steps": self._count,
+            "buckets": len(self._bucket_shape),
+            "bytes_per_step": sum(nbytes for _, nbytes in self._bucket_shape),
+            "comm_s": self._comm_s,
+            "exposed_s": self._exposed_s,
+            "hidden_s": max(self._comm_s - self._exposed_s, 0.0),
+            "exposed_fraction": self._exposed_s / self._comm_s if self._comm_s > 0 else 0.0,
+            "writeback_s": self._writeback_s,
+            "per_bucket": [
+                {"bucket": i, "params": params, "bytes": nbytes,
+                 "mean_comm_s": self._bucket_comm_s[i] / steps}
+                for i, (params, nbytes) in enumerate(self._bucket_shape)
+            ],
+        }
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """The retained steps as a chrome-trace object: one complete ("X") event per bucket
+        per step on pid = rank, timestamps in microseconds."""
+        trace: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": self._rank, "tid": 0,
+             "args": {"name": f"rank {self._rank}"}},
+            {"name": "thread_name", "ph": "M", "pid": self._rank, "tid": 0,
+             "args": {"name": "gradient buckets"}},
+        ]
+        for events in self._steps:
+            for e in events:
+                args = asdict(e)
+                for key in ("first_ready", "last_ready", "launch", "done"):
+                    args[key] = None if args[key] is None else args[key] * 1e6
+                trace.append({
+                    "name": f"bucket {e.bucket}", "cat": "allreduce", "ph": "X",
+                    "ts": e.launch * 1e6, "dur": max(e.done - e.launch, 0.0) * 1e6,
+                    "pid": self._rank, "tid": 0, "args": args,
+                })
+        return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes chrome_trace() as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.chrome_trace(), f)

@@ -1,0 +1,47 @@
+"""Where rank and world size come from, for each launcher we know."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+# (rank variable, size variable), in the order they are trusted.
+_LAUNCHERS = (
+    ("RANK", "WORLD_SIZE"),  # ringreduce launch, torchrun
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),  # Open MPI
+    ("PMI_RANK", "PMI_SIZE"),  # MPICH, Intel MPI
+    ("PMIX_RANK", "PMIX_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),  # srun
+)
+
+
+def rank_and_size(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """Fills in rank/world size from the environment where the caller gave none."""
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    for rank_var, size_var in _LAUNCHERS:
+        if rank_var in os.environ and size_var in os.environ:
+            r = int(os.environ[rank_var]) if rank is None else int(rank)
+            s = int(os.environ[size_var]) if world_size is None else int(world_size)
+            return r, s
+    if rank is None and world_size is None:
+        return 0, 1  # a plain `python script.py`: a world of one
+    raise ValueError(
+        "rank and world_size must both be given, or both come from the environment "
+        "(RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS)"
+    )
+
+
+def launched_by_mpirun() -> bool:
+    """True under mpirun/mpiexec (Open MPI, MPICH, Intel MPI) or srun with PMI."""
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
+    """MASTER_ADDR/MASTER_PORT, with loopback and 29500 as defaults."""
+    host = addr if addr is not None else os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if port is None:
+        port = int(os.environ.get("MASTER_PORT", "29500"))
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"master_port must be in 1..65535, got {port}")
+    return host, int(port)

@@ -1,0 +1,484 @@
+"""Gradient bucketing: all-reduce gradients in buckets while backward is still running.
+
+A `GradientBucketer` is framework-agnostic. The caller declares every parameter once with
+`register`, in model order, then in each step hands over gradients with `ready` as backward
+produces them (from a hook, or layer by layer in hand-written code) and calls `wait` before
+the optimizer step. Gradients are copied into a few large flat buffers (buckets); as soon as
+a bucket holds all of its gradients its all-reduce is launched asynchronously, so the
+communication of the last layers overlaps the backward pass of the earlier ones. After
+`wait`, every array given to `ready` holds the gradient averaged over all ranks, identical
+on every rank, so replicas that start equal stay equal: N ranks with batch b train like one
+process with batch N x b.
+
+Example (numpy, hand-written backward)::
+
+    b = rr.GradientBucketer(comm)
+    handles = [b.register(name, w.shape, w.dtype) for name, w in params]
+    for step in range(steps):
+        for h, grad in backward_last_layer_first():
+            b.ready(h, grad)
+        b.wait()                      # grads now hold the average over ranks
+        sgd_update(params, grads)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._bucket_plan import (
+    MIB,
+    ParamSpec,
+    as_dtype,
+    check_plan,
+    describe_plan,
+    is_floating,
+    plan_buckets,
+)
+from ._bucket_trace import BucketEvent, Timeline
+from ._buffers import as_array
+from .errors import MismatchError
+
+__all__ = ["GradientBucketer", "Handle"]
+
+Handle = int
+"""What `GradientBucketer.register` returns: the parameter's registration index."""
+
+Tree = Any
+"""A gradient tree: dicts, lists and tuples (namedtuples too) nesting arrays."""
+
+
+class _Bucket:
+    """One flat wire buffer and the step state of the parameters packed into it."""
+
+    def __init__(self, index: int, params: list[int], offsets: list[int], buffer: np.ndarray):
+        self.index = index
+        self.params = params
+        self.offsets = offsets
+        self.buffer = buffer
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets the last step: nothing ready, nothing in flight."""
+        self.pending = len(self.params)
+        self.work: Any = None
+        self.first_ready: float | None = None
+        self.last_ready: float | None = None
+        self.launch: float | None = None
+        self.done: float | None = None
+
+
+class GradientBucketer:
+    """Buckets gradients and all-reduces each bucket as soon as it is full.
+
+    Args:
+        comm: a ringreduce Communicator (anything with ``rank``, ``world_size``,
+            ``all_reduce(x, out=, async_op=)`` and ``all_gather``).
+        bucket_mb: cap of every bucket but the first, in MiB of wire bytes.
+        first_bucket_mb: cap of the first bucket (the last layers' gradients), kept small
+            so communication starts early in backward.
+        average: divide by the world size, so the result is the mean over ranks, not the
+            sum. The division happens while copying into the bucket (before the sum), as in
+            PyTorch DDP, which keeps fp16/bf16 sums in range.
+        comm_dtype: dtype of floating-point gradients on the wire (e.g. ``"bfloat16"`` or
+            ``ml_dtypes.bfloat16``); results are cast back to each gradient's dtype.
+            Default: each gradient's own dtype.
+        max_trace_steps: how many recent steps `save_trace` keeps (the summary counts all).
+
+    The plan is fixed when registration completes, i.e. at the first `ready`, `wait` or
+    `all_reduce_tree`: buckets follow registration order reversed (backward produces the
+    last layer's gradients first), the first bucket holds at most ``first_bucket_mb``, the
+    others at most ``bucket_mb``, and a parameter larger than its cap gets a bucket of its
+    own. The plan is then compared across ranks (one small all-gather); if any rank
+    registered different names, shapes, dtypes, order or settings, every rank raises
+    `MismatchError` naming the first differing parameter and the ranks.
+
+    Buckets launch in plan order on every rank: a bucket that fills before an earlier one
+    is held back until the earlier one launches, because collectives on one communicator
+    must be issued in the same order everywhere.
+
+    Not thread-safe: call it from one thread (PyTorch runs CPU backward hooks on the thread
+    that called ``backward()``).
+    """
+
+    def __init__(self, comm: Any, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
+                 average: bool = True, comm_dtype: Any = None, *,
+                 max_trace_steps: int = 1000) -> None:
+        if not bucket_mb > 0 or not first_bucket_mb > 0:
+            raise ValueError(f"bucket sizes must be positive, got bucket_mb={bucket_mb}, "
+                             f"first_bucket_mb={first_bucket_mb}")
+        if max_trace_steps < 1:
+            raise ValueError(f"max_trace_steps must be >= 1, got {max_trace_steps}")
+        self._comm = comm
+        self._world_size = int(comm.world_size)
+        self._rank = int(comm.rank)
+        self._bucket_mb = float(bucket_mb)
+        self._first_bucket_mb = float(first_bucket_mb)
+        self._average = bool(average)
+        self._comm_dtype = None if comm_dtype is None else as_dtype(comm_dtype)
+        if self._comm_dtype is not None and not is_floating(self._comm_dtype):
+            raise TypeError(f"comm_dtype must be a floating-point dtype, got {comm_dtype!r}")
+        self._specs: list[ParamSpec] = []
+        self._names: set[str] = set()
+        self._buckets: list[_Bucket] | None = None
+        # Where each parameter lives: (bucket index, offset in the bucket buffer).
+        self._slots: list[tuple[int, int]] = []
+        self._timeline = Timeline(self._rank, max_trace_steps)
+        self._step = 0
+        self._no_sync_depth = 0
+        self._reset_step_state()
+
+    # ----------------------------------------------------------------- registration
+
+    def register(self, name: str, shape: Sequence[int], dtype: Any) -> Handle:
+        """Declares a parameter whose gradient will be given to `ready`; returns its handle.
+
+        Register in model order (first layer first). ``dtype`` is the gradient's dtype:
+        a numpy dtype, a name such as ``"float32"`` or ``"bfloat16"``, or a torch dtype.
+        Raises ValueError for a repeated name, RuntimeError once the plan is fixed.
+        """
+        if self._buckets is not None:
+            raise RuntimeError("register() after the bucket plan was fixed by the first "
+                               "ready(), wait() or all_reduce_tree()")
+        if not isinstance(name, str):
+            raise TypeError(f"parameter name must be a str, got {type(name).__name__}")
+        if name in self._names:
+            raise ValueError(f"parameter {name!r} registered twice")
+        dims = tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ValueError(f"parameter {name!r}: negative dimension in shape {dims}")
+        np_dtype = as_dtype(dtype)
+        if self._average and not is_floating(np_dtype):
+            raise TypeError(f"parameter {name!r}: average=True needs a floating-point "
+                            f"gradient, got {np_dtype}")
+        self._names.add(name)
+        self._specs.append(ParamSpec(name, dims, np_dtype))
+        return len(self._specs) - 1
+
+    @property
+    def plan(self) -> list[list[str]]:
+        """Parameter names per bucket, in launch order (computed from the registrations so
+        far; fixed, and checked across ranks, at the first ready/wait)."""
+        return [[self._specs[i].name for i in bucket] for bucket in self._plan_indices()]
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the gradients are reduced over."""
+        return self._world_size
+
+    def _wire_dtype(self, spec: ParamSpec) -> np.dtype:
+        if self._comm_dtype is not None and is_floating(spec.dtype):
+            return self._comm_dtype
+        return spec.dtype
+
+    def _plan_indices(self) -> list[list[int]]:
+        wire = [self._wire_dtype(s) for s in self._specs]
+        sizes = [s.numel * w.itemsize for s, w in zip(self._specs, wire)]
+        return plan_buckets(sizes, wire, self._first_bucket_mb * MIB, self._bucket_mb * MIB)
+
+    def _finalize(self) -> list[_Bucket]:
+        """Fixes the plan, allocates the bucket buffers and checks the plan across ranks."""
+        if self._buckets is not None:
+            return self._buckets
+        plan = self._plan_indices()
+        if self._world_size > 1:
+            settings = {
+                "bucket_mb": self._bucket_mb, "first_bucket_mb": self._first_bucket_mb,
+                "average": self._average,
+                "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
+            }
+            check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
+        buckets: list[_Bucket] = []
+        self._slots = [(0, 0)] * len(self._specs)
+        for b, params in enumerate(plan):
+            offsets = []
+            total = 0
+            for i in params:
+                self._slots[i] = (b, total)
+                offsets.append(total)
+                total += self._specs[i].numel
+            dtype = self._wire_dtype(self._specs[params[0]])
+            buckets.append(_Bucket(b, params, offsets, np.zeros(total, dtype=dtype)))
+        self._buckets = buckets
+        self._reset_step_state()
+        return buckets
+
+    # ----------------------------------------------------------------- one step
+
+    def _reset_step_state(self) -> None:
+        n = len(self._specs)
+        # The array given to ready() for each parameter: wait() writes the result into it.
+        self._given: list[np.ndarray | None] = [None] * n
+        self._is_ready = [False] * n
+        self._ready_count = 0
+        # no_sync() accumulators, in each gradient's own dtype (never the wire dtype, so
+        # bfloat16 on the wire does not round every micro-step).
+        self._accum: list[np.ndarray | None] = [None] * n
+        self._next_launch = 0
+        self._next_done = 0
+        for bucket in self._buckets or ():
+            bucket.reset()
+
+    def _view(self, index: int) -> np.ndarray:
+        b, offset = self._slots[index]
+        spec = self._specs[index]
+        assert self._buckets is not None
+        return self._buckets[b].buffer[offset: offset + spec.numel].reshape(spec.shape)
+
+    def _array(self, index: int, grad: Any) -> np.ndarray:
+        spec = self._specs[index]
+        arr = _as_array(grad)
+        if arr.shape != spec.shape:
+            raise ValueError(f"parameter {spec.name!r}: gradient shape {arr.shape} != "
+                             f"registered {spec.shape}")
+        if arr.dtype != spec.dtype:
+            raise TypeError(f"parameter {spec.name!r}: gradient dtype {arr.dtype} != "
+                            f"registered {spec.dtype}")
+        if not arr.flags.writeable:
+            raise ValueError(f"parameter {spec.name!r}: gradient is read-only, but wait() "
+                             f"writes the reduced gradient back into it")
+        return arr
+
+    def _check_handle(self, handle: Handle) -> int:
+        if not isinstance(handle, (int, np.integer)) or not 0 <= handle < len(self._specs):
+            raise ValueError(f"unknown handle {handle!r}: register() returns handles "
+                             f"0..{len(self._specs) - 1}")
+        return int(handle)
+
+    def ready(self, handle: Handle, grad: Any) -> None:
+        """Hands over one parameter's gradient for this step.
+
+        ``grad`` is a numpy array or any CPU array exporting DLPack or the buffer protocol
+        (e.g. a torch tensor), of the registered shape and dtype, writable: `wait` writes
+        the reduced gradient back into it. It is copied (divided by the world size when
+        ``average``) into its bucket, and when that bucket is complete and every earlier
+        bucket has launched, its all-reduce is launched asynchronously.
+
+        Inside `no_sync` the gradient is only added to a local accumulator. Calling it
+        twice for one parameter in a synchronised step raises ValueError.
+        """
+        index = self._check_handle(handle)
+        arr = self._array(index, grad)
+        buckets = self._finalize()
+        if self._no_sync_depth:
+            acc = self._accum[index]
+            if acc is None:
+                self._accum[index] = np.array(arr, copy=True)
+            else:
+                np.add(acc, arr, out=acc)
+            self._given[index] = arr
+            return
+        if self._is_ready[index]:
+            raise ValueError(f"ready() called twice for parameter {self._specs[index].name!r} "
+                             f"in one step (wait() ends a step); a parameter used twice in "
+                             f"forward must be handed over once, after its gradient is "
+                             f"complete")
+        source = arr
+        acc = self._accum[index]
+        if acc is not None:
+            np.add(acc, arr, out=acc)
+            source = acc
+            self._accum[index] = None
+        self._fill(index, source)
+        self._is_ready[index] = True
+        self._ready_count += 1
+        self._given[index] = arr
+        bucket = buckets[self._slots[index][0]]
+        now = time.perf_counter()
+        if bucket.first_ready is None:
+            bucket.first_ready = now
+        bucket.last_ready = now
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready_buckets(buckets)
+        self._poll(buckets)
+
+    def _fill(self, index: int, source: np.ndarray | None) -> None:
+        """Copies a gradient into its bucket (zeros for None), scaled for averaging."""
+        view = self._view(index)
+        if source is None:
+            view.fill(0)
+        elif self._average:
+            # unsafe: the wire dtype may be narrower (bfloat16); the quotient is computed
+            # in the gradient's dtype and rounded once into the bucket.
+            np.divide(source, self._world_size, out=view, casting="unsafe")
+        else:
+            np.copyto(view, source, casting="unsafe")
+
+    def _launch(self, bucket: _Bucket) -> None:
+        bucket.launch = time.perf_counter()
+        bucket.work = self._comm.all_reduce(bucket.buffer, out=bucket.buffer, async_op=True)
+
+    def _launch_ready_buckets(self, buckets: list[_Bucket]) -> None:
+        # Strictly in plan order, so that every rank issues the same sequence of
+        # collectives whatever order its gradients arrive in.
+        while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
+            self._launch(buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _poll(self, buckets: list[_Bucket]) -> None:
+        # Collectives complete in issue order, so only the oldest in-flight one is asked.
+        while self._next_done < self._next_launch:
+            bucket = buckets[self._next_done]
+            if not bucket.work.done():
+                break
+            bucket.done = time.perf_counter()
+            self._next_done += 1
+
+    def wait(self) -> None:
+        """Ends the step: reduces every bucket and writes the results back.
+
+        Buckets not launched yet are launched now; parameters not handed to `ready` this
+        step (unused parameters) contribute zeros, or what `no_sync` accumulated for them.
+        Then every array given to `ready` since the last `wait` (the latest one, for a
+        parameter handed over several times under `no_sync`) holds the reduced gradient,
+        bitwise identical on every rank. Inside `no_sync` this does nothing.
+        """
+        if self._no_sync_depth:
+            return
+        buckets = self._finalize()
+        start = time.perf_counter()
+        try:
+            for bucket in buckets[self._next_launch:]:
+                for index in bucket.params:
+                    if not self._is_ready[index]:
+                        self._fill(index, self._accum[index])
+                bucket.pending = 0
+            self._launch_ready_buckets(buckets)
+            self._poll(buckets)
+            for bucket in buckets[self._next_done:]:
+                bucket.work.wait()
+                bucket.done = time.perf_counter()
+            self._next_done = len(buckets)
+            blocked_end = time.perf_counter()
+            for index, arr in enumerate(self._given):
+                if arr is not None:
+                    np.copyto(arr, self._view(index), casting="unsafe")
+            end = time.perf_counter()
+            self._timeline.record_step(
+                [BucketEvent(self._step, b.index, len(b.params), b.buffer.nbytes,
+                             b.first_ready, b.last_ready, b.launch or start,
+                             b.done or blocked_end) for b in buckets],
+                exposed_s=blocked_end - start, writeback_s=end - blocked_end)
+            self._step += 1
+        finally:
+            # After a failed collective the step cannot be resumed; start clean so the
+            # caller sees the error, not a confusing state on the next call.
+            self._reset_step_state()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: inside, `ready` only adds gradients to local accumulators
+        and nothing is communicated; `wait` does nothing.
+
+        The next synchronised step reduces the accumulated sums, so K micro-steps plus one
+        synchronised step equal one step on all K + 1 micro-batches. Enter it between
+        steps, not after `ready` calls of a synchronised step.
+        """
+        if self._ready_count and not self._no_sync_depth:
+            raise RuntimeError("no_sync() entered in the middle of a synchronised step: "
+                               "call wait() first")
+        self._no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._no_sync_depth -= 1
+
+    # ----------------------------------------------------------------- observability
+
+    def summary(self) -> dict[str, Any]:
+        """Communication time per step, and how much of it was exposed.
+
+        Keys: ``steps``; ``buckets`` and ``bytes_per_step``; ``comm_s`` (total time some
+        bucket's all-reduce was in flight, over all steps); ``exposed_s`` (time `wait` was
+        blocked launching or waiting for all-reduces: communication not hidden behind
+        backward); ``hidden_s``; ``exposed_fraction`` = exposed_s / comm_s; ``writeback_s``
+        (copying results out in `wait`); ``per_bucket`` (params, bytes, mean_comm_s).
+        Completion is observed by polling, so comm_s can be slightly high.
+        """
+        return self._timeline.summary()
+
+    def save_trace(self, path: str | Any) -> None:
+        """Writes the recent steps as chrome-trace JSON (open in Perfetto or
+        chrome://tracing): one complete event per bucket per step, from launch to done,
+        with pid = rank, and the ready times and byte count in its args."""
+        self._timeline.save(path)
+
+    # ----------------------------------------------------------------- trees
+
+    def all_reduce_tree(self, tree: Tree) -> Tree:
+        """Reduces a whole tree of gradients (dicts, lists, tuples of arrays) in buckets.
+
+        For gradients that arrive all at once (e.g. ``jax.grad`` output, via DLPack): the
+        first call registers each leaf under its path (``"['dense']['w']"``) unless
+        parameters were registered already, in which case the leaves, in depth-first order,
+        must match the registrations. Leaves go to `ready` last first, then `wait` runs.
+
+        Returns a tree of the same structure. A writable leaf (numpy array, torch tensor)
+        is reduced in place and returned as the same object; a read-only leaf (a JAX array)
+        is replaced by a new numpy array holding the result. None leaves stay None. Inside
+        `no_sync` the leaves are accumulated and the tree is returned unchanged.
+        """
+        if self._ready_count and not self._no_sync_depth:
+            raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
+        leaves = list(_tree_leaves(tree))
+        arrays = []
+        results = []
+        for _, leaf in leaves:
+            arr = _as_array(leaf)
+            if not arr.flags.writeable:
+                arr = np.array(arr, copy=True)
+                results.append(arr)
+            else:
+                results.append(leaf)
+            arrays.append(arr)
+        if not self._specs and self._buckets is None:
+            for (path, _), arr in zip(leaves, arrays):
+                self.register(path or "<root>", arr.shape, arr.dtype)
+        elif len(leaves) != len(self._specs):
+            raise ValueError(f"tree has {len(leaves)} leaves but {len(self._specs)} "
+                             f"parameters are registered")
+        for index in reversed(range(len(arrays))):
+            self.ready(index, arrays[index])
+        self.wait()
+        if self._no_sync_depth:
+            return tree
+        return _tree_rebuild(tree, iter(results))
+
+
+def _as_array(x: Any) -> np.ndarray:
+    """A numpy view of a CPU array (numpy, torch incl. bfloat16, DLPack, buffer protocol),
+    with the communicator's own conversion so both accept the same inputs."""
+    return as_array(x, "grad")
+
+
+def _tree_leaves(tree: Tree, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, leaf) pairs of a tree, depth first, dict keys in insertion order."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _tree_leaves(value, f"{path}[{key!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _tree_leaves(value, f"{path}[{i}]")
+    elif tree is not None:
+        yield path, tree
+
+
+def _tree_rebuild(tree: Tree, leaves: Iterator[Any]) -> Tree:
+    """The tree with its leaves replaced, in `_tree_leaves` order, from ``leaves``."""
+    if isinstance(tree, dict):
+        items = [(key, _tree_rebuild(value, leaves)) for key, value in tree.items()]
+        # Other dict subclasses (defaultdict) do not take items in their constructor.
+        return OrderedDict(items) if isinstance(tree, OrderedDict) else dict(items)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*[_tree_rebuild(v, leaves) for v in tree])
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_tree_rebuild(v, leaves) for v in tree)
+    if tree is None:
+        return None
+    return next(leaves)

@@ -1,0 +1,60 @@
+"""The ``ringreduce`` command: ``launch``, ``bench`` and ``info`` subcommands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional, Sequence
+
+__all__ = ["main"]
+
+_USAGE = """\
+usage: ringreduce <command> [options]
+
+commands:
+  launch   run a program as N local ranks:  ringreduce launch -n 4 -- python train.py
+  bench    all_reduce benchmark (nccl-tests style table):  ringreduce bench -n 4
+  info     print the build configuration as JSON
+
+'ringreduce <command> -h' describes a command's options.
+"""
+
+
+def _info(argv: List[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: ringreduce info\n\nPrints ringreduce.build_info() as JSON.")
+        return 0
+    if argv:
+        print(f"ringreduce info: unexpected arguments {argv}", file=sys.stderr)
+        return 2
+    import ringreduce
+
+    print(json.dumps(ringreduce.build_info(), indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs ``ringreduce <command> ...``; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    # Each subcommand parses its own arguments: launch must leave everything after
+    # "--" untouched, which a shared argparse tree would not.
+    if command == "launch":
+        from .launch import main as launch_main
+
+        return launch_main(rest, prog="ringreduce launch")
+    if command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest, prog="ringreduce bench")
+    if command == "info":
+        return _info(rest)
+    print(f"ringreduce: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

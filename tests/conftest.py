@@ -1,0 +1,29 @@
+"""Shared fixtures: one long-lived rank group per world size, reused across tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _ranks import RankGroup  # noqa: E402
+
+_groups: dict = {}
+
+
+@pytest.fixture(scope="session")
+def group_factory():
+    """group_factory(n) -> a RankGroup of n ranks, created once per session."""
+
+    def get(n: int) -> RankGroup:
+        if n not in _groups:
+            _groups[n] = RankGroup(n)
+        return _groups[n]
+
+    yield get
+    for g in _groups.values():
+        g.close()
+    _groups.clear()

@@ -39,6 +39,7 @@ class RankFailure(AssertionError):
 
 
 def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
+    os.environ.update(init_kwargs.pop("env", {}))
     import ringreduce as rr
 
     try:

@@ -18,10 +18,12 @@ _groups: dict = {}
 def group_factory():
     """group_factory(n) -> a RankGroup of n ranks, created once per session."""
 
-    def get(n: int) -> RankGroup:
-        if n not in _groups:
-            _groups[n] = RankGroup(n)
-        return _groups[n]
+    def get(n: int, segment_bytes: int = 0) -> RankGroup:
+        key = (n, segment_bytes)
+        if key not in _groups:
+            env = {"RINGREDUCE_SEGMENT_BYTES": str(segment_bytes)} if segment_bytes else {}
+            _groups[key] = RankGroup(n, env=env)
+        return _groups[key]
 
     yield get
     for g in _groups.values():

@@ -202,7 +202,9 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
   const Deadline deadline = Deadline::after(timeout_seconds);
   std::unique_ptr<Store> store;
   std::string advertise;
-  if (!store_dir.empty()) {
+  if (size == 1) {
+    store = make_local_store();  // nobody to meet: no port, no files
+  } else if (!store_dir.empty()) {
     store = make_file_store(store_dir);
     advertise = master_addr.empty() ? "127.0.0.1" : local_ip_towards(master_addr);
   } else {

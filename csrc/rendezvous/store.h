@@ -31,6 +31,9 @@ class Store {
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       const Deadline& deadline);
 
+// A store in this process's memory: for a world of one, and for tests.
+std::unique_ptr<Store> make_local_store();
+
 // A store in a directory visible to every rank (a shared file system).
 std::unique_ptr<Store> make_file_store(const std::string& directory);
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
 from .launch import free_port
 
-__all__ = ["Peer", "MpiPeer", "GlooPeer", "under_mpirun", "open_peers"]
+__all__ = ["GlooPeer", "MpiPeer", "Peer", "open_peers", "under_mpirun"]
 
 # Open MPI (mpirun/srun with PMIx) and MPICH/Intel MPI (Hydra) set these in every rank.
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -110,7 +110,7 @@ class _Unsupported(Exception):
     """This system cannot run the requested reduction; the text says why."""
 
 
-def _share_endpoint(comm: Any) -> Tuple[str, int]:
+def _share_endpoint(comm: Any) -> tuple[str, int]:
     """Rank 0 picks a free address:port for a second rendezvous and tells the others.
 
     The port is chosen by rank 0 rather than derived from MASTER_PORT so that it works
@@ -134,16 +134,18 @@ def _host_address() -> str:
         return "127.0.0.1"
 
 
-def open_peers(names: List[str], comm: Any, op: str, timeout: float) -> Tuple[List[Peer], List[str]]:
+def open_peers(
+    names: list[str], comm: Any, op: str, timeout: float
+) -> tuple[list[Peer], list[str]]:
     """Opens the requested systems; returns (peers, notes on the ones skipped and why).
 
     Must be called on every rank with the same arguments: every decision here depends
     only on the environment and the request, which are the same everywhere.
     """
-    peers: List[Peer] = []
-    notes: List[str] = []
+    peers: list[Peer] = []
+    notes: list[str] = []
     for name in names:
-        peer: Optional[Peer] = None
+        peer: Peer | None = None
         try:
             if name == "mpi":
                 if not under_mpirun():

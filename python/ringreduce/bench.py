@@ -22,7 +22,8 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,15 +31,16 @@ from . import _bench_peers
 from .launch import launch
 
 __all__ = [
-    "main",
-    "parse_size",
-    "sweep_sizes",
+    "bus_factor",
+    "count_wrong",
     "default_iters",
     "default_warmup",
-    "bus_factor",
-    "make_input",
     "expected_output",
-    "count_wrong",
+    "main",
+    "make_input",
+    "parse_size",
+    "resolve_dtype",
+    "sweep_sizes",
 ]
 
 _OPS = ("sum", "prod", "min", "max", "avg")
@@ -75,14 +77,14 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def sweep_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int) -> List[int]:
+def sweep_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int) -> list[int]:
     """Message sizes from min_bytes to max_bytes multiplying by factor, like nccl-tests.
 
     Each size is rounded down to whole elements; sizes below one element are dropped.
     """
     if factor < 2:
         raise ValueError(f"step factor must be >= 2, got {factor}")
-    sizes: List[int] = []
+    sizes: list[int] = []
     size = max(min_bytes, 1)
     while size <= max_bytes:
         aligned = size - size % itemsize
@@ -215,9 +217,9 @@ def _in_job() -> bool:
     return launched or _bench_peers.under_mpirun()
 
 
-def _without_nprocs(argv: Sequence[str]) -> List[str]:
+def _without_nprocs(argv: Sequence[str]) -> list[str]:
     """argv less any -n/--nprocs option, for the ranks we launch."""
-    out: List[str] = []
+    out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
@@ -229,7 +231,7 @@ def _without_nprocs(argv: Sequence[str]) -> List[str]:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = "ringreduce bench") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "ringreduce bench") -> int:
     """Entry point of ``ringreduce bench``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
@@ -242,9 +244,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "ringreduce bench") -
         parser.error("avg is defined for floating dtypes only")
     if args.nprocs is not None and args.nprocs < 1:
         parser.error("-n must be at least 1")
+    args.argv = _without_nprocs(argv)
     if not _in_job():
         nprocs = args.nprocs or 1
-        cmd = [sys.executable, "-m", "ringreduce", "bench", *_without_nprocs(argv)]
+        cmd = [sys.executable, "-m", "ringreduce", "bench", *args.argv]
         return launch(nprocs, cmd, prefix=False, transport=args.transport)
     return _run(args, dtype)
 
@@ -252,7 +255,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "ringreduce bench") -
 # --------------------------------------------------------------------------------------
 # The sweep (runs on every rank)
 
-Row = Dict[str, Any]
+Row = dict[str, Any]
 
 
 class _Progress:
@@ -309,7 +312,7 @@ def _run(args: argparse.Namespace, dtype: np.dtype) -> int:
         comm.close()
 
 
-def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: List[str]) -> int:
+def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[str]) -> int:
     import ringreduce as rr
 
     world, rank = comm.world_size, comm.rank
@@ -321,20 +324,26 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: List[s
     if lead:
         if args.nprocs is not None and args.nprocs != world:
             notes.append(f"-n {args.nprocs} ignored: already running as {world} ranks")
-        iters_text = f"{args.iters}" if args.iters else "20, fewer above 16 MB (256 MiB/size, min 5)"
+        iters_text = (
+            f"{args.iters}" if args.iters else "20, fewer above 16 MB (256 MiB/size, min 5)"
+        )
         print(f"# ringreduce bench: all_reduce  version {rr.__version__}")
         print(f"# ranks {world}  transport {comm.transport}  dtype {dtype.name}  op {args.op}")
-        print(f"# sizes {args.min_bytes}..{args.max_bytes} B x{args.step_factor}  "
-              f"iters {iters_text}  check {'on' if args.check else 'off'}")
-        print(f"# busbw = algbw * 2(N-1)/N = algbw * {factor:.4f}; GB = 1e9 bytes; time = max "
-              "over ranks of the mean per-iteration time")
+        print(
+            f"# sizes {args.min_bytes}..{args.max_bytes} B x{args.step_factor}  "
+            f"iters {iters_text}  check {'on' if args.check else 'off'}"
+        )
+        print(
+            f"# busbw = algbw * 2(N-1)/N = algbw * {factor:.4f}; GB = 1e9 bytes; time = max "
+            "over ranks of the mean per-iteration time"
+        )
         for note in notes:
             print(f"# note: {note}")
         print("#")
         header.print()
         sys.stdout.flush()
     progress = _Progress(len(sizes), lead)
-    rows: List[Row] = []
+    rows: list[Row] = []
     failed = set()
     for done, size in enumerate(sizes, 1):
         size_rows = _measure(args, dtype, comm, peers, size, failed)
@@ -357,7 +366,7 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: List[s
             "version": rr.__version__,
             "busbw_factor": factor,
             "notes": notes,
-            "command": " ".join(sys.argv),
+            "args": list(args.argv),
         }
         _write_outputs(args, rows, meta)
     for peer in peers:
@@ -366,9 +375,13 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: List[s
 
 
 def _measure(
-    args: argparse.Namespace, dtype: np.dtype, comm: Any, peers: List[Any], size: int,
+    args: argparse.Namespace,
+    dtype: np.dtype,
+    comm: Any,
+    peers: list[Any],
+    size: int,
     failed: set,
-) -> List[Row]:
+) -> list[Row]:
     """Times (and checks) one size on every system; returns its rows (same on all ranks)."""
     count = size // dtype.itemsize
     warmup = args.warmup if args.warmup is not None else default_warmup(size)
@@ -382,7 +395,7 @@ def _measure(
     def check(buf: np.ndarray) -> int:
         return -1 if expected is None else count_wrong(buf, expected, op)
 
-    cases: List[Tuple[str, str, Callable[[], Any], np.ndarray]] = [
+    cases: list[tuple[str, str, Callable[[], Any], np.ndarray]] = [
         ("ringreduce", "out-of-place", lambda: comm.all_reduce(send, op, out=recv), recv),
         ("ringreduce", "in-place", lambda: comm.all_reduce(work, op, out=work), work),
     ]
@@ -403,22 +416,38 @@ def _measure(
                 raise
             # A comparison system that cannot do this dtype (MPI has no bfloat16, older
             # Gloo has none on CPU) must not end our run.
-            print(f"ringreduce bench: rank {comm.rank}: {system} at {size} B: {exc}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"ringreduce bench: rank {comm.rank}: {system} at {size} B: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             failed.add(system)
             times[i] = math.nan
     times = comm.all_reduce(times, "max")
     wrongs = comm.all_reduce(wrongs, "sum")
-    rows: List[Row] = []
-    base = {"size": size, "count": count, "dtype": dtype.name, "op": op,
-            "ranks": comm.world_size, "warmup": warmup, "iters": iters}
+    rows: list[Row] = []
+    base = {
+        "size": size,
+        "count": count,
+        "dtype": dtype.name,
+        "op": op,
+        "ranks": comm.world_size,
+        "warmup": warmup,
+        "iters": iters,
+    }
     ours_inplace = None
     for i, (system, placement, _fn, _buf) in enumerate(cases):
         t = float(times[i])
         algbw = size / t / 1e9 if t > 0 else math.nan
-        row = dict(base, system=system, placement=placement, time_us=t * 1e6,
-                   algbw_gbs=algbw, busbw_gbs=algbw * bus_factor(comm.world_size),
-                   wrong=None if expected is None else int(wrongs[i]))
+        row = dict(
+            base,
+            system=system,
+            placement=placement,
+            time_us=t * 1e6,
+            algbw_gbs=algbw,
+            busbw_gbs=algbw * bus_factor(comm.world_size),
+            wrong=None if expected is None else int(wrongs[i]),
+        )
         if system == "ringreduce" and placement == "in-place":
             ours_inplace = row["busbw_gbs"]
         if system != "ringreduce":
@@ -427,7 +456,7 @@ def _measure(
     return rows
 
 
-def _ratio(ours: Optional[float], theirs: float) -> float:
+def _ratio(ours: float | None, theirs: float) -> float:
     if ours is None or not theirs or math.isnan(theirs):
         return math.nan
     return ours / theirs
@@ -447,7 +476,7 @@ def _fmt_time(us: float) -> str:
 class _Header:
     """Column layout: our out-of-place and in-place blocks, then one block per peer."""
 
-    def __init__(self, dtype: str, op: str, peers: List[Any]):
+    def __init__(self, dtype: str, op: str, peers: list[Any]):
         self.dtype = dtype
         self.op = op
         self.peers = [p.name for p in peers]
@@ -461,13 +490,16 @@ class _Header:
         titles = f"{'out-of-place':^42}{'in-place':^42}" + "".join(
             f"{p + ' (in-place)':^33}" for p in self.peers
         )
-        print(f"# {lead[2:]}{titles}")
-        print(f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}"
-              + peer * len(self.peers))
-        print(f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}"
-              + peer_unit * len(self.peers))
+        names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}"
+        units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}"
+        for line in (
+            f"# {lead[2:]}{titles}",
+            names + peer * len(self.peers),
+            units + peer_unit * len(self.peers),
+        ):
+            print(line.rstrip())
 
-    def row(self, rows: List[Row], check: int) -> str:
+    def row(self, rows: list[Row], check: int) -> str:
         first = rows[0]
         text = f"{first['size']:>12}  {first['count']:>12}  {self.dtype:>8}  {self.op:>6}"
         for r in rows:
@@ -476,40 +508,60 @@ class _Header:
                 wrong = "N/A" if not check else str(r["wrong"])
                 text += f"  {r['algbw_gbs']:>7.2f}  {r['busbw_gbs']:>7.2f}  {wrong:>6}"
             else:
-                text += f"  {r['busbw_gbs']:>7.2f}  {r['ratio_ours']:>6.2f}"
+                # Ratios span decades at small sizes; keep 3 significant digits.
+                text += f"  {r['busbw_gbs']:>7.2f}  {r['ratio_ours']:>6.3g}"
         return text
 
 
-def _footer(rows: List[Row], wrong: int, check: int, peers: List[str]) -> None:
+def _footer(rows: list[Row], wrong: int, check: int, peers: list[str]) -> None:
     ours = [r["busbw_gbs"] for r in rows if r["system"] == "ringreduce"]
     if check:
         print(f"# #wrong total (ringreduce) : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     print(f"# Avg bus bandwidth    : {_mean(ours):.6g}")
-    ours_ip = [r["busbw_gbs"] for r in rows if r["system"] == "ringreduce"
-               and r["placement"] == "in-place"]
+    ours_ip = [
+        r["busbw_gbs"] for r in rows if r["system"] == "ringreduce" and r["placement"] == "in-place"
+    ]
     for name in peers:
         theirs = [r["busbw_gbs"] for r in rows if r["system"] == name]
-        print(f"# Avg bus bandwidth {name:<5}: {_mean(theirs):.6g}   "
-              f"(ours in-place {_mean(ours_ip):.6g}, ratio {_ratio(_mean(ours_ip), _mean(theirs)):.3g})")
+        print(
+            f"# Avg bus bandwidth {name:<5}: {_mean(theirs):.6g}   "
+            f"(ours in-place {_mean(ours_ip):.6g}, ratio {_ratio(_mean(ours_ip), _mean(theirs)):.3g})"
+        )
     print("#")
     sys.stdout.flush()
 
 
-def _mean(values: List[float]) -> float:
+def _mean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return sum(finite) / len(finite) if finite else math.nan
 
 
-_FIELDS = ["system", "placement", "size", "count", "dtype", "op", "ranks", "warmup", "iters",
-           "time_us", "algbw_gbs", "busbw_gbs", "wrong", "ratio_ours"]
+_FIELDS = [
+    "system",
+    "placement",
+    "size",
+    "count",
+    "dtype",
+    "op",
+    "ranks",
+    "warmup",
+    "iters",
+    "time_us",
+    "algbw_gbs",
+    "busbw_gbs",
+    "wrong",
+    "ratio_ours",
+]
 
 
-def _write_outputs(args: argparse.Namespace, rows: List[Row], meta: Dict[str, Any]) -> None:
+def _write_outputs(args: argparse.Namespace, rows: list[Row], meta: dict[str, Any]) -> None:
     if args.json:
         with open(args.json, "w") as f:
             # NaN is not JSON; a system that failed at a size gets null there.
-            clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v)
-                      for k, v in r.items()} for r in rows]
+            clean = [
+                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                for r in rows
+            ]
             json.dump({"meta": meta, "rows": clean}, f, indent=1)
             f.write("\n")
     if args.csv:
@@ -522,7 +574,7 @@ def _write_outputs(args: argparse.Namespace, rows: List[Row], meta: Dict[str, An
         _plot(args.plot, rows, meta)
 
 
-def _plot(path: str, rows: List[Row], meta: Dict[str, Any]) -> None:
+def _plot(path: str, rows: list[Row], meta: dict[str, Any]) -> None:
     try:
         import matplotlib
 
@@ -532,7 +584,7 @@ def _plot(path: str, rows: List[Row], meta: Dict[str, Any]) -> None:
         print("# note: --plot needs matplotlib (pip install matplotlib); no plot written")
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series: Dict[Tuple[str, str], List[Row]] = {}
+    series: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
         series.setdefault((r["system"], r["placement"]), []).append(r)
     for (system, placement), rs in series.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 __all__ = ["main"]
 
@@ -20,7 +20,7 @@ commands:
 """
 
 
-def _info(argv: List[str]) -> int:
+def _info(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print("usage: ringreduce info\n\nPrints ringreduce.build_info() as JSON.")
         return 0
@@ -33,7 +33,7 @@ def _info(argv: List[str]) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``ringreduce <command> ...``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):

@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import IO, Any
 
-__all__ = ["launch", "free_port", "main"]
+__all__ = ["free_port", "launch", "main"]
 
 _TAG = "ringreduce launch"
 
@@ -99,8 +100,8 @@ def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:
 
 
 def _rank_env(
-    base: Dict[str, str], rank: int, nprocs: int, addr: str, port: int, transport: Optional[str]
-) -> Dict[str, str]:
+    base: dict[str, str], rank: int, nprocs: int, addr: str, port: int, transport: str | None
+) -> dict[str, str]:
     env = dict(base)
     env.update(
         RANK=str(rank),
@@ -117,7 +118,7 @@ def _rank_env(
     return env
 
 
-def _command(cmd: Sequence[str]) -> List[str]:
+def _command(cmd: Sequence[str]) -> list[str]:
     """A ``.py`` script is run with this interpreter, as torchrun does."""
     cmd = list(cmd)
     if cmd and cmd[0].endswith(".py"):
@@ -130,9 +131,9 @@ class _Job:
 
     def __init__(self, grace: float):
         self.grace = grace
-        self.procs: List[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen] = []
         self.alive: set = set()
-        self.kill_at: Optional[float] = None
+        self.kill_at: float | None = None
 
     def signal_all(self, sig: int) -> None:
         # Each rank leads its own process group, so this also reaches anything it spawned.
@@ -165,10 +166,10 @@ def launch(
     cmd: Sequence[str],
     *,
     prefix: bool = True,
-    env: Optional[Dict[str, str]] = None,
+    env: dict[str, str] | None = None,
     master_addr: str = "127.0.0.1",
-    master_port: Optional[int] = None,
-    transport: Optional[str] = None,
+    master_port: int | None = None,
+    transport: str | None = None,
     grace: float = 5.0,
 ) -> int:
     """Runs ``cmd`` as ``nprocs`` local ranks and returns the job's exit status.
@@ -200,10 +201,10 @@ def launch(
         base.update(env)
     argv = _command(cmd)
     out, err = _Output(sys.stdout), _Output(sys.stderr)
-    exits: "queue.Queue[Tuple[int, int]]" = queue.Queue()
+    exits: queue.Queue[tuple[int, int]] = queue.Queue()
     job = _Job(grace)
-    pumps: List[threading.Thread] = []
-    interrupted: List[int] = []
+    pumps: list[threading.Thread] = []
+    interrupted: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
         # Forward what we got (SIGINT lets Python ranks raise KeyboardInterrupt and
@@ -261,10 +262,10 @@ def launch(
     return 0
 
 
-def _wait_all(job: _Job, exits: "queue.Queue[Tuple[int, int]]") -> Optional[Tuple[int, int]]:
+def _wait_all(job: _Job, exits: queue.Queue[tuple[int, int]]) -> tuple[int, int] | None:
     """Waits for every started rank; stops the rest when one fails. Returns (rank, code)
     of the first failure not caused by us, or None."""
-    first: Optional[Tuple[int, int]] = None
+    first: tuple[int, int] | None = None
     while job.alive:
         try:
             rank, code = exits.get(timeout=0.1)
@@ -283,8 +284,7 @@ def _wait_all(job: _Job, exits: "queue.Queue[Tuple[int, int]]") -> Optional[Tupl
             job.stop()
     if first is not None:
         print(
-            f"{_TAG}: job failed: rank {first[0]} was the first to fail "
-            f"({_describe(first[1])})",
+            f"{_TAG}: job failed: rank {first[0]} was the first to fail ({_describe(first[1])})",
             file=sys.stderr,
             flush=True,
         )
@@ -315,7 +315,7 @@ def build_parser(prog: str = "ringreduce launch") -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = "ringreduce launch") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "ringreduce launch") -> int:
     """Entry point of ``ringreduce launch``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)

@@ -1,0 +1,169 @@
+"""PyTorch adapter: data-parallel gradient averaging on top of GradientBucketer.
+
+Import it as ``ringreduce.torch`` (``rr.torch``); importing ``ringreduce`` alone never
+imports torch.
+
+Example::
+
+    comm = rr.init()
+    rr.torch.broadcast_parameters(model, comm)          # replicas start identical
+    sync = rr.torch.GradSync(model, comm)
+    for x, y in loader:
+        loss_fn(model(x), y).backward()                 # buckets reduce during backward
+        sync.wait()                                     # .grad holds the average
+        opt.step(); opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._bucket_plan import as_dtype
+from .bucketing import GradientBucketer, Handle
+
+__all__ = ["GradSync", "broadcast_parameters"]
+
+
+def _numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy array sharing memory with a CPU tensor (bfloat16 via ml_dtypes)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"only CPU tensors are supported, got one on {t.device}")
+    if t.is_sparse:
+        raise ValueError("sparse gradients are not supported")
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        # numpy has no bfloat16 of its own: reinterpret the bits as ml_dtypes.bfloat16.
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.bool:
+        return t.numpy().view(np.uint8)
+    return t.numpy()
+
+
+class GradSync:
+    """Averages a module's gradients over all ranks, overlapping backward.
+
+    Registers a post-accumulate-grad hook on every parameter that requires a gradient: when
+    a parameter's ``.grad`` is complete, the hook hands it to a `GradientBucketer`, whose
+    buckets are all-reduced while backward continues. Call `wait` after ``backward()`` and
+    before ``optimizer.step()``: then every ``.grad`` holds the average over ranks,
+    identical on every rank.
+
+    Parameters that got no gradient on this rank in a step contribute zeros; after `wait`
+    their ``.grad`` holds the average too (allocated as zeros if it was None), so every
+    rank applies the same update. Unlike DDP with ``find_unused_parameters``, a parameter
+    unused on all ranks therefore gets a zero gradient rather than None.
+
+    Args:
+        module: the model; CPU parameters of the dtypes the communicator supports.
+        comm: a ringreduce Communicator.
+        bucket_mb, first_bucket_mb, average, comm_dtype: as for `GradientBucketer`.
+    """
+
+    def __init__(self, module: torch.nn.Module, comm: Any, bucket_mb: float = 25.0,
+                 first_bucket_mb: float = 1.0, average: bool = True,
+                 comm_dtype: Any = None) -> None:
+        self._bucketer = GradientBucketer(comm, bucket_mb=bucket_mb,
+                                          first_bucket_mb=first_bucket_mb, average=average,
+                                          comm_dtype=comm_dtype)
+        self._params: list[tuple[Handle, torch.nn.Parameter]] = []
+        for name, param in module.named_parameters():
+            if not param.requires_grad:
+                continue
+            if param.device.type != "cpu":
+                raise ValueError(f"parameter {name!r} is on {param.device}; only CPU "
+                                 f"parameters are supported")
+            handle = self._bucketer.register(name, tuple(param.shape), as_dtype(param.dtype))
+            self._params.append((handle, param))
+        self._fired = [False] * len(self._params)
+        self._no_sync = False
+        self._hooks = [param.register_post_accumulate_grad_hook(self._hook(i))
+                       for i, (_, param) in enumerate(self._params)]
+
+    def _hook(self, i: int) -> Any:
+        handle = self._params[i][0]
+
+        def hook(param: torch.Tensor) -> None:
+            # Under no_sync autograd keeps accumulating into .grad by itself; the next
+            # synchronised backward hands over the accumulated sum.
+            if self._no_sync or param.grad is None:
+                return
+            self._fired[i] = True
+            self._bucketer.ready(handle, _numpy_view(param.grad))
+
+        return hook
+
+    @property
+    def bucketer(self) -> GradientBucketer:
+        """The underlying GradientBucketer (plan, summary, save_trace)."""
+        return self._bucketer
+
+    def wait(self) -> None:
+        """Waits for every bucket; then each ``.grad`` holds the average over ranks.
+
+        Does nothing inside `no_sync`.
+        """
+        if self._no_sync:
+            return
+        with torch.no_grad():
+            for i, (handle, param) in enumerate(self._params):
+                if self._fired[i]:
+                    continue
+                # No gradient this step on this rank: contribute zeros, and receive the
+                # others' average so this replica takes the same step as theirs.
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param, memory_format=torch.contiguous_format)
+                else:
+                    param.grad.zero_()
+                self._bucketer.ready(handle, _numpy_view(param.grad))
+        self._fired = [False] * len(self._params)
+        self._bucketer.wait()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: backward passes inside only accumulate into ``.grad``.
+
+        The first backward after the block reduces the accumulated gradients, as one big
+        step would. Run the forward pass inside the block too, as with DDP.
+        """
+        previous = self._no_sync
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = previous
+
+    def summary(self) -> dict[str, Any]:
+        """The bucketer's exposed-vs-total communication summary."""
+        return self._bucketer.summary()
+
+    def save_trace(self, path: Any) -> None:
+        """Writes the bucketer's chrome-trace JSON."""
+        self._bucketer.save_trace(path)
+
+    def remove(self) -> None:
+        """Removes the hooks; gradients are no longer synchronised."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def broadcast_parameters(module: torch.nn.Module, comm: Any, root: int = 0) -> None:
+    """Copies ``root``'s parameters and buffers into every rank's module, in place.
+
+    Call it once after building the model so that all replicas start identical.
+    """
+    tensors = [t for _, t in module.named_parameters()] + [t for _, t in module.named_buffers()]
+    with torch.no_grad():
+        views = [_numpy_view(t) for t in tensors]
+        # Issued back to back and then waited on: collectives complete in issue order,
+        # so the small ones pipeline instead of paying one round trip each.
+        works = [comm.broadcast(v, root=root, async_op=True) for v in views if v.size]
+        for work in works:
+            work.wait()

@@ -1,0 +1,70 @@
+"""Test data whose reductions are exact, computed from rank and size alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+    BF16 = None
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+OPS = ["sum", "prod", "min", "max", "avg"]
+FLOATING = {"float16", "bfloat16", "float32", "float64"}
+
+
+def np_dtype(name: str) -> np.dtype:
+    return BF16 if name == "bfloat16" else np.dtype(name)
+
+
+def compute_dtype(name: str) -> np.dtype:
+    """The dtype the engine computes in: float32 for the 16-bit floats."""
+    return np.dtype(np.float32) if name in ("float16", "bfloat16") else np_dtype(name)
+
+
+def sizes_for(n: int) -> list:
+    """0, 1, n-1, n, n+1, primes, and sizes not divisible by n."""
+    return sorted({0, 1, max(n - 1, 0), n, n + 1, 2, 7, 13, 97, 1000 * n + 3, 4099})
+
+
+def contribution(rank: int, count: int, dtype: str, op: str) -> np.ndarray:
+    """Rank's input: small integers, so sums and products are exact in every dtype."""
+    i = np.arange(count)
+    if op == "prod":
+        # Products over 8 ranks of {1, 2} stay <= 256: exact even in bfloat16;
+        # int8/uint8 wrap-around is checked against numpy's own wrap-around.
+        vals = 1 + ((i + rank) % 3 == 0)
+    elif op in ("min", "max"):
+        vals = (i * 7 + rank * 13) % 23 - (11 if dtype not in ("uint8",) else 0)
+    else:
+        vals = (i + 3 * rank) % 5 - (2 if dtype != "uint8" else 0)
+    return vals.astype(np_dtype(dtype))
+
+
+def expected(size: int, count: int, dtype: str, op: str) -> np.ndarray:
+    """The reduction of every rank's contribution, with the engine's arithmetic."""
+    parts = [contribution(r, count, dtype, op) for r in range(size)]
+    cd = compute_dtype(dtype)
+    acc = parts[0].astype(cd)
+    for p in parts[1:]:
+        p = p.astype(cd)
+        if op in ("sum", "avg"):
+            acc = acc + p
+        elif op == "prod":
+            acc = acc * p
+        elif op == "min":
+            acc = np.minimum(acc, p)
+        else:
+            acc = np.maximum(acc, p)
+        acc = acc.astype(np_dtype(dtype)).astype(cd)  # every hop rounds to the wire dtype
+    if op == "avg":
+        acc = acc / cd.type(size)
+    return acc.astype(np_dtype(dtype))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality (0 ULP), treating the arrays as raw bytes."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()

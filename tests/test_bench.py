@@ -1,0 +1,241 @@
+"""ringreduce bench: the pure helpers, and short real sweeps parsed back from their output."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from ringreduce import bench
+
+BENCH = [sys.executable, "-m", "ringreduce", "bench"]
+# Short sweeps: few iterations, small sizes; the 2-core machine runs all ranks.
+QUICK = ["-w", "1", "-i", "3"]
+
+
+def run_bench(
+    args: list, timeout: float = 180, cmd: list = BENCH, extra_env: dict | None = None
+) -> subprocess.CompletedProcess:
+    # Without RANK/WORLD_SIZE, "bench -n N" launches its own ranks.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(extra_env or {})
+    return subprocess.run(
+        [*cmd, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def table(stdout: str) -> list:
+    """The data rows of the table (lines not starting with '#'), split into columns."""
+    return [line.split() for line in stdout.splitlines() if line.strip() and line[0] != "#"]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("8", 8), ("256K", 256 << 10), ("64M", 64 << 20), ("1g", 1 << 30), ("2KiB", 2048)],
+)
+def test_parse_size(text, value):
+    assert bench.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "M", "-1", "12X", "1.5.2K"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        bench.parse_size(text)
+
+
+def test_sweep_sizes():
+    sizes = bench.sweep_sizes(8, 64 << 20, 2, 4)
+    assert sizes[0] == 8 and sizes[-1] == 64 << 20 and len(sizes) == 24
+    assert bench.sweep_sizes(8, 100, 3, 8) == [8, 24, 72]
+    assert bench.sweep_sizes(2, 16, 2, 8) == [8, 16]  # below one element: dropped
+    assert bench.sweep_sizes(10, 40, 2, 4) == [8, 20, 40]  # rounded down to whole elements
+    with pytest.raises(ValueError):
+        bench.sweep_sizes(8, 64, 1, 4)
+
+
+def test_default_iterations():
+    assert bench.default_iters(8) == 20 and bench.default_iters(64 << 20) == 5
+    assert bench.default_warmup(8) == 5 and bench.default_warmup(64 << 20) == 1
+    sizes = bench.sweep_sizes(8, 1 << 30, 2, 1)
+    iters = [bench.default_iters(s) for s in sizes]
+    assert iters == sorted(iters, reverse=True)  # never more iterations for larger messages
+
+
+def test_bus_factor():
+    assert bench.bus_factor(1) == 0.0
+    assert bench.bus_factor(2) == 1.0
+    assert bench.bus_factor(4) == 1.5
+
+
+def _reference(op, inputs):
+    stacked = np.stack([x.astype(np.float64) for x in inputs])
+    return {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "avg": np.mean}[op](
+        stacked, axis=0
+    )
+
+
+_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int64"]
+_CASES = [
+    (op, dtype)
+    for op in ("sum", "prod", "min", "max", "avg")
+    for dtype in _DTYPES
+    if not (op == "avg" and dtype.startswith("int"))  # avg is for floating dtypes only
+]
+
+
+@pytest.mark.parametrize("op, dtype", _CASES)
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+def test_expected_output_matches_reference(op, dtype, world):
+    dt = bench.resolve_dtype(dtype)
+    inputs = [bench.make_input(23, dt, op, r) for r in range(world)]
+    expected = bench.expected_output(23, dt, op, world)
+    assert expected.dtype == dt and expected.shape == (23,)
+    assert bench.count_wrong(_reference(op, inputs).astype(dt), expected, op) == 0
+    if world > 1:
+        # Inputs differ across ranks and along the array: a block from the wrong place
+        # or the wrong rank is caught.
+        assert len({x.tobytes() for x in inputs}) == min(world, 7)
+        assert len(set(inputs[0].tolist())) > 1
+
+
+def test_count_wrong():
+    dt = bench.resolve_dtype("float32")
+    expected = bench.expected_output(100, dt, "sum", 4)
+    bad = expected.copy()
+    bad[[3, 50]] += 1
+    assert bench.count_wrong(bad, expected, "sum") == 2
+    bad[7] = np.nan
+    assert bench.count_wrong(bad, expected, "sum") == 3
+    avg = bench.expected_output(100, dt, "avg", 3)
+    assert bench.count_wrong(avg * np.float32(1 + 2**-23), avg, "avg") == 0  # 1 ULP is fine
+    assert bench.count_wrong(avg * np.float32(1.001), avg, "avg") == 100
+
+
+def test_without_nprocs():
+    argv = ["-n", "4", "-e", "1M", "--nprocs=3", "-n2", "--nprocs", "5", "-d", "float16"]
+    assert bench._without_nprocs(argv) == ["-e", "1M", "-d", "float16"]
+
+
+def test_bad_arguments():
+    r = run_bench(["-n", "2", "-d", "int32", "-o", "avg"])
+    assert r.returncode == 2 and "floating" in r.stderr
+    r = run_bench(["-n", "2", "-d", "complex64"])
+    assert r.returncode == 2 and "unsupported dtype" in r.stderr
+
+
+# ------------------------------------------------------------------------- real sweeps
+
+
+def test_sweep_two_ranks(tmp_path):
+    out_json, out_csv, out_png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
+    args = ["-n", "2", "-e", "64K", *QUICK, "--json", str(out_json), "--csv", str(out_csv)]
+    plotting = _has("matplotlib")
+    if plotting:
+        args += ["--plot", str(out_png)]
+    r = run_bench(args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = table(r.stdout)
+    assert [int(row[0]) for row in rows] == [8 << k for k in range(14)]  # 8 B .. 64 KiB
+    for row in rows:
+        # size count type redop | time algbw busbw #wrong | time algbw busbw #wrong
+        assert len(row) == 12, row
+        size, count, dtype, op = int(row[0]), int(row[1]), row[2], row[3]
+        assert (count, dtype, op) == (size // 4, "float32", "sum")
+        assert row[7] == "0" and row[11] == "0"  # #wrong, out-of-place and in-place
+        assert float(row[4]) > 0 and float(row[8]) > 0
+        assert row[5] == row[6] and row[9] == row[10]  # 2 ranks: busbw == algbw
+    assert "# #wrong total (ringreduce) : 0 OK" in r.stdout
+    assert "# Avg bus bandwidth" in r.stdout
+
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["ranks"] == 2 and data["meta"]["busbw_factor"] == 1.0
+    assert len(data["rows"]) == 2 * len(rows)
+    for row in data["rows"]:
+        assert row["system"] == "ringreduce" and row["wrong"] == 0
+        assert row["placement"] in ("out-of-place", "in-place")
+        assert row["algbw_gbs"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
+    with open(out_csv, newline="") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == len(data["rows"])
+    assert {int(c["size"]) for c in csv_rows} == {int(row[0]) for row in rows}
+    assert all(c["wrong"] == "0" for c in csv_rows)
+    if plotting:
+        assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_three_ranks_other_dtype(tmp_path):
+    out_json = tmp_path / "r.json"
+    r = run_bench(
+        ["-n", "3", "-d", "float16", "-o", "max", "-b", "2", "-e", "4K", "-f", "4", *QUICK,
+         "--json", str(out_json)]
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = table(r.stdout)
+    assert [int(row[0]) for row in rows] == [2, 8, 32, 128, 512, 2048]
+    assert all(row[2] == "float16" and row[3] == "max" for row in rows)
+    assert all(row[7] == "0" and row[11] == "0" for row in rows)
+    for row in json.loads(out_json.read_text())["rows"]:
+        assert row["ranks"] == 3
+        assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * 4 / 3)
+
+
+def test_check_off():
+    r = run_bench(["-n", "2", "-e", "64", *QUICK, "-c", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(row[7] == "N/A" and row[11] == "N/A" for row in table(r.stdout))
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.torch
+def test_compare_gloo(tmp_path):
+    pytest.importorskip("torch")
+    out_json = tmp_path / "r.json"
+    r = run_bench(["-n", "2", "-e", "4K", *QUICK, "--compare", "gloo,mpi", "--json", str(out_json)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "# note: mpi skipped: not running under mpirun" in r.stdout
+    rows = table(r.stdout)
+    assert rows and all(len(row) == 15 for row in rows)  # ours (12) + gloo time, busbw, ratio
+    data = json.loads(out_json.read_text())["rows"]
+    gloo = [row for row in data if row["system"] == "gloo"]
+    assert len(gloo) == len(rows) and all(row["wrong"] == 0 for row in gloo)
+    assert all(row["ratio_ours"] > 0 for row in gloo)
+
+
+@pytest.mark.mpi
+def test_under_mpirun(tmp_path):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or not _has("mpi4py"):
+        pytest.skip("needs mpirun and mpi4py")
+    out_json = tmp_path / "r.json"
+    root_ok = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI is root
+    cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, "-m", "ringreduce", "bench"]
+    args = ["-e", "4K", *QUICK, "--compare", "mpi", "--json", str(out_json)]
+    r = run_bench(args, cmd=cmd, extra_env=root_ok)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = table(r.stdout)
+    assert rows and all(len(row) == 15 and row[7] == "0" and row[11] == "0" for row in rows)
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["ranks"] == 2
+    mpi = [row for row in data["rows"] if row["system"] == "mpi"]
+    assert len(mpi) == len(rows) and all(row["wrong"] == 0 for row in mpi)

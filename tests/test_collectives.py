@@ -1,0 +1,220 @@
+"""Collectives on real rank processes, checked against numpy references.
+
+Exact data (small integers) is compared bit for bit; random float data against
+a float64 reference with a stated bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ringreduce as rr
+from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
+
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+
+
+# ---- rank-side functions (module level so they pickle by reference) -------
+
+def _all_reduce_exact(comm, dtype):
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for op in OPS:
+        if op == "avg" and dtype not in FLOATING:
+            continue
+        for count in sizes_for(n):
+            want = expected(n, count, dtype, op)
+            x = contribution(r, count, dtype, op)
+            got = comm.all_reduce(x, op=op)
+            if not same_bits(got, want):
+                failures.append(f"out-of-place {op} count={count}")
+            if not same_bits(x, contribution(r, count, dtype, op)):
+                failures.append(f"out-of-place {op} count={count} modified its input")
+            inplace = contribution(r, count, dtype, op)
+            res = comm.all_reduce(inplace, op=op, out=inplace)
+            if res is not inplace or not same_bits(inplace, want):
+                failures.append(f"in-place {op} count={count}")
+            out = np.full(count, 99, dtype=np_dtype(dtype))
+            comm.all_reduce(x, op=op, out=out)
+            if not same_bits(out, want):
+                failures.append(f"out= {op} count={count}")
+    return failures
+
+
+def _all_reduce_random(comm, dtype, count, seed):
+    n, r = comm.world_size, comm.rank
+    parts = [np.random.default_rng(seed + i).standard_normal(count) for i in range(n)]
+    x = parts[r].astype(np_dtype(dtype))
+    got = comm.all_reduce(x).astype(np.float64)
+    inputs = [p.astype(np_dtype(dtype)).astype(np.float64) for p in parts]
+    ref = np.sum(inputs, axis=0)
+    # Each of the n-1 hops rounds once to the wire dtype: |error| <= (n-1) eps sum|x|.
+    eps = float(np.finfo(np.float32).eps) if dtype == "float32" else float(np.finfo(np.float64).eps)
+    if dtype == "float16":
+        eps = 2.0**-11
+    elif dtype == "bfloat16":
+        eps = 2.0**-8
+    bound = max(n - 1, 1) * eps * np.sum(np.abs(inputs), axis=0) + 1e-300
+    return float(np.max(np.abs(got - ref) / bound)) if count else 0.0
+
+
+def _reduce_scatter(comm, dtype):
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for op in ("sum", "max", "avg"):
+        if op == "avg" and dtype not in FLOATING:
+            continue
+        for count in sizes_for(n):
+            want = expected(n, count, dtype, op)
+            start, stop = rr.chunk_bounds(count, n, r)
+            got = comm.reduce_scatter(contribution(r, count, dtype, op), op=op)
+            if not same_bits(got, want[start:stop]):
+                failures.append(f"{op} count={count}")
+    # Multi-dimensional input reduces the flattened array.
+    x = contribution(r, 24, dtype, "sum").reshape(2, 3, 4)
+    start, stop = rr.chunk_bounds(24, n, r)
+    if not same_bits(comm.reduce_scatter(x), expected(n, 24, dtype, "sum")[start:stop]):
+        failures.append("3-d input")
+    return failures
+
+
+def _all_gather(comm, dtype):
+    n, r = comm.world_size, comm.rank
+    failures = []
+    for shape in [(0,), (1,), (5,), (3, 4), (n + 1, 2)]:
+        x = (np.arange(int(np.prod(shape))).reshape(shape) % 50 + r).astype(np_dtype(dtype))
+        got = comm.all_gather(x)
+        want = np.stack([(np.arange(int(np.prod(shape))).reshape(shape) % 50 + i).astype(np_dtype(dtype)) for i in range(n)])
+        if not same_bits(got, want):
+            failures.append(f"shape {shape}")
+        out = np.zeros((n,) + shape, dtype=np_dtype(dtype))
+        if comm.all_gather(x, out=out) is not out or not same_bits(out, want):
+            failures.append(f"out= shape {shape}")
+    return failures
+
+
+def _broadcast_every_root(comm):
+    n, r = comm.world_size, comm.rank
+    failures = []
+    for root in range(n):
+        for count in (0, 1, 13, 300_001):
+            x = np.full(count, r, dtype=np.int32) if r != root else np.arange(count, dtype=np.int32)
+            res = comm.broadcast(x, root=root)
+            if res is not x or not np.array_equal(x, np.arange(count, dtype=np.int32)):
+                failures.append(f"root={root} count={count}")
+        # A non-contiguous view is filled in place too.
+        base = np.full((4, 6), -1.0) if r != root else np.arange(24.0).reshape(4, 6)
+        comm.broadcast(base[:, ::2], root=root)
+        want = np.arange(24.0).reshape(4, 6)[:, ::2]
+        if not np.array_equal(base[:, ::2], want):
+            failures.append(f"strided root={root}")
+    return failures
+
+
+def _barrier_and_stats(comm):
+    before = comm.stats()["ops"]
+    for _ in range(3):
+        comm.barrier()
+    return comm.stats()["ops"] - before
+
+
+def _async_in_order(comm):
+    n, r = comm.world_size, comm.rank
+    xs = [np.full(1000 * (k + 1) + k, r + k, dtype=np.float64) for k in range(6)]
+    works = [comm.all_reduce(x, async_op=True) for x in xs[:3]]
+    works.append(comm.all_reduce(xs[3], op="max", out=xs[3], async_op=True))
+    works.append(comm.all_gather(xs[4][:3], async_op=True))
+    works.append(comm.broadcast(xs[5], root=n - 1, async_op=True))
+    # Wait in reverse: completing the last implies the earlier ones are done.
+    results = [w.wait() for w in reversed(works)][::-1]
+    ok = all(w.done() for w in works)
+    for k in range(3):
+        ok &= bool(np.all(results[k] == sum(i + k for i in range(n))))
+    ok &= results[3] is xs[3] and bool(np.all(xs[3] == n - 1 + 3))
+    ok &= results[4].shape == (n, 3) and bool(np.all(results[4][:, 0] == np.arange(n) + 4))
+    ok &= bool(np.all(xs[5] == n - 1 + 5))
+    return ok
+
+
+def _bytes_on_wire(comm, nbytes):
+    x = np.ones(nbytes // 4, dtype=np.float32)
+    before = comm.stats()
+    comm.all_reduce(x, out=x)
+    after = comm.stats()
+    return after["bytes_sent"] - before["bytes_sent"], after["bytes_received"] - before["bytes_received"]
+
+
+def _big_all_reduce(comm, count):
+    x = np.full(count, comm.rank + 1, dtype=np.float32)
+    comm.all_reduce(x, out=x)
+    n = comm.world_size
+    return bool(np.all(x == n * (n + 1) / 2))
+
+
+# ---- tests --------------------------------------------------------------
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_exact_every_op_and_size(group_factory, n, dtype):
+    results = group_factory(n).run(_all_reduce_exact, dtype)
+    assert results == [[]] * n
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_all_reduce_random_floats_within_bound(group_factory, n, dtype):
+    ratios = group_factory(n).run(_all_reduce_random, dtype, 10_007, 1234)
+    assert max(ratios) <= 1.0, f"error / bound = {ratios}"
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "int64"])
+def test_reduce_scatter_blocks_follow_chunk_bounds(group_factory, n, dtype):
+    assert group_factory(n).run(_reduce_scatter, dtype) == [[]] * n
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "uint8"])
+def test_all_gather_shape_and_order(group_factory, n, dtype):
+    assert group_factory(n).run(_all_gather, dtype) == [[]] * n
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_broadcast_from_every_root(group_factory, n):
+    assert group_factory(n).run(_broadcast_every_root) == [[]] * n
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_barrier(group_factory, n):
+    assert group_factory(n).run(_barrier_and_stats) == [3] * n
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_async_collectives_complete_in_order(group_factory, n):
+    assert group_factory(n).run(_async_in_order) == [True] * n
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_all_reduce_sends_2_n_minus_1_over_n_bytes(group_factory, n):
+    nbytes = 4 << 20
+    ideal = 2 * (n - 1) / n * nbytes
+    for sent, received in group_factory(n).run(_bytes_on_wire, nbytes):
+        # Chunks differ by at most one element; headers add 32 bytes per call.
+        assert ideal - 8 <= sent <= ideal * 1.01
+        assert ideal - 8 <= received <= ideal * 1.01
+
+
+def test_all_reduce_256_megabytes(group_factory):
+    assert group_factory(2).run(_big_all_reduce, 64 << 20, timeout=300) == [True, True]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("dtype", ["float16", "int32", "float64"])
+def test_tiny_segments_pipeline_correctly(group_factory, n, dtype):
+    # 40-byte segments: every chunk is cut into many segments, so the
+    # double-buffered receive/reduce pipeline runs on odd sizes.
+    group = group_factory(n, segment_bytes=40)
+    assert group.run(_all_reduce_exact, dtype) == [[]] * n
+    assert group.run(_reduce_scatter, dtype) == [[]] * n
+    assert group.run(_broadcast_every_root) == [[]] * n

@@ -1,0 +1,199 @@
+"""Failure paths: every surviving rank raises the right error, and nothing hangs."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import ringreduce as rr
+from _ranks import RankGroup, run_ranks
+
+
+def _all_reduce_count(comm, counts):
+    comm.all_reduce(np.ones(counts[comm.rank], dtype=np.float32))
+
+
+def _all_reduce_dtype(comm, dtypes):
+    comm.all_reduce(np.ones(10, dtype=dtypes[comm.rank]))
+
+
+def _all_reduce_op(comm, ops):
+    comm.all_reduce(np.ones(10, dtype=np.float32), op=ops[comm.rank])
+
+
+def _different_collectives(comm):
+    if comm.rank == 0:
+        comm.broadcast(np.ones(10, dtype=np.float32), root=0)
+    else:
+        comm.all_reduce(np.ones(10, dtype=np.float32))
+
+
+def _error_then_retry(comm, counts):
+    """Fails with a mismatch, then checks that the communicator refuses more work."""
+    try:
+        comm.all_reduce(np.ones(counts[comm.rank], dtype=np.float32))
+    except rr.RingReduceError as first:
+        try:
+            comm.all_reduce(np.ones(4, dtype=np.float32))
+        except rr.RingReduceError as second:
+            # The process is healthy: numpy and a fresh world-of-one still work.
+            solo = rr.init("tcp", rank=0, world_size=1, master_port=1)
+            ok = bool(np.all(solo.all_reduce(np.ones(3)) == 1))
+            solo.close()
+            return type(first).__name__, str(second), ok
+        return type(first).__name__, "second call ran", False
+    return "no error", "", False
+
+
+def _sleepy(comm, late_rank, sleep_s):
+    if comm.rank == late_rank:
+        time.sleep(sleep_s)
+        return "slept"
+    start = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(1000, dtype=np.float32))
+    except rr.RingReduceError as exc:
+        return type(exc).__name__, exc.peer, str(exc), time.monotonic() - start
+    return "no error"
+
+
+def _all_reduce_loop_until_error(comm, seconds):
+    start = time.monotonic()
+    x = np.ones(1 << 18, dtype=np.float32)
+    try:
+        while time.monotonic() - start < seconds:
+            comm.all_reduce(x, out=x)
+            x[:] = 1
+    except rr.RingReduceError as exc:
+        return type(exc).__name__, exc.peer, str(exc), time.monotonic() - start
+    return "no error"
+
+
+def _kill_self_later(comm, victim, delay):
+    if comm.rank == victim:
+        time.sleep(delay)
+        os.kill(os.getpid(), 9)
+    return _all_reduce_loop_until_error(comm, 30)
+
+
+def _close_early(comm, quitter):
+    if comm.rank == quitter:
+        comm.close()
+        return "closed"
+    return _all_reduce_loop_until_error(comm, 30)
+
+
+def _outcome_classes(outcomes):
+    return [o[1] if o[0] == "ok" else (o[0], o[2]) for o in outcomes]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (_all_reduce_count, "counts"),
+        (_all_reduce_dtype, "dtypes"),
+        (_all_reduce_op, "ops"),
+        (_different_collectives, None),
+    ],
+    ids=["count", "dtype", "op", "collective"],
+)
+def test_mismatch_raises_on_every_rank(n, fn, args):
+    last = n - 1
+    arg = {
+        "counts": [10] * last + [12],
+        "dtypes": [np.float32] * last + [np.float64],
+        "ops": ["sum"] * last + ["max"],
+        None: None,
+    }[args]
+    start = time.monotonic()
+    outcomes = run_ranks(n, fn, *([arg] if arg is not None else []), init_timeout=20)
+    elapsed = time.monotonic() - start
+    assert all(o[0] == "err" for o in outcomes), _outcome_classes(outcomes)
+    # The rank that saw the mismatch raises MismatchError; the others learn of
+    # it through the store and raise MismatchError too, naming the culprits.
+    for o in outcomes:
+        assert isinstance(o[1], rr.MismatchError), o[2]
+        assert "mismatch between rank" in str(o[1])
+    assert elapsed < 15, "errors must come promptly, not after the timeout"
+
+
+def test_mismatch_message_names_both_calls():
+    outcomes = run_ranks(2, _all_reduce_count, [10, 12], init_timeout=20)
+    msg = str(outcomes[1][1]) if isinstance(outcomes[1][1], rr.MismatchError) else str(outcomes[0][1])
+    assert "all_reduce(count=10, float32, sum)" in msg
+    assert "all_reduce(count=12, float32, sum)" in msg
+
+
+def test_communicator_refuses_calls_after_an_error():
+    outcomes = run_ranks(3, _error_then_retry, [10, 10, 11], init_timeout=20)
+    for status, value, tb in outcomes:
+        assert status == "ok", tb
+        first, second, healthy = value
+        assert first == "MismatchError"
+        assert "failed earlier" in second
+        assert healthy
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_rank_that_never_arrives_times_out_naming_it(n):
+    late = n - 1
+    outcomes = run_ranks(n, _sleepy, late, 6.0, init_timeout=1.5, timeout=60)
+    for rank, (status, value, tb) in enumerate(outcomes):
+        assert status == "ok", tb
+        if rank == late:
+            continue
+        kind, peer, message, elapsed = value
+        assert kind == "TimeoutError", message
+        assert peer == late, message
+        assert f"rank {late} did not start all_reduce" in message
+        assert elapsed < 5.5, f"took {elapsed:.1f} s with a 1.5 s timeout"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_killed_rank_gives_peer_error_on_every_survivor(n):
+    victim = 1
+    with RankGroup(n, timeout=30) as group:
+        start = time.monotonic()
+        outcomes = group.outcomes(_kill_self_later, victim, 0.5, timeout=60)
+    assert time.monotonic() - start < 20
+    for rank, (status, value, tb) in enumerate(outcomes):
+        if rank == victim:
+            assert status == "dead"
+            continue
+        assert status == "ok", tb
+        kind, peer, message, elapsed = value
+        assert kind == "PeerError", message
+        assert peer == victim, message
+        # Detected from the socket, far sooner than the 30 s timeout.
+        assert elapsed < 10
+
+
+def test_peer_that_closes_gives_peer_error():
+    outcomes = run_ranks(3, _close_early, 2, init_timeout=30)
+    assert outcomes[2][1] == "closed"
+    for status, value, tb in outcomes[:2]:
+        assert status == "ok", tb
+        kind, peer, message, _ = value
+        assert kind == "PeerError", message
+        assert peer == 2, message
+
+
+def test_timeout_error_is_a_builtin_timeout_error():
+    assert issubclass(rr.TimeoutError, TimeoutError)
+    assert issubclass(rr.TimeoutError, rr.RingReduceError)
+    assert issubclass(rr.PeerError, rr.RingReduceError)
+    assert issubclass(rr.MismatchError, rr.RingReduceError)
+
+
+def test_rendezvous_timeout_when_nobody_hosts_the_store():
+    from _ranks import free_port
+
+    start = time.monotonic()
+    with pytest.raises(rr.TimeoutError, match="rendezvous store"):
+        rr.init("tcp", rank=1, world_size=2, master_addr="127.0.0.1", master_port=free_port(),
+                timeout=1.0)
+    assert time.monotonic() - start < 5

@@ -6,6 +6,7 @@
 
 #include "common/dtype.h"
 #include "reduce/cpu_kernels.h"
+#include "reduce/f16c_kernels.h"
 #include "reduce/ops.h"
 
 namespace rr {
@@ -46,7 +47,12 @@ ReduceFn pick_op(ReduceOp op) {
 
 inline ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kFloat16: return pick_op<Float16Type>(op);
+    case DataType::kFloat16:
+#if defined(RR_HAVE_F16C_KERNELS)
+      return f16c_pick(op);
+#else
+      return pick_op<Float16Type>(op);
+#endif
     case DataType::kBFloat16: return pick_op<BFloat16Type>(op);
     case DataType::kFloat32: return pick_op<Float32Type>(op);
     case DataType::kFloat64: return pick_op<Float64Type>(op);

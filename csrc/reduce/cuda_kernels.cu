@@ -1,0 +1,198 @@
+// CUDA reduction kernels. One element-wise kernel template serves every entry
+// of the (dtype x op) table and the average's division; the per-element
+// arithmetic is rr::apply<Type, Op> from ops.h, the very function the CPU
+// kernels run, so both sides round the same way.
+//
+// Terms: a pack is 16 bytes of elements, moved by one vector load or store
+// (8 float16, 4 float32, 2 float64, 16 int8, ...); the tail is what is left
+// after the last whole pack and goes element by element.
+#include <algorithm>
+#include <cstdint>
+
+#include "reduce/cuda_kernels.h"
+#include "reduce/ops.h"
+
+namespace rr {
+namespace {
+
+constexpr int kThreads = 256;
+// sm_80 and sm_90 both hold 2048 resident threads per SM.
+constexpr int kMaxThreadsPerSm = 2048;
+// Packs each thread loads before it computes: several 16-byte requests in
+// flight per thread are what it takes to keep HBM busy.
+constexpr int kUnroll = 4;
+constexpr size_t kPackBytes = 16;
+
+template <typename S>
+struct alignas(kPackBytes) Pack {
+  static constexpr int kSize = kPackBytes / sizeof(S);
+  S v[kSize];
+};
+
+// out = a op b, element by element, with the shared functor.
+template <typename Type, typename Op>
+struct ReduceFn {
+  using S = typename Type::storage;
+  __device__ __forceinline__ S operator()(S a, S b) const { return apply<Type, Op>(a, b); }
+};
+
+// data = data / divisor in the compute type; the second operand is unused.
+template <typename Type>
+struct DivideFn {
+  using S = typename Type::storage;
+  typename Type::compute divisor;
+  __device__ __forceinline__ S operator()(S a, S) const {
+    return Type::store(Type::load(a) / divisor);
+  }
+};
+
+// out[i] = f(a[i], b[i]) for i < n, where the first `packs` x Pack::kSize
+// elements go as whole packs (all three pointers are then 16-byte aligned) and
+// the rest as single elements. Grid-stride loops, so any grid size is correct.
+//
+// No __restrict__: out may be a or b. Each index is read and then written by
+// one thread only, so in-place use is safe.
+template <typename S, typename F>
+__global__ void __launch_bounds__(kThreads)
+    elementwise_kernel(S* out, const S* a, const S* b, size_t packs, size_t n, F f) {
+  using P = Pack<S>;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  P* out_packs = reinterpret_cast<P*>(out);
+  const P* a_packs = reinterpret_cast<const P*>(a);
+  const P* b_packs = reinterpret_cast<const P*>(b);
+
+  for (size_t base = first; base < packs; base += stride * kUnroll) {
+    P x[kUnroll];
+    P y[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < packs) {
+        x[u] = a_packs[i];
+        y[u] = b_packs[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < packs) {
+        P r;
+#pragma unroll
+        for (int k = 0; k < P::kSize; ++k) r.v[k] = f(x[u].v[k], y[u].v[k]);
+        out_packs[i] = r;
+      }
+    }
+  }
+  for (size_t i = packs * P::kSize + first; i < n; i += stride) out[i] = f(a[i], b[i]);
+}
+
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kPackBytes == 0; }
+
+// Enough blocks to fill every SM of the current device once and no more; the
+// grid-stride loops cover the rest without a second wave of block launches.
+cudaError_t grid_size(size_t work_items, int* blocks) {
+  int device = 0;
+  int sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const size_t cap = static_cast<size_t>(std::max(sms, 1)) * (kMaxThreadsPerSm / kThreads);
+  const size_t wanted = (work_items + kThreads - 1) / kThreads;
+  *blocks = static_cast<int>(std::max<size_t>(1, std::min(wanted, cap)));
+  return cudaSuccess;
+}
+
+template <typename S, typename F>
+cudaError_t launch(S* out, const S* a, const S* b, size_t n, F f, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr size_t kPerPack = Pack<S>::kSize;
+  // Misaligned buffers take the element-by-element path for all of n.
+  const size_t packs = aligned(out) && aligned(a) && aligned(b) ? n / kPerPack : 0;
+  const size_t tail = n - packs * kPerPack;
+  int blocks = 0;
+  const cudaError_t err = grid_size(std::max((packs + kUnroll - 1) / kUnroll, tail), &blocks);
+  if (err != cudaSuccess) return err;
+  elementwise_kernel<<<blocks, kThreads, 0, stream>>>(out, a, b, packs, n, f);
+  return cudaGetLastError();
+}
+
+template <typename Type, typename Op>
+cudaError_t launch_reduce(void* out, const void* a, const void* b, size_t n, cudaStream_t stream) {
+  using S = typename Type::storage;
+  return launch(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b), n,
+                ReduceFn<Type, Op>{}, stream);
+}
+
+template <typename Type>
+cudaError_t reduce_typed(ReduceOp op, void* out, const void* a, const void* b, size_t n,
+                         cudaStream_t stream) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return launch_reduce<Type, SumOp>(out, a, b, n, stream);
+    case ReduceOp::kProd: return launch_reduce<Type, ProdOp>(out, a, b, n, stream);
+    case ReduceOp::kMin: return launch_reduce<Type, MinOp>(out, a, b, n, stream);
+    case ReduceOp::kMax: return launch_reduce<Type, MaxOp>(out, a, b, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename Type>
+cudaError_t divide_typed(void* data, size_t n, int divisor, cudaStream_t stream) {
+  using S = typename Type::storage;
+  S* d = static_cast<S*>(data);
+  const DivideFn<Type> f{static_cast<typename Type::compute>(divisor)};
+  return launch(d, d, d, n, f, stream);
+}
+
+}  // namespace
+
+cudaError_t cuda_reduce(DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
+                        size_t n, cudaStream_t stream) {
+  switch (dtype) {
+    case DataType::kFloat16: return reduce_typed<Float16Type>(op, out, a, b, n, stream);
+    case DataType::kBFloat16: return reduce_typed<BFloat16Type>(op, out, a, b, n, stream);
+    case DataType::kFloat32: return reduce_typed<Float32Type>(op, out, a, b, n, stream);
+    case DataType::kFloat64: return reduce_typed<Float64Type>(op, out, a, b, n, stream);
+    case DataType::kInt8: return reduce_typed<Int8Type>(op, out, a, b, n, stream);
+    case DataType::kUInt8: return reduce_typed<UInt8Type>(op, out, a, b, n, stream);
+    case DataType::kInt32: return reduce_typed<Int32Type>(op, out, a, b, n, stream);
+    case DataType::kInt64: return reduce_typed<Int64Type>(op, out, a, b, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t cuda_divide(DataType dtype, void* data, size_t n, int divisor, cudaStream_t stream) {
+  switch (dtype) {
+    case DataType::kFloat16: return divide_typed<Float16Type>(data, n, divisor, stream);
+    case DataType::kBFloat16: return divide_typed<BFloat16Type>(data, n, divisor, stream);
+    case DataType::kFloat32: return divide_typed<Float32Type>(data, n, divisor, stream);
+    case DataType::kFloat64: return divide_typed<Float64Type>(data, n, divisor, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    // No driver or no GPU: clear the runtime's sticky last error so later
+    // calls do not report it.
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+cudaError_t cuda_pointer_device(const void* ptr, int* device) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) return err;
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    return cudaErrorInvalidValue;
+  }
+  *device = attributes.device;
+  return cudaSuccess;
+}
+
+}  // namespace rr

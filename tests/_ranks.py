@@ -44,7 +44,11 @@ def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
 
     try:
         comm = rr.init(
-            "tcp", rank=rank, world_size=size, master_addr="127.0.0.1", master_port=port,
+            "tcp",
+            rank=rank,
+            world_size=size,
+            master_addr="127.0.0.1",
+            master_port=port,
             **init_kwargs,
         )
     except BaseException as exc:  # report, don't hang the parent
@@ -142,15 +146,21 @@ class RankGroup:
         os.kill(self.procs[rank].pid, 9)
         self.procs[rank].join(5)
 
-    def __enter__(self) -> "RankGroup":
+    def __enter__(self) -> RankGroup:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def run_ranks(n: int, fn: Callable, *args: Any, timeout: float = 120.0,
-              init_timeout: Optional[float] = None, **init_kwargs: Any) -> list:
+def run_ranks(
+    n: int,
+    fn: Callable,
+    *args: Any,
+    timeout: float = 120.0,
+    init_timeout: Optional[float] = None,
+    **init_kwargs: Any,
+) -> list:
     """One-shot: spawn n ranks, run fn(comm, *args) on each, return per-rank outcomes."""
     if init_timeout is not None:
         init_kwargs["timeout"] = init_timeout

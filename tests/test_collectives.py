@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 
 import ringreduce as rr
+
 from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 
 
 # ---- rank-side functions (module level so they pickle by reference) -------
+
 
 def _all_reduce_exact(comm, dtype):
     failures = []
@@ -85,7 +87,12 @@ def _all_gather(comm, dtype):
     for shape in [(0,), (1,), (5,), (3, 4), (n + 1, 2)]:
         x = (np.arange(int(np.prod(shape))).reshape(shape) % 50 + r).astype(np_dtype(dtype))
         got = comm.all_gather(x)
-        want = np.stack([(np.arange(int(np.prod(shape))).reshape(shape) % 50 + i).astype(np_dtype(dtype)) for i in range(n)])
+        want = np.stack(
+            [
+                (np.arange(int(np.prod(shape))).reshape(shape) % 50 + i).astype(np_dtype(dtype))
+                for i in range(n)
+            ]
+        )
         if not same_bits(got, want):
             failures.append(f"shape {shape}")
         out = np.zeros((n,) + shape, dtype=np_dtype(dtype))
@@ -142,7 +149,9 @@ def _bytes_on_wire(comm, nbytes):
     before = comm.stats()
     comm.all_reduce(x, out=x)
     after = comm.stats()
-    return after["bytes_sent"] - before["bytes_sent"], after["bytes_received"] - before["bytes_received"]
+    return after["bytes_sent"] - before["bytes_sent"], after["bytes_received"] - before[
+        "bytes_received"
+    ]
 
 
 def _big_all_reduce(comm, count):
@@ -153,6 +162,7 @@ def _big_all_reduce(comm, count):
 
 
 # ---- tests --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ringreduce as rr
+
 from _ranks import RankGroup, run_ranks
 
 
@@ -123,7 +124,9 @@ def test_mismatch_raises_on_every_rank(n, fn, args):
 
 def test_mismatch_message_names_both_calls():
     outcomes = run_ranks(2, _all_reduce_count, [10, 12], init_timeout=20)
-    msg = str(outcomes[1][1]) if isinstance(outcomes[1][1], rr.MismatchError) else str(outcomes[0][1])
+    msg = (
+        str(outcomes[1][1]) if isinstance(outcomes[1][1], rr.MismatchError) else str(outcomes[0][1])
+    )
     assert "all_reduce(count=10, float32, sum)" in msg
     assert "all_reduce(count=12, float32, sum)" in msg
 
@@ -194,6 +197,12 @@ def test_rendezvous_timeout_when_nobody_hosts_the_store():
 
     start = time.monotonic()
     with pytest.raises(rr.TimeoutError, match="rendezvous store"):
-        rr.init("tcp", rank=1, world_size=2, master_addr="127.0.0.1", master_port=free_port(),
-                timeout=1.0)
+        rr.init(
+            "tcp",
+            rank=1,
+            world_size=2,
+            master_addr="127.0.0.1",
+            master_port=free_port(),
+            timeout=1.0,
+        )
     assert time.monotonic() - start < 5

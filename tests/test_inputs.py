@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ringreduce as rr
+
 from _data import BF16
 
 
@@ -35,7 +36,10 @@ def _bad_inputs_then_good_call(comm):
         (lambda: comm.all_reduce(x, out=_readonly(10)), ValueError),
         (lambda: _overlap_call(comm), ValueError),
         (lambda: comm.reduce_scatter(x, out=np.ones(99, dtype=np.float32)), ValueError),
-        (lambda: comm.all_gather(x, out=np.ones((comm.world_size, 9), dtype=np.float32)), ValueError),
+        (
+            lambda: comm.all_gather(x, out=np.ones((comm.world_size, 9), dtype=np.float32)),
+            ValueError,
+        ),
         (lambda: comm.broadcast(x, root=comm.world_size), ValueError),
         (lambda: comm.broadcast(x, root=-1), ValueError),
         (lambda: comm.all_reduce("not an array"), TypeError),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ringreduce import _env
+
 from _ranks import run_ranks
 
 LAUNCHER_ENVS = [

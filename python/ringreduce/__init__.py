@@ -1,8 +1,8 @@
 """ringreduce: ring all-reduce collectives for data-parallel training.
 
-    import ringreduce as rr
-    comm = rr.init()                      # rank/world size from the launcher's env
-    y = comm.all_reduce(x, op="avg")      # numpy arrays, torch CPU tensors, DLPack
+import ringreduce as rr
+comm = rr.init()                      # rank/world size from the launcher's env
+y = comm.all_reduce(x, op="avg")      # numpy arrays, torch CPU tensors, DLPack
 """
 
 from __future__ import annotations

@@ -55,7 +55,9 @@ def as_array(x: Any, what: str = "x") -> np.ndarray:
         try:
             return np.from_dlpack(x)
         except (TypeError, BufferError, RuntimeError, ValueError) as exc:
-            raise TypeError(f"{what}: cannot import {type(x).__name__} through DLPack: {exc}") from exc
+            raise TypeError(
+                f"{what}: cannot import {type(x).__name__} through DLPack: {exc}"
+            ) from exc
     try:
         return np.asarray(memoryview(x))
     except TypeError:
@@ -92,7 +94,9 @@ def check_output(out: np.ndarray, *, dtype: np.dtype, shape: tuple, what: str = 
     if out.dtype != dtype:
         raise TypeError(f"{what}: dtype {out.dtype.name} does not match the input's {dtype.name}")
     if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"{what}: shape {tuple(out.shape)} does not match the expected {tuple(shape)}")
+        raise ValueError(
+            f"{what}: shape {tuple(out.shape)} does not match the expected {tuple(shape)}"
+        )
     if not out.flags.writeable:
         raise ValueError(f"{what}: the array is read-only")
     if not out.flags.c_contiguous:

@@ -28,7 +28,8 @@ def rank_and_size(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, 
         return 0, 1  # a plain `python script.py`: a world of one
     raise ValueError(
         "rank and world_size must both be given, or both come from the environment "
-        "(RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS)"
+        "(RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE, "
+        "SLURM_PROCID/SLURM_NTASKS)"
     )
 
 

@@ -58,7 +58,9 @@ def _op_code(op: Union[str, ReduceOp], dtype_name: str) -> int:
 def chunk_bounds(n: int, world_size: int, rank: int) -> Tuple[int, int]:
     """[start, stop) of rank's block of n elements; the first n % world_size ranks get one more."""
     if world_size < 1 or not 0 <= rank < world_size or n < 0:
-        raise ValueError(f"chunk_bounds: need n >= 0 and 0 <= rank < world_size, got {n}, {world_size}, {rank}")
+        raise ValueError(
+            f"chunk_bounds: need n >= 0 and 0 <= rank < world_size, got {n}, {world_size}, {rank}"
+        )
     return tuple(_core.chunk_bounds(n, world_size, rank))  # type: ignore[return-value]
 
 
@@ -70,8 +72,14 @@ def build_info() -> dict:
 class Work:
     """An in-flight collective. ``wait()`` returns its result; ``done()`` polls."""
 
-    def __init__(self, comm: "Communicator", handle: Any, result: Any, keep: tuple,
-                 finalize: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        comm: Communicator,
+        handle: Any,
+        result: Any,
+        keep: tuple,
+        finalize: Optional[Callable[[], None]] = None,
+    ):
         self._comm = comm
         self._handle = handle
         self._result = result
@@ -132,7 +140,7 @@ class Communicator:
 
     @property
     def transport(self) -> str:
-        """"tcp" or "mpi"."""
+        """ "tcp" or "mpi"."""
         return self._transport
 
     @property
@@ -145,9 +153,20 @@ class Communicator:
         return dict(self._core.stats())
 
     # -- plumbing ---------------------------------------------------------
-    def _submit(self, kind: int, send: np.ndarray, recv: np.ndarray, count: int, code: int,
-                op: int, root: int, result: Any, keep: tuple, async_op: bool,
-                finalize: Optional[Callable[[], None]] = None) -> Any:
+    def _submit(
+        self,
+        kind: int,
+        send: np.ndarray,
+        recv: np.ndarray,
+        count: int,
+        code: int,
+        op: int,
+        root: int,
+        result: Any,
+        keep: tuple,
+        async_op: bool,
+        finalize: Optional[Callable[[], None]] = None,
+    ) -> Any:
         self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
         handle = self._core.submit(kind, address(send), address(recv), count, code, op, root)
         keep = keep + (send, recv)
@@ -156,8 +175,9 @@ class Communicator:
         return work if async_op else work.wait()
 
     # -- collectives ------------------------------------------------------
-    def all_reduce(self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None,
-                   async_op: bool = False) -> Any:
+    def all_reduce(
+        self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Reduces x over all ranks; every rank gets the result (new array, or ``out``).
 
         ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
@@ -176,11 +196,13 @@ class Communicator:
             src = arr if (out is x and arr.flags.c_contiguous) else np.ascontiguousarray(arr)
             _check_no_partial_overlap(src, dst)
             result = out
-        return self._submit(_ALL_REDUCE, src, dst, src.size, code, opc, 0, result, (x, out),
-                            async_op)
+        return self._submit(
+            _ALL_REDUCE, src, dst, src.size, code, opc, 0, result, (x, out), async_op
+        )
 
-    def reduce_scatter(self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None,
-                       async_op: bool = False) -> Any:
+    def reduce_scatter(
+        self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Reduces x over all ranks; returns this rank's block of the flattened result.
 
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
@@ -197,8 +219,9 @@ class Communicator:
             dst = as_array(out, "out")
             check_output(dst, dtype=arr.dtype, shape=(stop - start,))
             result = out
-        return self._submit(_REDUCE_SCATTER, src, dst, src.size, code, opc, 0, result, (x, out),
-                            async_op)
+        return self._submit(
+            _REDUCE_SCATTER, src, dst, src.size, code, opc, 0, result, (x, out), async_op
+        )
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Gathers x from every rank into an array of shape ``(world_size, *x.shape)``."""
@@ -213,8 +236,7 @@ class Communicator:
             dst = as_array(out, "out")
             check_output(dst, dtype=arr.dtype, shape=shape)
             result = out
-        return self._submit(_ALL_GATHER, src, dst, src.size, code, 0, 0, result, (x, out),
-                            async_op)
+        return self._submit(_ALL_GATHER, src, dst, src.size, code, 0, 0, result, (x, out), async_op)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Fills x in place, on every rank, with root's x. Returns x."""
@@ -235,8 +257,9 @@ class Communicator:
                 if self.rank != root:
                     arr[...] = buf
 
-        return self._submit(_BROADCAST, buf, buf, buf.size, code, 0, int(root), x, (x,),
-                            async_op, finalize)
+        return self._submit(
+            _BROADCAST, buf, buf, buf.size, code, 0, int(root), x, (x,), async_op, finalize
+        )
 
     def barrier(self) -> None:
         """Returns once every rank has called barrier()."""
@@ -249,26 +272,36 @@ class Communicator:
         self._core.close()
         self._inflight.clear()
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<ringreduce.Communicator rank={self.rank} world_size={self.world_size} "
-                f"transport={self.transport!r}>")
+        return (
+            f"<ringreduce.Communicator rank={self.rank} world_size={self.world_size} "
+            f"transport={self.transport!r}>"
+        )
 
 
 def _check_no_partial_overlap(src: np.ndarray, dst: np.ndarray) -> None:
     if address(src) != address(dst) and np.may_share_memory(src, dst):
-        raise ValueError("out overlaps x without being x; pass out=x for in-place, or separate arrays")
+        raise ValueError(
+            "out overlaps x without being x; pass out=x for in-place, or separate arrays"
+        )
 
 
-def init(transport: str = "auto", *, rank: Optional[int] = None,
-         world_size: Optional[int] = None, master_addr: Optional[str] = None,
-         master_port: Optional[int] = None, timeout: float = 60.0,
-         store_dir: Optional[str] = None) -> Communicator:
+def init(
+    transport: str = "auto",
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    timeout: float = 60.0,
+    store_dir: Optional[str] = None,
+) -> Communicator:
     """Joins the job and returns its communicator.
 
     rank/world_size default to the launcher's environment (RANK/WORLD_SIZE,
@@ -292,6 +325,5 @@ def init(transport: str = "auto", *, rank: Optional[int] = None,
         raise ValueError(f"rank {r} is not in [0, world_size={n})")
     host, port = master_address(master_addr, master_port)
     segment = int(os.environ.get("RINGREDUCE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
-    core = _core.Communicator.create_tcp(r, n, host, port, float(timeout), segment,
-                                         store_dir or "")
+    core = _core.Communicator.create_tcp(r, n, host, port, float(timeout), segment, store_dir or "")
     return Communicator(core, "tcp")

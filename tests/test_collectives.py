@@ -228,3 +228,27 @@ def test_tiny_segments_pipeline_correctly(group_factory, n, dtype):
     assert group.run(_all_reduce_exact, dtype) == [[]] * n
     assert group.run(_reduce_scatter, dtype) == [[]] * n
     assert group.run(_broadcast_every_root) == [[]] * n
+
+
+def _reduce_then_close_at_once(comm, rounds):
+    rng = np.random.default_rng(comm.rank)
+    for k in range(rounds):
+        x = np.ones(int(1000 + 7919 * k), dtype=np.float32)
+        comm.all_reduce(x, out=x)
+        assert np.all(x == comm.world_size)
+    # Fast ranks close while slow ones still finish their last all-gather
+    # step: a neighbour that is done must not look like a dead peer.
+    import time
+
+    time.sleep(float(rng.random()) * 0.05)
+    comm.close()
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_ranks_may_close_while_neighbours_finish(n):
+    from _ranks import run_ranks
+
+    for _ in range(3):
+        outcomes = run_ranks(n, _reduce_then_close_at_once, 20)
+        assert [o[1] for o in outcomes] == [True] * n, [o[2] for o in outcomes]

@@ -17,6 +17,7 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 import pytest
+
 import ringreduce as rr
 from ringreduce._bucket_plan import first_difference, plan_buckets
 from ringreduce.bucketing import GradientBucketer
@@ -75,8 +76,9 @@ def train_reference(world_size: int, b: int, steps: int, seed: int) -> list[np.n
     return params
 
 
-def train_data_parallel(comm, b: int, steps: int, seed: int, bucket_mb: float,
-                        first_bucket_mb: float):
+def train_data_parallel(
+    comm, b: int, steps: int, seed: int, bucket_mb: float, first_bucket_mb: float
+):
     """Rank side: SGD on this rank's rows, gradients averaged by a GradientBucketer."""
     bucketer = GradientBucketer(comm, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb)
     params = mlp_init(MLP_SIZES, seed)
@@ -84,8 +86,9 @@ def train_data_parallel(comm, b: int, steps: int, seed: int, bucket_mb: float,
     rows = slice(comm.rank * b, (comm.rank + 1) * b)
     for step in range(steps):
         x, y = mlp_batch(step, comm.world_size * b, MLP_SIZES, seed)
-        grads = mlp_backward(params, x[rows], y[rows],
-                             on_grad=lambda i, g: bucketer.ready(handles[i], g))
+        grads = mlp_backward(
+            params, x[rows], y[rows], on_grad=lambda i, g: bucketer.ready(handles[i], g)
+        )
         bucketer.wait()
         for p, g in zip(params, grads):
             p -= LR * g
@@ -206,15 +209,37 @@ def unused_rank(comm):
 def test_unused_parameters_contribute_zeros(group_factory):
     n = 3
     results = group_factory(n).run(unused_rank, timeout=60)
-    skips = [lambda r: {r}, lambda r: set(range(len(SHAPES))) if r == 0 else set(),
-             lambda r: set()]
+    skips = [lambda r: {r}, lambda r: set(range(len(SHAPES))) if r == 0 else set(), lambda r: set()]
     for rank, steps in enumerate(results):
         for step, grads in enumerate(steps):
             assert set(grads) == set(range(len(SHAPES))) - skips[step](rank)
             for h, got in grads.items():
-                want = sum(_int_grad(r, h, step, SHAPES[h]) for r in range(n)
-                           if h not in skips[step](r))
+                want = sum(
+                    _int_grad(r, h, step, SHAPES[h]) for r in range(n) if h not in skips[step](r)
+                )
                 np.testing.assert_array_equal(got, want)
+
+
+def any_order_rank(comm, seed: int):
+    """Each rank hands its gradients over in its own random order."""
+    bucketer = GradientBucketer(comm, bucket_mb=1e-9, first_bucket_mb=1e-9, average=False)
+    handles = [bucketer.register(f"p{i}", (4,), np.float64) for i in range(6)]
+    order = np.random.default_rng([seed, comm.rank]).permutation(len(handles))
+    grads = [np.full(4, float(100 * i + comm.rank)) for i in handles]
+    for h in order:
+        bucketer.ready(handles[h], grads[h])
+    bucketer.wait()
+    return grads
+
+
+def test_buckets_launch_in_plan_order_whatever_order_grads_arrive(group_factory):
+    # Equal-sized buckets: launching them in arrival order would pair different
+    # parameters across ranks and give silently wrong sums, not an error.
+    n = 3
+    for seed in range(3):
+        for grads in group_factory(n).run(any_order_rank, seed):
+            for i, g in enumerate(grads):
+                np.testing.assert_array_equal(g, np.full(4, float(n * 100 * i + n * (n - 1) / 2)))
 
 
 def double_ready_rank(comm):
@@ -269,12 +294,15 @@ def mismatch_rank(comm, case: str):
     return outcome, check
 
 
-@pytest.mark.parametrize("case,names,ranks", [
-    ("shape", ["'b'"], "rank 1"),
-    ("count", ["'extra'", "'out'"], "rank 2"),
-    ("name", ["'head'", "'out'"], "rank 2"),
-    ("settings", ["bucket_mb"], "rank 0"),
-])
+@pytest.mark.parametrize(
+    "case,names,ranks",
+    [
+        ("shape", ["'b'"], "rank 1"),
+        ("count", ["'extra'", "'out'"], "rank 2"),
+        ("name", ["'head'", "'out'"], "rank 2"),
+        ("settings", ["bucket_mb"], "rank 0"),
+    ],
+)
 def test_plan_mismatch_raises_on_every_rank(group_factory, case, names, ranks):
     results = group_factory(3).run(mismatch_rank, case, timeout=60)
     messages = [outcome for outcome, _ in results]
@@ -337,8 +365,10 @@ def test_register_validates_locally():
 
 
 def test_importing_ringreduce_does_not_import_torch():
-    code = ("import sys, ringreduce, ringreduce.bucketing; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys, ringreduce, ringreduce.bucketing; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -346,8 +376,7 @@ def test_importing_ringreduce_does_not_import_torch():
 
 
 def bf16_rank(comm):
-    bucketer = GradientBucketer(comm, bucket_mb=1e-9, first_bucket_mb=1e-9,
-                                comm_dtype="bfloat16")
+    bucketer = GradientBucketer(comm, bucket_mb=1e-9, first_bucket_mb=1e-9, comm_dtype="bfloat16")
     grads = [np.full(s, float(comm.rank + 1 + i), np.float32) for i, s in enumerate(SHAPES)]
     handles = [bucketer.register(f"p{i}", s, np.float32) for i, s in enumerate(SHAPES)]
     for h in reversed(handles):
@@ -381,10 +410,19 @@ def tree_rank(comm):
     )
     first = bucketer.all_reduce_tree(tree)
     second = bucketer.all_reduce_tree(tree)  # the registrations are reused
-    same = [first["w"] is tree["w"], first["layers"][0] is tree["layers"][0],
-            first["frozen"] is tree["frozen"]]
-    return first, same, type(first).__name__, type(first["layers"][1]).__name__, bucketer.plan, \
-        second["frozen"]
+    same = [
+        first["w"] is tree["w"],
+        first["layers"][0] is tree["layers"][0],
+        first["frozen"] is tree["frozen"],
+    ]
+    return (
+        first,
+        same,
+        type(first).__name__,
+        type(first["layers"][1]).__name__,
+        bucketer.plan,
+        second["frozen"],
+    )
 
 
 def test_all_reduce_tree(group_factory):
@@ -400,7 +438,8 @@ def test_all_reduce_tree(group_factory):
         np.testing.assert_array_equal(first["frozen"], np.full(3, mean))
         np.testing.assert_array_equal(second_frozen, np.full(3, mean))  # from the original
         assert sorted(name for bucket in plan for name in bucket) == sorted(
-            ["['w']", "['layers'][0]", "['layers'][1][0]", "['frozen']"])
+            ["['w']", "['layers'][0]", "['layers'][1][0]", "['frozen']"]
+        )
 
 
 # ----------------------------------------------------------------------------- trace
@@ -420,14 +459,14 @@ def trace_rank(comm, directory: str, steps: int):
 
 def test_trace_has_one_event_per_bucket_per_step(group_factory, tmp_path):
     steps = 3
-    for rank, (path, summary) in enumerate(group_factory(2).run(trace_rank, str(tmp_path),
-                                                                steps)):
+    for rank, (path, summary) in enumerate(group_factory(2).run(trace_rank, str(tmp_path), steps)):
         with open(path, encoding="utf-8") as f:
             trace = json.load(f)
         events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
         assert len(events) == steps * len(SHAPES)
         assert sorted((e["args"]["step"], e["args"]["bucket"]) for e in events) == [
-            (s, b) for s in range(steps) for b in range(len(SHAPES))]
+            (s, b) for s in range(steps) for b in range(len(SHAPES))
+        ]
         for e in events:
             assert e["pid"] == rank and e["dur"] >= 0
             assert e["args"]["nbytes"] == 8 * int(np.prod(SHAPES[::-1][e["args"]["bucket"]]))

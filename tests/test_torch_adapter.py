@@ -23,8 +23,10 @@ def _model():
     import torch
 
     return torch.nn.Sequential(
-        torch.nn.Linear(D_IN, HIDDEN), torch.nn.Tanh(),
-        torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh(),
+        torch.nn.Linear(D_IN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
         torch.nn.Linear(HIDDEN, D_OUT),
     )
 
@@ -38,14 +40,16 @@ def _batch(step: int, micro: int, rows: int, seed: int):
 
 def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: int):
     """Rank side: one model trained under DDP (Gloo), a copy under GradSync, same data."""
-    import ringreduce as rr
     import torch
     import torch.distributed as dist
 
+    import ringreduce as rr
+
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                            world_size=comm.world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.world_size
+    )
     try:
         torch.manual_seed(seed)
         base = _model()
@@ -58,8 +62,10 @@ def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: in
         rows = slice(comm.rank * b, (comm.rank + 1) * b)
         loss_fn = torch.nn.MSELoss()
         for step in range(steps):
-            for model, opt, no_sync in ((ddp, opt_ddp, ddp.no_sync),
-                                        (ours, opt_ours, sync.no_sync)):
+            for model, opt, no_sync in (
+                (ddp, opt_ddp, ddp.no_sync),
+                (ours, opt_ours, sync.no_sync),
+            ):
                 opt.zero_grad()
                 for micro in range(micro_steps):
                     x, y = _batch(step, micro, comm.world_size * b, seed)
@@ -69,9 +75,11 @@ def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: in
                 if model is ours:
                     sync.wait()
                 opt.step()
-        return ([p.detach().numpy().copy() for p in ddp.module.parameters()],
-                [p.detach().numpy().copy() for p in ours.parameters()],
-                len(sync.bucketer.plan))
+        return (
+            [p.detach().numpy().copy() for p in ddp.module.parameters()],
+            [p.detach().numpy().copy() for p in ours.parameters()],
+            len(sync.bucketer.plan),
+        )
     finally:
         dist.destroy_process_group()
 
@@ -98,8 +106,9 @@ def _seeded_model(seed: int):
 
 def unused_rank(comm):
     """A head only rank 0 uses; all replicas must still take identical steps."""
-    import ringreduce as rr
     import torch
+
+    import ringreduce as rr
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -133,8 +142,9 @@ def test_unused_parameters_get_the_average(group_factory):
 
 
 def bf16_rank(comm):
-    import ringreduce as rr
     import torch
+
+    import ringreduce as rr
 
     weight = torch.nn.Parameter(torch.ones(5, 3, dtype=torch.bfloat16))
     module = torch.nn.Module()
@@ -154,8 +164,9 @@ def test_bfloat16_gradients(group_factory):
 
 
 def broadcast_rank(comm):
-    import ringreduce as rr
     import torch
+
+    import ringreduce as rr
 
     torch.manual_seed(100 + comm.rank)  # every rank starts different
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
@@ -175,8 +186,9 @@ def test_broadcast_parameters_copies_root(group_factory):
 
 
 def test_remove_stops_synchronising():
-    import ringreduce as rr
     import torch
+
+    import ringreduce as rr
 
     class _OneRank:
         rank, world_size = 0, 1

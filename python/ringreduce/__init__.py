@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .bucketing import GradientBucketer
 from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds, init
 from .errors import MismatchError, PeerError, RingReduceError, TimeoutError
 
@@ -21,6 +22,7 @@ __all__ = [
     "Work",
     "ReduceOp",
     "chunk_bounds",
+    "GradientBucketer",
     "build_info",
     "RingReduceError",
     "TimeoutError",

@@ -58,8 +58,14 @@ def as_dtype(dtype: Any) -> np.dtype:
         pass
     # Torch dtypes print as "torch.float32"; strings like "bf16" are common shorthands.
     name = str(dtype).removeprefix("torch.")
-    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16",
-            "float": "float32", "double": "float64"}.get(name, name)
+    name = {
+        "bf16": "bfloat16",
+        "fp16": "float16",
+        "fp32": "float32",
+        "half": "float16",
+        "float": "float32",
+        "double": "float64",
+    }.get(name, name)
     if name == "bfloat16":
         import ml_dtypes
 
@@ -75,8 +81,12 @@ def is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
 
 
-def plan_buckets(sizes: Sequence[int], wire_dtypes: Sequence[np.dtype],
-                 first_bucket_bytes: float, bucket_bytes: float) -> list[list[int]]:
+def plan_buckets(
+    sizes: Sequence[int],
+    wire_dtypes: Sequence[np.dtype],
+    first_bucket_bytes: float,
+    bucket_bytes: float,
+) -> list[list[int]]:
     """Groups registered parameters into buckets, in the order backward fills them.
 
     ``sizes[i]`` is parameter i's size in bytes on the wire. The walk goes from the last
@@ -90,8 +100,9 @@ def plan_buckets(sizes: Sequence[int], wire_dtypes: Sequence[np.dtype],
     current_bytes = 0
     for i in reversed(range(len(sizes))):
         cap = first_bucket_bytes if not buckets else bucket_bytes
-        if current and (current_bytes + sizes[i] > cap
-                        or wire_dtypes[i] != wire_dtypes[current[0]]):
+        if current and (
+            current_bytes + sizes[i] > cap or wire_dtypes[i] != wire_dtypes[current[0]]
+        ):
             buckets.append(current)
             current, current_bytes = [], 0
         current.append(i)
@@ -142,13 +153,17 @@ def first_difference(per_rank: Sequence[Sequence[str]]) -> str:
             variants.setdefault(lines[i] if i < len(lines) else None, []).append(rank)
         if len(variants) == 1:
             continue
-        parts = [f"rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}: {_entry(line)}"
-                 for line, ranks in variants.items()]
+        parts = [
+            f"rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}: {_entry(line)}"
+            for line, ranks in variants.items()
+        ]
         if i == 0:
             return "GradientBucketer settings differ across ranks: " + "; ".join(parts)
         names = sorted({json.loads(line)[0] for line in variants if line is not None})
-        return (f"GradientBucketer plan differs across ranks at parameter #{i - 1} "
-                f"({', '.join(repr(n) for n in names)}): " + "; ".join(parts))
+        return (
+            f"GradientBucketer plan differs across ranks at parameter #{i - 1} "
+            f"({', '.join(repr(n) for n in names)}): " + "; ".join(parts)
+        )
     return "GradientBucketer plan digests differ across ranks but the plans read the same"
 
 

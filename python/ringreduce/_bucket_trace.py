@@ -58,8 +58,7 @@ class Timeline:
         self._bucket_comm_s: list[float] = []
         self._bucket_shape: list[tuple[int, int]] = []
 
-    def record_step(self, events: list[BucketEvent], exposed_s: float,
-                    writeback_s: float) -> None:
+    def record_step(self, events: list[BucketEvent], exposed_s: float, writeback_s: float) -> None:
         """Adds one synchronised step: its bucket events, the time wait() was blocked on
         communication and the time it spent copying results back."""
         self._steps.append(events)
@@ -87,8 +86,12 @@ class Timeline:
             "exposed_fraction": self._exposed_s / self._comm_s if self._comm_s > 0 else 0.0,
             "writeback_s": self._writeback_s,
             "per_bucket": [
-                {"bucket": i, "params": params, "bytes": nbytes,
-                 "mean_comm_s": self._bucket_comm_s[i] / steps}
+                {
+                    "bucket": i,
+                    "params": params,
+                    "bytes": nbytes,
+                    "mean_comm_s": self._bucket_comm_s[i] / steps,
+                }
                 for i, (params, nbytes) in enumerate(self._bucket_shape)
             ],
         }
@@ -97,21 +100,38 @@ class Timeline:
         """The retained steps as a chrome-trace object: one complete ("X") event per bucket
         per step on pid = rank, timestamps in microseconds."""
         trace: list[dict[str, Any]] = [
-            {"name": "process_name", "ph": "M", "pid": self._rank, "tid": 0,
-             "args": {"name": f"rank {self._rank}"}},
-            {"name": "thread_name", "ph": "M", "pid": self._rank, "tid": 0,
-             "args": {"name": "gradient buckets"}},
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": self._rank,
+                "tid": 0,
+                "args": {"name": f"rank {self._rank}"},
+            },
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": self._rank,
+                "tid": 0,
+                "args": {"name": "gradient buckets"},
+            },
         ]
         for events in self._steps:
             for e in events:
                 args = asdict(e)
                 for key in ("first_ready", "last_ready", "launch", "done"):
                     args[key] = None if args[key] is None else args[key] * 1e6
-                trace.append({
-                    "name": f"bucket {e.bucket}", "cat": "allreduce", "ph": "X",
-                    "ts": e.launch * 1e6, "dur": max(e.done - e.launch, 0.0) * 1e6,
-                    "pid": self._rank, "tid": 0, "args": args,
-                })
+                trace.append(
+                    {
+                        "name": f"bucket {e.bucket}",
+                        "cat": "allreduce",
+                        "ph": "X",
+                        "ts": e.launch * 1e6,
+                        "dur": max(e.done - e.launch, 0.0) * 1e6,
+                        "pid": self._rank,
+                        "tid": 0,
+                        "args": args,
+                    }
+                )
         return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
     def save(self, path: str | os.PathLike) -> None:

@@ -106,12 +106,21 @@ class GradientBucketer:
     that called ``backward()``).
     """
 
-    def __init__(self, comm: Any, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 average: bool = True, comm_dtype: Any = None, *,
-                 max_trace_steps: int = 1000) -> None:
+    def __init__(
+        self,
+        comm: Any,
+        bucket_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        average: bool = True,
+        comm_dtype: Any = None,
+        *,
+        max_trace_steps: int = 1000,
+    ) -> None:
         if not bucket_mb > 0 or not first_bucket_mb > 0:
-            raise ValueError(f"bucket sizes must be positive, got bucket_mb={bucket_mb}, "
-                             f"first_bucket_mb={first_bucket_mb}")
+            raise ValueError(
+                f"bucket sizes must be positive, got bucket_mb={bucket_mb}, "
+                f"first_bucket_mb={first_bucket_mb}"
+            )
         if max_trace_steps < 1:
             raise ValueError(f"max_trace_steps must be >= 1, got {max_trace_steps}")
         self._comm = comm
@@ -143,8 +152,10 @@ class GradientBucketer:
         Raises ValueError for a repeated name, RuntimeError once the plan is fixed.
         """
         if self._buckets is not None:
-            raise RuntimeError("register() after the bucket plan was fixed by the first "
-                               "ready(), wait() or all_reduce_tree()")
+            raise RuntimeError(
+                "register() after the bucket plan was fixed by the first "
+                "ready(), wait() or all_reduce_tree()"
+            )
         if not isinstance(name, str):
             raise TypeError(f"parameter name must be a str, got {type(name).__name__}")
         if name in self._names:
@@ -154,8 +165,9 @@ class GradientBucketer:
             raise ValueError(f"parameter {name!r}: negative dimension in shape {dims}")
         np_dtype = as_dtype(dtype)
         if self._average and not is_floating(np_dtype):
-            raise TypeError(f"parameter {name!r}: average=True needs a floating-point "
-                            f"gradient, got {np_dtype}")
+            raise TypeError(
+                f"parameter {name!r}: average=True needs a floating-point gradient, got {np_dtype}"
+            )
         self._names.add(name)
         self._specs.append(ParamSpec(name, dims, np_dtype))
         return len(self._specs) - 1
@@ -188,7 +200,8 @@ class GradientBucketer:
         plan = self._plan_indices()
         if self._world_size > 1:
             settings = {
-                "bucket_mb": self._bucket_mb, "first_bucket_mb": self._first_bucket_mb,
+                "bucket_mb": self._bucket_mb,
+                "first_bucket_mb": self._first_bucket_mb,
                 "average": self._average,
                 "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
             }
@@ -228,26 +241,31 @@ class GradientBucketer:
         b, offset = self._slots[index]
         spec = self._specs[index]
         assert self._buckets is not None
-        return self._buckets[b].buffer[offset: offset + spec.numel].reshape(spec.shape)
+        return self._buckets[b].buffer[offset : offset + spec.numel].reshape(spec.shape)
 
     def _array(self, index: int, grad: Any) -> np.ndarray:
         spec = self._specs[index]
         arr = _as_array(grad)
         if arr.shape != spec.shape:
-            raise ValueError(f"parameter {spec.name!r}: gradient shape {arr.shape} != "
-                             f"registered {spec.shape}")
+            raise ValueError(
+                f"parameter {spec.name!r}: gradient shape {arr.shape} != registered {spec.shape}"
+            )
         if arr.dtype != spec.dtype:
-            raise TypeError(f"parameter {spec.name!r}: gradient dtype {arr.dtype} != "
-                            f"registered {spec.dtype}")
+            raise TypeError(
+                f"parameter {spec.name!r}: gradient dtype {arr.dtype} != registered {spec.dtype}"
+            )
         if not arr.flags.writeable:
-            raise ValueError(f"parameter {spec.name!r}: gradient is read-only, but wait() "
-                             f"writes the reduced gradient back into it")
+            raise ValueError(
+                f"parameter {spec.name!r}: gradient is read-only, but wait() "
+                f"writes the reduced gradient back into it"
+            )
         return arr
 
     def _check_handle(self, handle: Handle) -> int:
         if not isinstance(handle, (int, np.integer)) or not 0 <= handle < len(self._specs):
-            raise ValueError(f"unknown handle {handle!r}: register() returns handles "
-                             f"0..{len(self._specs) - 1}")
+            raise ValueError(
+                f"unknown handle {handle!r}: register() returns handles 0..{len(self._specs) - 1}"
+            )
         return int(handle)
 
     def ready(self, handle: Handle, grad: Any) -> None:
@@ -274,10 +292,12 @@ class GradientBucketer:
             self._given[index] = arr
             return
         if self._is_ready[index]:
-            raise ValueError(f"ready() called twice for parameter {self._specs[index].name!r} "
-                             f"in one step (wait() ends a step); a parameter used twice in "
-                             f"forward must be handed over once, after its gradient is "
-                             f"complete")
+            raise ValueError(
+                f"ready() called twice for parameter {self._specs[index].name!r} "
+                f"in one step (wait() ends a step); a parameter used twice in "
+                f"forward must be handed over once, after its gradient is "
+                f"complete"
+            )
         source = arr
         acc = self._accum[index]
         if acc is not None:
@@ -344,27 +364,39 @@ class GradientBucketer:
         buckets = self._finalize()
         start = time.perf_counter()
         try:
-            for bucket in buckets[self._next_launch:]:
+            for bucket in buckets[self._next_launch :]:
                 for index in bucket.params:
                     if not self._is_ready[index]:
                         self._fill(index, self._accum[index])
                 bucket.pending = 0
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
-            for bucket in buckets[self._next_done:]:
+            for bucket in buckets[self._next_done :]:
                 bucket.work.wait()
                 bucket.done = time.perf_counter()
             self._next_done = len(buckets)
             blocked_end = time.perf_counter()
             for index, arr in enumerate(self._given):
                 if arr is not None:
-                    pass
+                    np.copyto(arr, self._view(index), casting="unsafe")
             end = time.perf_counter()
             self._timeline.record_step(
-                [BucketEvent(self._step, b.index, len(b.params), b.buffer.nbytes,
-                             b.first_ready, b.last_ready, b.launch or start,
-                             b.done or blocked_end) for b in buckets],
-                exposed_s=blocked_end - start, writeback_s=end - blocked_end)
+                [
+                    BucketEvent(
+                        self._step,
+                        b.index,
+                        len(b.params),
+                        b.buffer.nbytes,
+                        b.first_ready,
+                        b.last_ready,
+                        b.launch or start,
+                        b.done or blocked_end,
+                    )
+                    for b in buckets
+                ],
+                exposed_s=blocked_end - start,
+                writeback_s=end - blocked_end,
+            )
             self._step += 1
         finally:
             # After a failed collective the step cannot be resumed; start clean so the
@@ -378,11 +410,13 @@ class GradientBucketer:
 
         The next synchronised step reduces the accumulated sums, so K micro-steps plus one
         synchronised step equal one step on all K + 1 micro-batches. Enter it between
-        steps, not after `ready` calls of a synchronised step.
+        steps, not after `ready` calls of a synchronised step. (If the very first `ready`
+        happens inside, the one-time plan check still runs there, on every rank.)
         """
         if self._ready_count and not self._no_sync_depth:
-            raise RuntimeError("no_sync() entered in the middle of a synchronised step: "
-                               "call wait() first")
+            raise RuntimeError(
+                "no_sync() entered in the middle of a synchronised step: call wait() first"
+            )
         self._no_sync_depth += 1
         try:
             yield
@@ -441,8 +475,9 @@ class GradientBucketer:
             for (path, _), arr in zip(leaves, arrays):
                 self.register(path or "<root>", arr.shape, arr.dtype)
         elif len(leaves) != len(self._specs):
-            raise ValueError(f"tree has {len(leaves)} leaves but {len(self._specs)} "
-                             f"parameters are registered")
+            raise ValueError(
+                f"tree has {len(leaves)} leaves but {len(self._specs)} parameters are registered"
+            )
         for index in reversed(range(len(arrays))):
             self.ready(index, arrays[index])
         self.wait()

@@ -66,25 +66,38 @@ class GradSync:
         bucket_mb, first_bucket_mb, average, comm_dtype: as for `GradientBucketer`.
     """
 
-    def __init__(self, module: torch.nn.Module, comm: Any, bucket_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, average: bool = True,
-                 comm_dtype: Any = None) -> None:
-        self._bucketer = GradientBucketer(comm, bucket_mb=bucket_mb,
-                                          first_bucket_mb=first_bucket_mb, average=average,
-                                          comm_dtype=comm_dtype)
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        comm: Any,
+        bucket_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        average: bool = True,
+        comm_dtype: Any = None,
+    ) -> None:
+        self._bucketer = GradientBucketer(
+            comm,
+            bucket_mb=bucket_mb,
+            first_bucket_mb=first_bucket_mb,
+            average=average,
+            comm_dtype=comm_dtype,
+        )
         self._params: list[tuple[Handle, torch.nn.Parameter]] = []
         for name, param in module.named_parameters():
             if not param.requires_grad:
                 continue
             if param.device.type != "cpu":
-                raise ValueError(f"parameter {name!r} is on {param.device}; only CPU "
-                                 f"parameters are supported")
+                raise ValueError(
+                    f"parameter {name!r} is on {param.device}; only CPU parameters are supported"
+                )
             handle = self._bucketer.register(name, tuple(param.shape), as_dtype(param.dtype))
             self._params.append((handle, param))
         self._fired = [False] * len(self._params)
         self._no_sync = False
-        self._hooks = [param.register_post_accumulate_grad_hook(self._hook(i))
-                       for i, (_, param) in enumerate(self._params)]
+        self._hooks = [
+            param.register_post_accumulate_grad_hook(self._hook(i))
+            for i, (_, param) in enumerate(self._params)
+        ]
 
     def _hook(self, i: int) -> Any:
         handle = self._params[i][0]

@@ -208,7 +208,7 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
     store = make_file_store(store_dir);
     advertise = master_addr.empty() ? "127.0.0.1" : local_ip_towards(master_addr);
   } else {
-    store = make_tcp_store(master_addr, master_port, rank == 0, deadline);
+    store = make_tcp_store(master_addr, master_port, rank == 0, deadline, timeout_seconds);
     advertise = local_ip_towards(master_addr);
   }
   if (const char* host = std::getenv("RINGREDUCE_SOCKET_ADDR")) advertise = host;

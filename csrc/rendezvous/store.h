@@ -27,9 +27,11 @@ class Store {
 };
 
 // A store hosted by one rank: `is_server` ranks run the server on host:port,
-// everybody (the host included) connects to it as a client.
+// everybody (the host included) connects to it as a client. Each request gives
+// up after `io_seconds`, so a failure report to an unreachable store cannot
+// delay the error it reports for long.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      const Deadline& deadline);
+                                      const Deadline& deadline, double io_seconds);
 
 // A store in this process's memory: for a world of one, and for tests.
 std::unique_ptr<Store> make_local_store();

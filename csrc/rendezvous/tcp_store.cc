@@ -25,7 +25,8 @@ namespace rr {
 namespace {
 
 enum Command : uint8_t { kSet = 1, kGet = 2, kSetIfAbsent = 3 };
-constexpr double kIoSeconds = 30.0;
+// How long the server waits for a client to take a reply.
+constexpr double kServerIoSeconds = 30.0;
 
 void append_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<char*>(&v), 4); }
 
@@ -127,7 +128,7 @@ class StoreServer {
     std::string out(1, static_cast<char>(status));
     append_u32(out, static_cast<uint32_t>(reply.size()));
     out += reply;
-    send_exact(c.fd.get(), out.data(), out.size(), Deadline::after(kIoSeconds), -1,
+    send_exact(c.fd.get(), out.data(), out.size(), Deadline::after(kServerIoSeconds), -1,
                "store client");
     return true;
   }
@@ -141,8 +142,8 @@ class StoreServer {
 
 class TcpStore : public Store {
  public:
-  TcpStore(std::unique_ptr<StoreServer> server, Fd fd)
-      : server_(std::move(server)), fd_(std::move(fd)) {}
+  TcpStore(std::unique_ptr<StoreServer> server, Fd fd, double io_seconds)
+      : server_(std::move(server)), fd_(std::move(fd)), io_seconds_(io_seconds) {}
 
   void set(const std::string& key, const std::string& value) override {
     request(kSet, key, value);
@@ -162,7 +163,7 @@ class TcpStore : public Store {
   uint8_t request(uint8_t cmd, const std::string& key, const std::string& value,
                   std::string* reply = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
-    const Deadline deadline = Deadline::after(kIoSeconds);
+    const Deadline deadline = Deadline::after(io_seconds_);
     std::string msg(1, static_cast<char>(cmd));
     append_u32(msg, static_cast<uint32_t>(key.size()));
     msg += key;
@@ -182,20 +183,21 @@ class TcpStore : public Store {
   // Declared first so it outlives our own client connection on destruction.
   std::unique_ptr<StoreServer> server_;
   Fd fd_;
+  double io_seconds_;
   std::mutex mu_;
 };
 
 }  // namespace
 
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      const Deadline& deadline) {
+                                      const Deadline& deadline, double io_seconds) {
   std::unique_ptr<StoreServer> server;
   if (is_server) {
     // Listen on every interface: MASTER_ADDR names this host as the others see it.
     server = std::make_unique<StoreServer>(listen_tcp("", port));
   }
   Fd fd = connect_tcp(host, port, deadline, "the rendezvous store (MASTER_ADDR:MASTER_PORT)");
-  return std::make_unique<TcpStore>(std::move(server), std::move(fd));
+  return std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
 }
 
 }  // namespace rr

@@ -1,0 +1,46 @@
+"""One rank of the multi-host tests, run inside a network namespace.
+
+Prints one JSON line: {"ok": bool, ...} or {"error": class name, "peer": rank, "message": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import ringreduce as rr
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    comm = rr.init("tcp", timeout=float(os.environ.get("RR_TEST_TIMEOUT", "20")))
+    n, r = comm.world_size, comm.rank
+    out: dict = {"rank": r}
+    try:
+        if mode == "reduce":
+            x = np.full(3_000_017, r + 1, dtype=np.float32)
+            comm.all_reduce(x, out=x)
+            out["ok"] = bool(np.all(x == n * (n + 1) / 2))
+            out["stats"] = comm.stats()
+        elif mode == "partition":
+            # Ready, then keep reducing while the test cuts one host's link.
+            comm.barrier()
+            print(json.dumps({"ready": True}), flush=True)
+            x = np.ones(1 << 16, dtype=np.float32)
+            start = time.monotonic()
+            while time.monotonic() - start < 120:
+                comm.all_reduce(x, out=x)
+                x[:] = 1
+            out["ok"] = False
+    except rr.RingReduceError as exc:
+        out.update(error=type(exc).__name__, peer=exc.peer, message=str(exc))
+    print(json.dumps(out), flush=True)
+    os._exit(0)  # don't linger in close() on a cut link
+
+
+if __name__ == "__main__":
+    main()

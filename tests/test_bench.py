@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from ringreduce import bench
 
 BENCH = [sys.executable, "-m", "ringreduce", "bench"]
@@ -239,3 +240,9 @@ def test_under_mpirun(tmp_path):
     assert data["meta"]["ranks"] == 2
     mpi = [row for row in data["rows"] if row["system"] == "mpi"]
     assert len(mpi) == len(rows) and all(row["wrong"] == 0 for row in mpi)
+
+
+def test_init_failure_ends_job():
+    r = run_bench(["-n", "2", "-e", "8", "--transport", "nosuch"], timeout=60)
+    assert r.returncode == 1
+    assert "init failed" in r.stderr and "job failed" in r.stderr

@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+
 from ringreduce.launch import free_port, launch
 
 LAUNCH = [sys.executable, "-m", "ringreduce", "launch"]

@@ -15,8 +15,6 @@ right after the other, and prints their time and busbw with the ratio ours/their
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import os
 import re
@@ -27,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _bench_peers
+from . import _bench_peers, _bench_report
 from .launch import launch
 
 __all__ = [
@@ -197,7 +195,9 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
     p.add_argument("-f", "--step-factor", type=int, default=2, help="default: 2")
     p.add_argument("-d", "--dtype", default="float32", help=f"{', '.join(_DTYPES)}")
     p.add_argument("-o", "--op", default="sum", choices=_OPS, help="default: sum")
-    p.add_argument("-w", "--warmup", type=int, help="warm-up iterations (default: adaptive)")
+    p.add_argument(
+        "-w", "--warmup", type=int, help="warm-up calls incl. the checked one (default: 5..1)"
+    )
     p.add_argument(
         "-i", "--iters", type=int, help="timed iterations (default: 20, fewer above 16 MB)"
     )
@@ -247,6 +247,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce bench") -> i
     args.argv = _without_nprocs(argv)
     if not _in_job():
         nprocs = args.nprocs or 1
+        if args.nprocs is None:
+            print(f"{prog}: no -n given, running 1 rank (busbw is 0 for one rank)", file=sys.stderr)
         cmd = [sys.executable, "-m", "ringreduce", "bench", *args.argv]
         return launch(nprocs, cmd, prefix=False, transport=args.transport)
     return _run(args, dtype)
@@ -255,11 +257,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce bench") -> i
 # --------------------------------------------------------------------------------------
 # The sweep (runs on every rank)
 
-Row = dict[str, Any]
+Row = _bench_report.Row
 
 
 class _Progress:
-    """Progress on stderr: one rewritten line on a terminal, a line every 10 s otherwise."""
+    """Progress on stderr: a rewritten line on a terminal, a line every 10 s otherwise.
+
+    On a terminal the line names the size being measured and is erased before each table
+    row, so stdout and stderr sharing the screen do not garble each other.
+    """
 
     def __init__(self, total: int, enabled: bool):
         self.total = total
@@ -267,17 +273,19 @@ class _Progress:
         self.tty = enabled and sys.stderr.isatty()
         self.last = time.monotonic()
 
-    def update(self, done: int, size: int) -> None:
+    def start(self, index: int, size: int) -> None:
+        """Announces that size number index (1-based) is being measured."""
         if not self.enabled:
             return
-        text = f"ringreduce bench: {done}/{self.total} sizes done (last {size} B)"
+        text = f"ringreduce bench: measuring {size} B ({index}/{self.total})"
         if self.tty:
-            print(f"\r{text}", end="", file=sys.stderr, flush=True)
+            print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
         elif time.monotonic() - self.last >= 10.0:
             print(text, file=sys.stderr, flush=True)
             self.last = time.monotonic()
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Erases the terminal line (before stdout writes there)."""
         if self.tty:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
@@ -305,7 +313,13 @@ def _run(args: argparse.Namespace, dtype: np.dtype) -> int:
     import ringreduce as rr
 
     transport = args.transport or os.environ.get("RINGREDUCE_TRANSPORT") or "auto"
-    comm = rr.init(transport, timeout=args.timeout)
+    try:
+        comm = rr.init(transport, timeout=args.timeout)
+    except (rr.RingReduceError, ValueError) as exc:
+        # A setup problem (no such transport, rendezvous failed): one line, no traceback.
+        rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "?"
+        print(f"ringreduce bench: rank {rank}: init failed: {exc}", file=sys.stderr)
+        return 1
     try:
         return _sweep(args, dtype, comm, compare)
     finally:
@@ -320,7 +334,7 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
     peers, notes = _bench_peers.open_peers(compare, comm, args.op, args.timeout)
     sizes = sweep_sizes(args.min_bytes, args.max_bytes, args.step_factor, dtype.itemsize)
     factor = bus_factor(world)
-    header = _Header(dtype.name, args.op, peers)
+    header = _bench_report.Header(dtype.name, args.op, peers)
     if lead:
         if args.nprocs is not None and args.nprocs != world:
             notes.append(f"-n {args.nprocs} ignored: already running as {world} ranks")
@@ -344,20 +358,21 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
         sys.stdout.flush()
     progress = _Progress(len(sizes), lead)
     rows: list[Row] = []
-    failed = set()
-    for done, size in enumerate(sizes, 1):
-        size_rows = _measure(args, dtype, comm, peers, size, failed)
+    disabled: dict[str, str] = {}
+    for index, size in enumerate(sizes, 1):
+        progress.start(index, size)
+        size_rows = _measure(args, dtype, comm, peers, size, disabled)
         rows.extend(size_rows)
+        progress.clear()
         if lead:
-            progress.update(done, size)
             print(header.row(size_rows, args.check), flush=True)
-    progress.close()
-    for name in sorted(failed):
-        if lead:
-            print(f"# note: {name} failed at some sizes (see stderr); its columns show nan")
+    if lead:
+        for name, reason in disabled.items():
+            notes.append(f"{name} failed ({reason}); its columns show nan from then on")
+            print(f"# note: {notes[-1]}")
     wrong = sum(r["wrong"] or 0 for r in rows if r["system"] == "ringreduce")
     if lead:
-        _footer(rows, wrong, args.check, [p.name for p in peers])
+        _bench_report.footer(rows, wrong, args.check, [p.name for p in peers])
         meta = {
             "ranks": world,
             "transport": comm.transport,
@@ -368,7 +383,9 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
             "notes": notes,
             "args": list(args.argv),
         }
-        _write_outputs(args, rows, meta)
+        _bench_report.write_outputs(
+            rows, meta, json_path=args.json, csv_path=args.csv, plot_path=args.plot
+        )
     for peer in peers:
         peer.close()
     return 1 if wrong else 0
@@ -380,9 +397,13 @@ def _measure(
     comm: Any,
     peers: list[Any],
     size: int,
-    failed: set,
+    disabled: dict[str, str],
 ) -> list[Row]:
-    """Times (and checks) one size on every system; returns its rows (same on all ranks)."""
+    """Times (and checks) one size on every system; returns its rows (same on all ranks).
+
+    A comparison system that fails (MPI has no bfloat16; Gloo has no bfloat16 on CPU in
+    older torch) is added to ``disabled`` with the reason and not run again.
+    """
     count = size // dtype.itemsize
     warmup = args.warmup if args.warmup is not None else default_warmup(size)
     iters = args.iters or default_iters(size)
@@ -403,7 +424,11 @@ def _measure(
         cases.append((peer.name, "in-place", peer.bind(work), work))
     times = np.zeros(len(cases), dtype=np.float64)
     wrongs = np.zeros(len(cases), dtype=np.int64)
+    failed = np.zeros(len(cases), dtype=np.int64)
+    errors: dict[str, str] = {}
     for i, (system, _placement, fn, buf) in enumerate(cases):
+        if system in disabled:
+            continue
         # Each case checks one call on fresh input, then times warm-up + iters calls (the
         # in-place ones keep reducing their own output, as nccl-tests does).
         np.copyto(work, send)
@@ -414,17 +439,20 @@ def _measure(
         except Exception as exc:
             if system == "ringreduce":
                 raise
-            # A comparison system that cannot do this dtype (MPI has no bfloat16, older
-            # Gloo has none on CPU) must not end our run.
-            print(
-                f"ringreduce bench: rank {comm.rank}: {system} at {size} B: {exc}",
-                file=sys.stderr,
-                flush=True,
-            )
-            failed.add(system)
-            times[i] = math.nan
+            failed[i] = 1
+            errors[system] = f"at {size} B: {type(exc).__name__}: {exc}"
     times = comm.all_reduce(times, "max")
-    wrongs = comm.all_reduce(wrongs, "sum")
+    # One call agrees on both the #wrong totals and which systems failed on any rank, so
+    # every rank drops the same systems and none waits in a collective the others skip.
+    totals = comm.all_reduce(np.concatenate([wrongs, failed]), "sum")
+    wrongs, failed = totals[: len(cases)], totals[len(cases) :]
+    for i, (system, _placement, _fn, _buf) in enumerate(cases):
+        if failed[i] and system not in disabled:
+            disabled[system] = errors.get(system, f"at {size} B on another rank")
+            if comm.rank == 0:
+                print(f"ringreduce bench: {system} failed {disabled[system]}", file=sys.stderr)
+        if system in disabled:
+            times[i] = math.nan
     rows: list[Row] = []
     base = {
         "size": size,
@@ -446,162 +474,14 @@ def _measure(
             time_us=t * 1e6,
             algbw_gbs=algbw,
             busbw_gbs=algbw * bus_factor(comm.world_size),
-            wrong=None if expected is None else int(wrongs[i]),
+            wrong=None if expected is None or system in disabled else int(wrongs[i]),
         )
         if system == "ringreduce" and placement == "in-place":
             ours_inplace = row["busbw_gbs"]
         if system != "ringreduce":
-            row["ratio_ours"] = _ratio(ours_inplace, row["busbw_gbs"])
+            row["ratio_ours"] = _bench_report.ratio(ours_inplace, row["busbw_gbs"])
         rows.append(row)
     return rows
-
-
-def _ratio(ours: float | None, theirs: float) -> float:
-    if ours is None or not theirs or math.isnan(theirs):
-        return math.nan
-    return ours / theirs
-
-
-# --------------------------------------------------------------------------------------
-# Output (rank 0)
-
-
-def _fmt_time(us: float) -> str:
-    if math.isnan(us):
-        return "nan"
-    # nccl-tests' precision: fewer decimals as times grow, so columns keep their width.
-    return f"{us:.0f}" if us >= 10000 else f"{us:.1f}" if us >= 100 else f"{us:.2f}"
-
-
-class _Header:
-    """Column layout: our out-of-place and in-place blocks, then one block per peer."""
-
-    def __init__(self, dtype: str, op: str, peers: list[Any]):
-        self.dtype = dtype
-        self.op = op
-        self.peers = [p.name for p in peers]
-
-    def print(self) -> None:
-        lead = f"{'':>12}  {'':>12}  {'':>8}  {'':>6}"
-        block = f"  {'time':>10}  {'algbw':>7}  {'busbw':>7}  {'#wrong':>6}"
-        unit = f"  {'(us)':>10}  {'(GB/s)':>7}  {'(GB/s)':>7}  {'':>6}"
-        peer = f"  {'time':>10}  {'busbw':>7}  {'ours/':>6}"
-        peer_unit = f"  {'(us)':>10}  {'(GB/s)':>7}  {'theirs':>6}"
-        titles = f"{'out-of-place':^42}{'in-place':^42}" + "".join(
-            f"{p + ' (in-place)':^33}" for p in self.peers
-        )
-        names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}"
-        units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}"
-        for line in (
-            f"# {lead[2:]}{titles}",
-            names + peer * len(self.peers),
-            units + peer_unit * len(self.peers),
-        ):
-            print(line.rstrip())
-
-    def row(self, rows: list[Row], check: int) -> str:
-        first = rows[0]
-        text = f"{first['size']:>12}  {first['count']:>12}  {self.dtype:>8}  {self.op:>6}"
-        for r in rows:
-            text += f"  {_fmt_time(r['time_us']):>10}"
-            if r["system"] == "ringreduce":
-                wrong = "N/A" if not check else str(r["wrong"])
-                text += f"  {r['algbw_gbs']:>7.2f}  {r['busbw_gbs']:>7.2f}  {wrong:>6}"
-            else:
-                # Ratios span decades at small sizes; keep 3 significant digits.
-                text += f"  {r['busbw_gbs']:>7.2f}  {r['ratio_ours']:>6.3g}"
-        return text
-
-
-def _footer(rows: list[Row], wrong: int, check: int, peers: list[str]) -> None:
-    ours = [r["busbw_gbs"] for r in rows if r["system"] == "ringreduce"]
-    if check:
-        print(f"# #wrong total (ringreduce) : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-    print(f"# Avg bus bandwidth    : {_mean(ours):.6g}")
-    ours_ip = [
-        r["busbw_gbs"] for r in rows if r["system"] == "ringreduce" and r["placement"] == "in-place"
-    ]
-    for name in peers:
-        theirs = [r["busbw_gbs"] for r in rows if r["system"] == name]
-        print(
-            f"# Avg bus bandwidth {name:<5}: {_mean(theirs):.6g}   "
-            f"(ours in-place {_mean(ours_ip):.6g}, ratio {_ratio(_mean(ours_ip), _mean(theirs)):.3g})"
-        )
-    print("#")
-    sys.stdout.flush()
-
-
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else math.nan
-
-
-_FIELDS = [
-    "system",
-    "placement",
-    "size",
-    "count",
-    "dtype",
-    "op",
-    "ranks",
-    "warmup",
-    "iters",
-    "time_us",
-    "algbw_gbs",
-    "busbw_gbs",
-    "wrong",
-    "ratio_ours",
-]
-
-
-def _write_outputs(args: argparse.Namespace, rows: list[Row], meta: dict[str, Any]) -> None:
-    if args.json:
-        with open(args.json, "w") as f:
-            # NaN is not JSON; a system that failed at a size gets null there.
-            clean = [
-                {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                for r in rows
-            ]
-            json.dump({"meta": meta, "rows": clean}, f, indent=1)
-            f.write("\n")
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=_FIELDS, restval="")
-            writer.writeheader()
-            for r in rows:
-                writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in _FIELDS})
-    if args.plot:
-        _plot(args.plot, rows, meta)
-
-
-def _plot(path: str, rows: list[Row], meta: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only; no display on a cluster node
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("# note: --plot needs matplotlib (pip install matplotlib); no plot written")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    series: dict[tuple[str, str], list[Row]] = {}
-    for r in rows:
-        series.setdefault((r["system"], r["placement"]), []).append(r)
-    for (system, placement), rs in series.items():
-        label = system if system != "ringreduce" else f"ringreduce/{meta['transport']}"
-        pts = [(r["size"], r["busbw_gbs"]) for r in rs if r["busbw_gbs"] > 0]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3, label=f"{label} {placement}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s, 1e9)")
-    ax.set_title(f"all_reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

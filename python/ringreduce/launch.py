@@ -76,20 +76,28 @@ class _Output:
     def __init__(self, stream: IO[str]):
         self._stream = stream
         self._lock = threading.Lock()
+        self._broken = False
 
     def write_line(self, prefix: bytes, line: bytes) -> None:
         if not line.endswith(b"\n"):
             line += b"\n"  # a last line without newline must not glue onto another rank's
         data = prefix + line
         with self._lock:
-            buffer = getattr(self._stream, "buffer", None)
-            if buffer is not None:
-                self._stream.flush()  # keep order with text already written to the stream
-                buffer.write(data)
-                buffer.flush()
-            else:  # a text-only stream (e.g. io.StringIO in tests)
-                self._stream.write(data.decode(errors="replace"))
-                self._stream.flush()
+            if self._broken:
+                return
+            try:
+                buffer = getattr(self._stream, "buffer", None)
+                if buffer is not None:
+                    self._stream.flush()  # keep order with text already written to the stream
+                    buffer.write(data)
+                    buffer.flush()
+                else:  # a text-only stream (e.g. io.StringIO in tests)
+                    self._stream.write(data.decode(errors="replace"))
+                    self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                # Our reader went away (e.g. "| head"). Keep draining the rank's pipe so
+                # the rank never blocks on a full pipe, but drop what it writes.
+                self._broken = True
 
 
 def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:

@@ -4,10 +4,12 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -73,7 +75,11 @@ std::string local_ip_towards(const std::string& host) {
   return ip;
 }
 
-TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {}
+TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {
+  if (const char* us = std::getenv("RINGREDUCE_SPIN_US")) {
+    spin_ = std::chrono::microseconds(std::atoi(us));
+  }
+}
 TcpTransport::~TcpTransport() = default;
 
 std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
@@ -210,11 +216,21 @@ void TcpTransport::poll_links(const Deadline& deadline) {
 }
 
 void TcpTransport::wait(Request& request, const Deadline& deadline) {
+  // Small messages complete within microseconds, far less than a sleep in
+  // poll() and the wake-up after it. So first retry for a short while,
+  // yielding the CPU between attempts (the peer we wait for may need it: on
+  // an oversubscribed host it is often runnable on our core), and only then
+  // block in poll().
+  const Clock::time_point spin_until = Clock::now() + spin_;
   while (!request.done()) {
     for (auto& link : links_) progress(*link);
     if (request.done()) break;
     if (deadline.expired()) fail_timeout(request, deadline);
-    poll_links(deadline);
+    if (Clock::now() < spin_until) {
+      sched_yield();
+    } else {
+      poll_links(deadline);
+    }
   }
 }
 

@@ -54,6 +54,8 @@ class TcpTransport : public Transport {
   int size_;
   std::vector<std::unique_ptr<Link>> links_;
   TransportStats stats_;
+  // How long wait() retries (yielding) before it blocks in poll().
+  Clock::duration spin_ = std::chrono::microseconds(50);
 };
 
 // The address of the local interface that routes to `host` (no packet is sent).

@@ -12,6 +12,9 @@
 
 namespace py = pybind11;
 
+// CUDA helpers (cuda_bindings.cc); they report unavailability in a build without CUDA.
+void register_cuda(py::module_& m);
+
 namespace {
 
 // Raises ringreduce.errors.<name>(message) with .peer set.
@@ -137,4 +140,5 @@ PYBIND11_MODULE(_core, m) {
     d["cpu_kernels"] = rr::cpu_kernel_isa();
     return d;
   });
+  register_cuda(m);
 }

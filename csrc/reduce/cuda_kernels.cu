@@ -4,8 +4,9 @@
 // kernels run, so both sides round the same way.
 //
 // Terms: a pack is 16 bytes of elements, moved by one vector load or store
-// (8 float16, 4 float32, 2 float64, 16 int8, ...); the tail is what is left
-// after the last whole pack and goes element by element.
+// (8 float16, 4 float32, 2 float64, 16 int8, ...). The head is the elements
+// before the first 16-byte boundary, the tail those after the last whole pack;
+// both go element by element.
 #include <algorithm>
 #include <cstdint>
 
@@ -18,27 +19,29 @@ namespace {
 constexpr int kThreads = 256;
 // sm_80 and sm_90 both hold 2048 resident threads per SM.
 constexpr int kMaxThreadsPerSm = 2048;
-// Packs each thread loads before it computes: several 16-byte requests in
-// flight per thread are what it takes to keep HBM busy.
-constexpr int kUnroll = 4;
 constexpr size_t kPackBytes = 16;
 
 template <typename S>
 struct alignas(kPackBytes) Pack {
   static constexpr int kSize = kPackBytes / sizeof(S);
+  // Packs each thread loads before it computes: several 16-byte requests in
+  // flight per thread are what keeps HBM busy. Narrow types unroll less, as
+  // their packs unpack into more registers (16 int8 each), which would
+  // otherwise cut the number of resident threads.
+  static constexpr int kUnroll = kSize >= 16 ? 1 : (kSize >= 8 ? 2 : 4);
   S v[kSize];
 };
 
 // out = a op b, element by element, with the shared functor.
 template <typename Type, typename Op>
-struct ReduceFn {
+struct ApplyOp {
   using S = typename Type::storage;
   __device__ __forceinline__ S operator()(S a, S b) const { return apply<Type, Op>(a, b); }
 };
 
 // data = data / divisor in the compute type; the second operand is unused.
 template <typename Type>
-struct DivideFn {
+struct DivideBy {
   using S = typename Type::storage;
   typename Type::compute divisor;
   __device__ __forceinline__ S operator()(S a, S) const {
@@ -46,21 +49,22 @@ struct DivideFn {
   }
 };
 
-// out[i] = f(a[i], b[i]) for i < n, where the first `packs` x Pack::kSize
-// elements go as whole packs (all three pointers are then 16-byte aligned) and
-// the rest as single elements. Grid-stride loops, so any grid size is correct.
+// out[i] = f(a[i], b[i]) for i < n: `packs` whole packs starting at element
+// `head` (where all three pointers are 16-byte aligned), the head and the tail
+// as single elements. Grid-stride loops, so any grid size is correct.
 //
 // No __restrict__: out may be a or b. Each index is read and then written by
 // one thread only, so in-place use is safe.
 template <typename S, typename F>
 __global__ void __launch_bounds__(kThreads)
-    elementwise_kernel(S* out, const S* a, const S* b, size_t packs, size_t n, F f) {
+    elementwise_kernel(S* out, const S* a, const S* b, size_t head, size_t packs, size_t n, F f) {
   using P = Pack<S>;
+  constexpr int kUnroll = P::kUnroll;
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  P* out_packs = reinterpret_cast<P*>(out);
-  const P* a_packs = reinterpret_cast<const P*>(a);
-  const P* b_packs = reinterpret_cast<const P*>(b);
+  P* out_packs = reinterpret_cast<P*>(out + head);
+  const P* a_packs = reinterpret_cast<const P*>(a + head);
+  const P* b_packs = reinterpret_cast<const P*>(b + head);
 
   for (size_t base = first; base < packs; base += stride * kUnroll) {
     P x[kUnroll];
@@ -84,18 +88,22 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  for (size_t i = packs * P::kSize + first; i < n; i += stride) out[i] = f(a[i], b[i]);
+  // The head is shorter than a pack, so one pass of the grid covers it.
+  if (first < head) out[first] = f(a[first], b[first]);
+  for (size_t i = head + packs * P::kSize + first; i < n; i += stride) out[i] = f(a[i], b[i]);
 }
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kPackBytes == 0; }
+size_t pack_offset(const void* p) { return reinterpret_cast<uintptr_t>(p) % kPackBytes; }
 
-// Enough blocks to fill every SM of the current device once and no more; the
-// grid-stride loops cover the rest without a second wave of block launches.
+// At most enough blocks for every SM of the current device to hold its 2048
+// threads (one wave where registers allow, two for the 64-register kernels);
+// the grid-stride loops cover the rest of the work.
 cudaError_t grid_size(size_t work_items, int* blocks) {
   int device = 0;
   int sms = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const size_t cap = static_cast<size_t>(std::max(sms, 1)) * (kMaxThreadsPerSm / kThreads);
   const size_t wanted = (work_items + kThreads - 1) / kThreads;
@@ -107,13 +115,20 @@ template <typename S, typename F>
 cudaError_t launch(S* out, const S* a, const S* b, size_t n, F f, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   constexpr size_t kPerPack = Pack<S>::kSize;
-  // Misaligned buffers take the element-by-element path for all of n.
-  const size_t packs = aligned(out) && aligned(a) && aligned(b) ? n / kPerPack : 0;
-  const size_t tail = n - packs * kPerPack;
+  constexpr size_t kUnroll = Pack<S>::kUnroll;
+  // Packs need out, a and b equally far from a 16-byte boundary (a chunk at
+  // the same offset of 16-byte aligned buffers is); otherwise every element
+  // goes alone.
+  const size_t offset = pack_offset(a);
+  const bool packable =
+      offset % sizeof(S) == 0 && pack_offset(out) == offset && pack_offset(b) == offset;
+  const size_t head = packable ? std::min(n, (kPackBytes - offset) % kPackBytes / sizeof(S)) : 0;
+  const size_t packs = packable ? (n - head) / kPerPack : 0;
+  const size_t singles = n - packs * kPerPack;
   int blocks = 0;
-  const cudaError_t err = grid_size(std::max((packs + kUnroll - 1) / kUnroll, tail), &blocks);
+  const cudaError_t err = grid_size(std::max((packs + kUnroll - 1) / kUnroll, singles), &blocks);
   if (err != cudaSuccess) return err;
-  elementwise_kernel<<<blocks, kThreads, 0, stream>>>(out, a, b, packs, n, f);
+  elementwise_kernel<<<blocks, kThreads, 0, stream>>>(out, a, b, head, packs, n, f);
   return cudaGetLastError();
 }
 
@@ -121,7 +136,7 @@ template <typename Type, typename Op>
 cudaError_t launch_reduce(void* out, const void* a, const void* b, size_t n, cudaStream_t stream) {
   using S = typename Type::storage;
   return launch(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b), n,
-                ReduceFn<Type, Op>{}, stream);
+                ApplyOp<Type, Op>{}, stream);
 }
 
 template <typename Type>
@@ -131,9 +146,12 @@ cudaError_t reduce_typed(ReduceOp op, void* out, const void* a, const void* b, s
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
       return launch_reduce<Type, SumOp>(out, a, b, n, stream);
-    case ReduceOp::kProd: return launch_reduce<Type, ProdOp>(out, a, b, n, stream);
-    case ReduceOp::kMin: return launch_reduce<Type, MinOp>(out, a, b, n, stream);
-    case ReduceOp::kMax: return launch_reduce<Type, MaxOp>(out, a, b, n, stream);
+    case ReduceOp::kProd:
+      return launch_reduce<Type, ProdOp>(out, a, b, n, stream);
+    case ReduceOp::kMin:
+      return launch_reduce<Type, MinOp>(out, a, b, n, stream);
+    case ReduceOp::kMax:
+      return launch_reduce<Type, MaxOp>(out, a, b, n, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -142,7 +160,7 @@ template <typename Type>
 cudaError_t divide_typed(void* data, size_t n, int divisor, cudaStream_t stream) {
   using S = typename Type::storage;
   S* d = static_cast<S*>(data);
-  const DivideFn<Type> f{static_cast<typename Type::compute>(divisor)};
+  const DivideBy<Type> f{static_cast<typename Type::compute>(divisor)};
   return launch(d, d, d, n, f, stream);
 }
 
@@ -151,25 +169,38 @@ cudaError_t divide_typed(void* data, size_t n, int divisor, cudaStream_t stream)
 cudaError_t cuda_reduce(DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
                         size_t n, cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kFloat16: return reduce_typed<Float16Type>(op, out, a, b, n, stream);
-    case DataType::kBFloat16: return reduce_typed<BFloat16Type>(op, out, a, b, n, stream);
-    case DataType::kFloat32: return reduce_typed<Float32Type>(op, out, a, b, n, stream);
-    case DataType::kFloat64: return reduce_typed<Float64Type>(op, out, a, b, n, stream);
-    case DataType::kInt8: return reduce_typed<Int8Type>(op, out, a, b, n, stream);
-    case DataType::kUInt8: return reduce_typed<UInt8Type>(op, out, a, b, n, stream);
-    case DataType::kInt32: return reduce_typed<Int32Type>(op, out, a, b, n, stream);
-    case DataType::kInt64: return reduce_typed<Int64Type>(op, out, a, b, n, stream);
+    case DataType::kFloat16:
+      return reduce_typed<Float16Type>(op, out, a, b, n, stream);
+    case DataType::kBFloat16:
+      return reduce_typed<BFloat16Type>(op, out, a, b, n, stream);
+    case DataType::kFloat32:
+      return reduce_typed<Float32Type>(op, out, a, b, n, stream);
+    case DataType::kFloat64:
+      return reduce_typed<Float64Type>(op, out, a, b, n, stream);
+    case DataType::kInt8:
+      return reduce_typed<Int8Type>(op, out, a, b, n, stream);
+    case DataType::kUInt8:
+      return reduce_typed<UInt8Type>(op, out, a, b, n, stream);
+    case DataType::kInt32:
+      return reduce_typed<Int32Type>(op, out, a, b, n, stream);
+    case DataType::kInt64:
+      return reduce_typed<Int64Type>(op, out, a, b, n, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t cuda_divide(DataType dtype, void* data, size_t n, int divisor, cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kFloat16: return divide_typed<Float16Type>(data, n, divisor, stream);
-    case DataType::kBFloat16: return divide_typed<BFloat16Type>(data, n, divisor, stream);
-    case DataType::kFloat32: return divide_typed<Float32Type>(data, n, divisor, stream);
-    case DataType::kFloat64: return divide_typed<Float64Type>(data, n, divisor, stream);
-    default: return cudaErrorInvalidValue;
+    case DataType::kFloat16:
+      return divide_typed<Float16Type>(data, n, divisor, stream);
+    case DataType::kBFloat16:
+      return divide_typed<BFloat16Type>(data, n, divisor, stream);
+    case DataType::kFloat32:
+      return divide_typed<Float32Type>(data, n, divisor, stream);
+    case DataType::kFloat64:
+      return divide_typed<Float64Type>(data, n, divisor, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

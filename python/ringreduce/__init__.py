@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._cuda import cuda_available
 from .bucketing import GradientBucketer
 from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds, init
 from .errors import MismatchError, PeerError, RingReduceError, TimeoutError
@@ -24,6 +25,7 @@ __all__ = [
     "chunk_bounds",
     "GradientBucketer",
     "build_info",
+    "cuda_available",
     "RingReduceError",
     "TimeoutError",
     "PeerError",

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds ringreduce with the CUDA kernels (required: the build fails if nvcc is
+# missing) and runs bench/gpu_check.py on this machine's GPU. Arguments go to
+# gpu_check.py (--seed S to replay a run). Set RR_GPU_CHECK_NO_BUILD=1 to test
+# the ringreduce already installed instead. It replaces any installed ringreduce
+# with an editable install of this tree.
+#
+# The build needs no network: pip runs without build isolation, so
+# scikit-build-core, pybind11, cmake and ninja must already be installed
+# (pip install scikit-build-core pybind11 cmake ninja numpy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${RR_GPU_CHECK_NO_BUILD:-0}" != 1 ]]; then
+  if ! command -v nvcc >/dev/null && [[ -z "${CUDACXX:-}" ]] && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export CUDACXX=/usr/local/cuda/bin/nvcc
+  fi
+  echo "gpu_check: building ringreduce with CUDA into build/gpu ..." >&2
+  python -m pip install --no-build-isolation --no-deps -q -e . -Cbuild-dir=build/gpu \
+    -Ccmake.define.RINGREDUCE_WITH_CUDA=ON
+fi
+
+# The check itself is sized for under 5 minutes on an H200; the timeout turns
+# a hang into a failure.
+exec timeout 300 python bench/gpu_check.py "$@"

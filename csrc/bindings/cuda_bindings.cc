@@ -1,0 +1,243 @@
+// The CUDA part of ringreduce._core: device discovery, and pointer-level hooks
+// for tests and bench/gpu_check.py (run one kernel and wait for it, raw device
+// memory, event timing of the reduce kernel against a device-to-device copy).
+//
+// Compiled in every build; without CUDA the same names exist, report no
+// device, and raise RingReduceError when called, so Python code never needs to
+// know how the extension was built.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "config.h"
+
+#if RR_WITH_CUDA
+#include "reduce/cuda_kernels.h"
+#endif
+
+namespace py = pybind11;
+
+#if RR_WITH_CUDA
+
+namespace {
+
+rr::DataType checked_dtype(int value) {
+  if (!rr::valid_dtype(value))
+    throw rr::InvalidArgument("unknown dtype code " + std::to_string(value));
+  return static_cast<rr::DataType>(value);
+}
+
+rr::ReduceOp checked_op(int value) {
+  if (!rr::valid_op(value)) throw rr::InvalidArgument("unknown op code " + std::to_string(value));
+  return static_cast<rr::ReduceOp>(value);
+}
+
+void check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  throw rr::Error(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                  cudaGetErrorString(err) + ")");
+}
+
+void require_device() {
+  if (rr::cuda_device_count() == 0)
+    throw rr::Error("no CUDA device is usable (no GPU or no driver)");
+}
+
+// Makes the device that owns the buffers current for this thread. This is the
+// current device of ringreduce's own static runtime: torch's or cupy's choice
+// of current device does not carry over.
+void use_device_of(std::initializer_list<uintptr_t> addresses) {
+  require_device();
+  int device = -1;
+  for (uintptr_t address : addresses) {
+    int owner = -1;
+    if (rr::cuda_pointer_device(reinterpret_cast<const void*>(address), &owner) != cudaSuccess) {
+      cudaGetLastError();
+      throw rr::InvalidArgument("address " + std::to_string(address) +
+                                " is not CUDA device memory");
+    }
+    if (device >= 0 && owner != device) {
+      throw rr::InvalidArgument("buffers are on different devices (" + std::to_string(device) +
+                                " and " + std::to_string(owner) + ")");
+    }
+    device = owner;
+  }
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+// Waits for the launch with the GIL released, and turns a fault inside the
+// kernel into an exception.
+void finish(cudaError_t launched, cudaStream_t stream) {
+  check(launched, "kernel launch");
+  cudaError_t err;
+  {
+    py::gil_scoped_release release;
+    err = cudaStreamSynchronize(stream);
+  }
+  check(err, "cudaStreamSynchronize");
+}
+
+void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+void reduce_sync(int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n,
+                 uintptr_t stream) {
+  const rr::DataType t = checked_dtype(dtype);
+  const rr::ReduceOp o = checked_op(op);
+  if (n == 0) return;
+  use_device_of({out, a, b});
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  finish(rr::cuda_reduce(t, o, as_ptr(out), as_ptr(a), as_ptr(b), n, s), s);
+}
+
+void divide_sync(int dtype, uintptr_t data, size_t n, int divisor, uintptr_t stream) {
+  const rr::DataType t = checked_dtype(dtype);
+  if (!rr::is_floating(t)) throw rr::InvalidArgument("division needs a floating dtype");
+  if (n == 0) return;
+  use_device_of({data});
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  finish(rr::cuda_divide(t, as_ptr(data), n, divisor, s), s);
+}
+
+py::dict device_properties(int device) {
+  require_device();
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  py::dict d;
+  d["name"] = std::string(prop.name);
+  d["compute_capability"] = py::make_tuple(prop.major, prop.minor);
+  d["multiprocessors"] = prop.multiProcessorCount;
+  d["total_memory"] = prop.totalGlobalMem;
+  return d;
+}
+
+// Raw device memory, so tests and bench/gpu_check.py need neither torch nor cupy.
+uintptr_t malloc_device(size_t nbytes, int device) {
+  require_device();
+  check(cudaSetDevice(device), "cudaSetDevice");
+  void* ptr = nullptr;
+  check(cudaMalloc(&ptr, nbytes), "cudaMalloc");
+  return reinterpret_cast<uintptr_t>(ptr);
+}
+
+void free_device(uintptr_t ptr) { check(cudaFree(as_ptr(ptr)), "cudaFree"); }
+
+// Either side may be host or device memory: unified addressing tells them apart.
+void memcpy_any(uintptr_t dst, uintptr_t src, size_t nbytes) {
+  cudaError_t err;
+  {
+    py::gil_scoped_release release;
+    err = cudaMemcpy(as_ptr(dst), as_ptr(src), nbytes, cudaMemcpyDefault);
+  }
+  check(err, "cudaMemcpy");
+}
+
+// A private stream and two events, released on every way out.
+class StreamTimer {
+ public:
+  StreamTimer() = default;
+  StreamTimer(const StreamTimer&) = delete;
+  StreamTimer& operator=(const StreamTimer&) = delete;
+  ~StreamTimer() {
+    if (stop_) cudaEventDestroy(stop_);
+    if (start_) cudaEventDestroy(start_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // Seconds per call of launch(stream), averaged over `iters` back-to-back
+  // calls after one untimed warm-up call (which also loads the kernel).
+  template <typename Launch>
+  double seconds_per_call(Launch launch, int iters) {
+    if (iters < 1) throw rr::InvalidArgument("iters must be at least 1");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreate(&start_), "cudaEventCreate");
+    check(cudaEventCreate(&stop_), "cudaEventCreate");
+    check(launch(stream_), "warm-up launch");
+    check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+    for (int i = 0; i < iters; ++i) check(launch(stream_), "launch");
+    check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+    cudaError_t err;
+    {
+      py::gil_scoped_release release;
+      err = cudaEventSynchronize(stop_);
+    }
+    check(err, "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms * 1e-3 / iters;
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+double time_reduce(int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n,
+                   int iters) {
+  const rr::DataType t = checked_dtype(dtype);
+  const rr::ReduceOp o = checked_op(op);
+  use_device_of({out, a, b});
+  return StreamTimer().seconds_per_call(
+      [&](cudaStream_t s) {
+        return rr::cuda_reduce(t, o, as_ptr(out), as_ptr(a), as_ptr(b), n, s);
+      },
+      iters);
+}
+
+double time_copy(uintptr_t dst, uintptr_t src, size_t nbytes, int iters) {
+  use_device_of({dst, src});
+  return StreamTimer().seconds_per_call(
+      [&](cudaStream_t s) {
+        return cudaMemcpyAsync(as_ptr(dst), as_ptr(src), nbytes, cudaMemcpyDeviceToDevice, s);
+      },
+      iters);
+}
+
+}  // namespace
+
+void register_cuda(py::module_& m) {
+  m.def("cuda_device_count", &rr::cuda_device_count,
+        "Number of usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
+  m.def("cuda_device_properties", &device_properties, py::arg("device") = 0,
+        "name, compute_capability, multiprocessors and total_memory of a device.");
+  m.def("cuda_reduce_test", &reduce_sync, py::arg("dtype"), py::arg("op"), py::arg("out"),
+        py::arg("a"), py::arg("b"), py::arg("n"), py::arg("stream") = 0,
+        "out = a op b on CUDA device pointers with the CUDA kernels, on `stream` (0: the legacy "
+        "default stream) of the device that owns them; returns once the kernel has finished.");
+  m.def("cuda_divide_test", &divide_sync, py::arg("dtype"), py::arg("data"), py::arg("n"),
+        py::arg("divisor"), py::arg("stream") = 0,
+        "data /= divisor on a CUDA device pointer; returns once the kernel has finished.");
+  m.def("cuda_malloc_test", &malloc_device, py::arg("nbytes"), py::arg("device") = 0,
+        "cudaMalloc on `device`; returns the address.");
+  m.def("cuda_free_test", &free_device, py::arg("ptr"));
+  m.def("cuda_memcpy_test", &memcpy_any, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
+        "Blocking copy between any two host or device addresses.");
+  m.def("cuda_time_reduce_test", &time_reduce, py::arg("dtype"), py::arg("op"), py::arg("out"),
+        py::arg("a"), py::arg("b"), py::arg("n"), py::arg("iters"),
+        "Seconds per cuda_reduce() call, timed with CUDA events on a private stream.");
+  m.def("cuda_time_copy_test", &time_copy, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
+        py::arg("iters"),
+        "Seconds per device-to-device cudaMemcpyAsync, timed like cuda_time_reduce_test.");
+}
+
+#else  // RR_WITH_CUDA
+
+// Same names as the CUDA build, so callers need not know how _core was built.
+void register_cuda(py::module_& m) {
+  m.def(
+      "cuda_device_count", [] { return 0; },
+      "Number of usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
+  for (const char* name :
+       {"cuda_device_properties", "cuda_reduce_test", "cuda_divide_test", "cuda_malloc_test",
+        "cuda_free_test", "cuda_memcpy_test", "cuda_time_reduce_test", "cuda_time_copy_test"}) {
+    m.def(name, [](const py::args&, const py::kwargs&) {
+      throw rr::Error("ringreduce was built without CUDA");
+    });
+  }
+}
+
+#endif  // RR_WITH_CUDA

@@ -1,0 +1,93 @@
+"""What a CUDA build of the extension must contain, checked without a GPU.
+
+When build_info()["cuda"] is True: machine code for sm_80 and sm_90 plus PTX,
+and no dynamic dependency on the CUDA runtime or driver, so the module imports
+on machines without either. Without a usable device the CUDA entry points must
+say so instead of failing obscurely.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sysconfig
+
+import numpy as np
+import pytest
+
+import ringreduce as rr
+from ringreduce import _core
+from ringreduce._cuda import DeviceBuffer, cuda_available
+
+CUDA_BUILD = bool(rr.build_info()["cuda"])
+needs_cuda_build = pytest.mark.skipif(not CUDA_BUILD, reason="built without CUDA")
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, the toolkit, or the nvidia-cuda-cuobjdump wheel."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    wheel_bin = os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "bin")
+    patterns = ["/usr/local/cuda*/bin/cuobjdump", os.path.join(wheel_bin, "cuobjdump")]
+    for pattern in patterns:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def run_tool(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True, timeout=120).stdout
+
+
+@needs_cuda_build
+def test_fatbinary_has_sm80_sm90_and_ptx():
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    elf = run_tool(tool, "--list-elf", _core.__file__)
+    ptx = run_tool(tool, "--list-ptx", _core.__file__)
+    assert "sm_80" in elf and "sm_90" in elf, elf
+    assert "sm_90" in ptx, ptx
+
+
+@needs_cuda_build
+def test_cuda_runtime_is_linked_statically():
+    if shutil.which("ldd") is None:
+        pytest.skip("ldd not found")
+    needed = run_tool("ldd", _core.__file__)
+    assert "libcudart" not in needed and "libcuda." not in needed, needed
+
+
+@needs_cuda_build
+def test_static_runtime_symbols_are_not_exported():
+    # They would otherwise be candidates for torch's or cupy's libcudart calls.
+    if shutil.which("nm") is None:
+        pytest.skip("nm not found")
+    symbols = run_tool("nm", "-D", "--defined-only", _core.__file__).split()
+    assert not [s for s in symbols if s.startswith("cuda")]
+
+
+def test_without_a_device_cuda_calls_report_it():
+    if cuda_available():
+        pytest.skip("a CUDA device is present")
+    assert _core.cuda_device_count() == 0
+    x = np.zeros(4, dtype=np.float32)
+    with pytest.raises(rr.RingReduceError):
+        _core.cuda_reduce_test(2, 0, x.ctypes.data, x.ctypes.data, x.ctypes.data, 4)
+    with pytest.raises(rr.RingReduceError):
+        DeviceBuffer(16)
+
+
+def test_bad_codes_are_value_errors_in_a_cuda_build():
+    if not CUDA_BUILD:
+        pytest.skip("built without CUDA: every hook reports that first")
+    with pytest.raises(ValueError):
+        _core.cuda_reduce_test(99, 0, 0, 0, 0, 1)
+    with pytest.raises(ValueError):
+        _core.cuda_reduce_test(2, 99, 0, 0, 0, 1)
+    with pytest.raises(ValueError):
+        _core.cuda_divide_test(6, 0, 1, 2)

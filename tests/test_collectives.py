@@ -252,3 +252,33 @@ def test_ranks_may_close_while_neighbours_finish(n):
     for _ in range(3):
         outcomes = run_ranks(n, _reduce_then_close_at_once, 20)
         assert [o[1] for o in outcomes] == [True] * n, [o[2] for o in outcomes]
+
+
+def _gil_released_while_waiting(comm):
+    import threading
+    import time
+
+    if comm.rank == 1:
+        time.sleep(0.5)  # rank 0 blocks in all_reduce meanwhile
+        comm.all_reduce(np.ones(4))
+        return None
+    ticks = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    comm.all_reduce(np.ones(4))  # blocks about 0.5 s
+    stop.set()
+    t.join()
+    return ticks[0]
+
+
+def test_gil_is_released_while_a_collective_waits(group_factory):
+    ticks, _ = group_factory(2).run(_gil_released_while_waiting)
+    # A thread holding the GIL for 0.5 s would allow no ticks at all.
+    assert ticks > 50

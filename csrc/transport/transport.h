@@ -48,9 +48,10 @@ class Transport {
   // Posts a receive of exactly `bytes` bytes from `peer` into `data`.
   virtual RequestPtr irecv(int peer, void* data, size_t bytes) = 0;
 
-  // Drives progress until `request` completes. Throws TimeoutError when the
-  // deadline passes and PeerError when the peer's connection fails. After a
-  // throw the transport is unusable.
+  // Drives progress until `request` completes. Throws TimeoutError when no
+  // byte has moved for the deadline's length (so a long transfer on a slow
+  // link is not a timeout), and PeerError when the peer's connection fails.
+  // After a throw the transport is unusable.
   virtual void wait(Request& request, const Deadline& deadline) = 0;
 
   // Tears down every connection so that peers blocked on us fail fast instead

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import time
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -95,7 +96,15 @@ class Work:
         the collective keeps running, so ``wait()`` may be called again.
         """
         if not self._finished:
-            finished = self._handle.wait(-1.0 if timeout is None else float(timeout))
+            # Wait in short slices so Ctrl-C reaches Python promptly; the C++ wait
+            # releases the GIL, so other threads run meanwhile.
+            limit = None if timeout is None else time.monotonic() + float(timeout)
+            finished = False
+            while not finished:
+                left = 0.2 if limit is None else min(0.2, limit - time.monotonic())
+                finished = self._handle.wait(max(left, 0.0))
+                if limit is not None and time.monotonic() >= limit:
+                    break
             if not finished:
                 exc = TimeoutError(
                     f"rank {self._comm.rank}: {self._handle.description} has not finished "

@@ -222,14 +222,24 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
   // an oversubscribed host it is often runnable on our core), and only then
   // block in poll().
   const Clock::time_point spin_until = Clock::now() + spin_;
+  // The deadline bounds time without progress, not the whole transfer: a
+  // large message on a slow link may take longer than the timeout, a stalled
+  // peer may not. Every byte moved restarts the window.
+  Deadline window = deadline;
+  uint64_t moved = stats_.bytes_sent + stats_.bytes_received;
   while (!request.done()) {
     for (auto& link : links_) progress(*link);
     if (request.done()) break;
-    if (deadline.expired()) fail_timeout(request, deadline);
+    const uint64_t now_moved = stats_.bytes_sent + stats_.bytes_received;
+    if (now_moved != moved) {
+      moved = now_moved;
+      window = Deadline::after(deadline.seconds());
+    }
+    if (window.expired()) fail_timeout(request, window);
     if (Clock::now() < spin_until) {
       sched_yield();
     } else {
-      poll_links(deadline);
+      poll_links(window);
     }
   }
 }

@@ -83,10 +83,14 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     import ringreduce as rr
 
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    comm = rr.init("tcp", rank=rank, world_size=world, master_addr="127.0.0.1", master_port=rr_port)
+    # MASTER_ADDR names rank 0's host when ranks run on several (emulated) hosts,
+    # e.g. network namespaces from bench/netns_hosts.sh; set GLOO_SOCKET_IFNAME there.
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if addr.startswith("127."):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    comm = rr.init("tcp", rank=rank, world_size=world, master_addr=addr, master_port=rr_port)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world
+        "gloo", init_method=f"tcp://{addr}:{gloo_port}", rank=rank, world_size=world
     )
     torch.manual_seed(0)
     model = build_model(args.width, args.depth)

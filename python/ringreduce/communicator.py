@@ -19,7 +19,7 @@ from ._buffers import (
     wrap_like,
 )
 from ._env import launched_by_mpirun, master_address, rank_and_size
-from .errors import RingReduceError, TimeoutError
+from .errors import TimeoutError
 
 __all__ = ["ReduceOp", "Communicator", "Work", "init", "chunk_bounds", "build_info"]
 
@@ -135,6 +135,42 @@ class Communicator:
         # Arrays of async calls whose Work the caller may have dropped: the
         # engine still writes into them, so they must stay alive until done.
         self._inflight: List[Tuple[Any, tuple]] = []
+
+    @classmethod
+    def from_mpi(
+        cls, mpi4py_comm: Any, *, timeout: float = 60.0, transport: str = "mpi"
+    ) -> Communicator:
+        """Wraps an mpi4py intracommunicator: ``COMM_WORLD`` or any sub-communicator.
+
+        The result's ranks and world size are those of ``mpi4py_comm``. Collective:
+        every rank of ``mpi4py_comm`` must call it. Our traffic runs on a private
+        duplicate, so it never matches the program's own messages. With
+        ``transport="tcp"`` the MPI communicator only serves to meet (rank 0
+        hosts the TCP store) and the collectives run over TCP sockets.
+        ``timeout`` bounds every wait on a peer, in seconds.
+        """
+        from . import _mpi
+
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        segment = int(os.environ.get("RINGREDUCE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
+        if transport == "mpi":
+            comm = cls(_mpi.create_from_mpi4py(mpi4py_comm, float(timeout), segment), "mpi")
+            _mpi.track(comm)
+            return comm
+        if transport == "tcp":
+            host, port = _mpi.tcp_rendezvous(mpi4py_comm, float(timeout))
+            core = _core.Communicator.create_tcp(
+                mpi4py_comm.Get_rank(),
+                mpi4py_comm.Get_size(),
+                host,
+                port,
+                float(timeout),
+                segment,
+                "",
+            )
+            return cls(core, "tcp")
+        raise ValueError(f"transport must be 'mpi' or 'tcp', got {transport!r}")
 
     # -- properties -------------------------------------------------------
     @property
@@ -317,22 +353,58 @@ def init(
     OMPI_COMM_WORLD_*, PMI_*, SLURM_*); MASTER_ADDR/MASTER_PORT locate rank 0's
     rendezvous store (``store_dir``: use a shared directory instead). ``timeout``
     bounds every wait on a peer, in seconds.
+
+    ``transport``: "tcp", "mpi" (MPI_COMM_WORLD; needs the MPI build), or "auto"
+    (the RINGREDUCE_TRANSPORT variable if set, else "mpi" when launched by mpirun and
+    MPI support loads, else "tcp"). "tcp" under mpirun without MASTER_ADDR meets
+    over MPI (mpi4py): rank 0 picks the address and a free port.
     """
     env_transport = os.environ.get("RINGREDUCE_TRANSPORT")
     if transport == "auto" and env_transport:
         transport = env_transport
     if transport not in ("auto", "tcp", "mpi"):
         raise ValueError(f"transport must be 'auto', 'tcp' or 'mpi', got {transport!r}")
-    if transport == "auto":
-        transport = "mpi" if (launched_by_mpirun() and _core.build_info()["mpi"]) else "tcp"
-    if transport == "mpi":
-        raise RingReduceError("this build has no MPI transport; use transport='tcp'")
     if not timeout or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    segment = int(os.environ.get("RINGREDUCE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
+    from . import _mpi  # imports the MPI extension only when MPI is asked for
+
+    if transport == "auto":
+        transport = "mpi" if (launched_by_mpirun() and _mpi.available()) else "tcp"
+    if transport == "mpi":
+        # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
+        core = _mpi.create_world(float(timeout), segment)
+        comm = Communicator(core, "mpi")
+        _mpi.track(comm)
+        mine = (comm.rank, comm.world_size)
+        if any(v is not None and int(v) != m for v, m in zip((rank, world_size), mine)):
+            comm.close()
+            raise ValueError(
+                f"rank={rank}, world_size={world_size} disagree with MPI_COMM_WORLD "
+                f"(rank {comm.rank} of {comm.world_size}); leave them out with transport='mpi'"
+            )
+        return comm
     r, n = rank_and_size(rank, world_size)
     if n < 1 or not 0 <= r < n:
         raise ValueError(f"rank {r} is not in [0, world_size={n})")
-    host, port = master_address(master_addr, master_port)
-    segment = int(os.environ.get("RINGREDUCE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
+    if (
+        master_addr is None
+        and "MASTER_ADDR" not in os.environ
+        and not store_dir
+        and rank is None
+        and world_size is None
+        and n > 1
+        and launched_by_mpirun()
+        and _mpi.have_mpi4py()
+    ):
+        # Under mpirun without MASTER_ADDR: agree on rank 0's address over MPI.
+        from mpi4py import MPI
+
+        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        host, port = _mpi.tcp_rendezvous(MPI.COMM_WORLD, float(timeout))
+        if master_port is not None:
+            port = int(master_port)
+    else:
+        host, port = master_address(master_addr, master_port)
     core = _core.Communicator.create_tcp(r, n, host, port, float(timeout), segment, store_dir or "")
     return Communicator(core, "tcp")

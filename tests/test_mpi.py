@@ -1,0 +1,508 @@
+"""ringreduce under mpirun: both transports, every collective, the MPI error paths.
+
+This file runs two ways, following mpi4py's own test suite:
+
+- under mpirun, one pytest per rank (an exception on a rank aborts the job
+  instead of hanging it)::
+
+      mpirun -np 3 python -m mpi4py -m pytest tests/test_mpi.py
+
+  Each rank-side test runs its collectives, then every rank agrees on the
+  outcome (an allgather of the failures), so all ranks pass or fail the same
+  test together and stay in step.
+- in a plain ``pytest`` run, where the rank-side tests skip and
+  ``test_suite_under_mpirun`` launches the mpirun runs above as subprocesses
+  with a timeout; a few single-process checks (build, import without MPI,
+  thread level) run here too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_collectives import (
+    _all_gather,
+    _all_reduce_exact,
+    _all_reduce_random,
+    _async_in_order,
+    _barrier_and_stats,
+    _broadcast_every_root,
+    _bytes_on_wire,
+    _reduce_scatter,
+)
+
+import ringreduce as rr
+from ringreduce._env import launched_by_mpirun
+
+from _data import DTYPES, contribution, expected, same_bits
+
+pytestmark = pytest.mark.mpi
+
+UNDER_MPIRUN = launched_by_mpirun()
+try:
+    import mpi4py  # noqa: F401  (imports no MPI; mpi4py.MPI initializes it)
+
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+HAVE_MPIRUN = shutil.which("mpirun") is not None
+MPI_BUILT = bool(rr.build_info()["mpi"])
+TRANSPORTS = ["mpi", "tcp"] if MPI_BUILT else ["tcp"]
+
+on_ranks = pytest.mark.skipif(
+    not (UNDER_MPIRUN and HAVE_MPI4PY),
+    reason="rank-side: runs under mpirun (see test_suite_under_mpirun)",
+)
+outside = pytest.mark.skipif(UNDER_MPIRUN, reason="launches mpirun itself")
+
+if UNDER_MPIRUN and HAVE_MPI4PY:
+    from mpi4py import MPI
+
+    WORLD = MPI.COMM_WORLD
+
+
+# ---- rank-side helpers ----------------------------------------------------
+
+
+def _attempt(fn, *args):
+    """fn(*args), or the text of what it raised: a rank never leaves the others behind."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported through _agree
+        return [f"raised {type(exc).__name__}: {exc}"]
+
+
+def _agree(failures) -> None:
+    """Every rank asserts on every rank's failures, so all pass or fail together."""
+    every = WORLD.allgather(failures)
+    bad = {rank: f for rank, f in enumerate(every) if f}
+    assert not bad, f"failures by rank: {bad}"
+
+
+def _gather(value) -> list:
+    return WORLD.allgather(value)
+
+
+_comms: dict = {}
+
+
+def _shared(transport: str, segment_bytes: int = 0):
+    """One long-lived communicator per (transport, segment size), like conftest's groups."""
+    key = (transport, segment_bytes)
+    if key not in _comms:
+        old = os.environ.get("RINGREDUCE_SEGMENT_BYTES")
+        if segment_bytes:
+            os.environ["RINGREDUCE_SEGMENT_BYTES"] = str(segment_bytes)
+        try:
+            _comms[key] = rr.init(transport, timeout=60)
+        finally:
+            if segment_bytes:
+                os.environ.pop("RINGREDUCE_SEGMENT_BYTES")
+                if old is not None:
+                    os.environ["RINGREDUCE_SEGMENT_BYTES"] = old
+    return _comms[key]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def comm(request):
+    return _shared(request.param)
+
+
+# ---- collectives on every rank ---------------------------------------------
+
+
+@on_ranks
+def test_init_picks_transport():
+    auto = rr.init(timeout=30)
+    try:
+        assert auto.transport == ("mpi" if MPI_BUILT else "tcp")
+        assert (auto.rank, auto.world_size) == (WORLD.Get_rank(), WORLD.Get_size())
+        _agree([] if np.all(auto.all_reduce(np.ones(3)) == auto.world_size) else ["sum"])
+    finally:
+        auto.close()
+
+
+@on_ranks
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_reduce_exact(comm, dtype):
+    _agree(_attempt(_all_reduce_exact, comm, dtype))
+
+
+@on_ranks
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_all_reduce_random_floats(comm, dtype):
+    ratio = _attempt(_all_reduce_random, comm, dtype, 10_007, 77)
+    _agree([] if isinstance(ratio, float) and ratio <= 1.0 else [f"error/bound {ratio}"])
+
+
+@on_ranks
+@pytest.mark.parametrize("dtype", ["float16", "float64", "int8", "int64"])
+def test_reduce_scatter(comm, dtype):
+    _agree(_attempt(_reduce_scatter, comm, dtype))
+
+
+@on_ranks
+@pytest.mark.parametrize("dtype", ["bfloat16", "uint8"])
+def test_all_gather(comm, dtype):
+    _agree(_attempt(_all_gather, comm, dtype))
+
+
+@on_ranks
+def test_broadcast_barrier_async(comm):
+    failures = list(_attempt(_broadcast_every_root, comm))
+    if _attempt(_barrier_and_stats, comm) != 3:
+        failures.append("barrier ops")
+    if _attempt(_async_in_order, comm) is not True:
+        failures.append("async in order")
+    _agree(failures)
+
+
+@on_ranks
+def test_all_reduce_sends_2_n_minus_1_over_n_bytes(comm):
+    n = comm.world_size
+    nbytes = 4 << 20
+    ideal = 2 * (n - 1) / n * nbytes
+    sent, received = _bytes_on_wire(comm, nbytes)
+    ok = ideal - 8 <= sent <= ideal * 1.01 and ideal - 8 <= received <= ideal * 1.01
+    _agree([] if ok else [f"sent {sent}, received {received}, ideal {ideal:.0f}"])
+
+
+@on_ranks
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("segment_bytes", [40, 41])
+def test_odd_segments(transport, segment_bytes):
+    # 41-byte segments do not hold whole elements of 2, 4 or 8 bytes, so the MPI
+    # transport's messages straddle the receiver's segments (the staging path);
+    # 40 bytes line up (the direct path), in many small messages.
+    c = _shared(transport, segment_bytes)
+    failures = []
+    for dtype in ("float16", "int32", "float64", "uint8"):
+        failures += _attempt(_all_reduce_exact, c, dtype)
+        failures += _attempt(_reduce_scatter, c, dtype)
+    failures += _attempt(_broadcast_every_root, c)
+    _agree(failures)
+
+
+@on_ranks
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_from_mpi_sub_communicator(transport):
+    # Split the world into even and odd ranks: collectives see only their half.
+    rank = WORLD.Get_rank()
+    sub = WORLD.Split(rank % 2, rank)
+    c = rr.Communicator.from_mpi(sub, transport=transport, timeout=30)
+    members = [r for r in range(WORLD.Get_size()) if r % 2 == rank % 2]
+    failures = []
+    try:
+        assert (c.rank, c.world_size, c.transport) == (sub.Get_rank(), len(members), transport)
+        got = c.all_reduce(np.array([rank, 1], dtype=np.int64))
+        if got.tolist() != [sum(members), len(members)]:
+            failures.append(f"all_reduce {got.tolist()}")
+        gathered = c.all_gather(np.array([rank], dtype=np.int32)).ravel().tolist()
+        if gathered != members:
+            failures.append(f"all_gather {gathered}")
+        want = expected(len(members), 1001, "float32", "sum")
+        if not same_bits(c.all_reduce(contribution(c.rank, 1001, "float32", "sum")), want):
+            failures.append("exact all_reduce")
+    finally:
+        c.close()
+        sub.Free()
+    _agree(failures)
+
+
+@on_ranks
+def test_our_traffic_never_matches_the_programs_receives():
+    # A receive for any source and tag on COMM_WORLD, posted before our
+    # collectives, must still be waiting for the program's own message after.
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    buf = np.zeros(1, dtype=np.int64)
+    pending = WORLD.Irecv(buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    c = rr.Communicator.from_mpi(WORLD, timeout=30) if MPI_BUILT else _shared("tcp")
+    c.all_reduce(np.ones(100_000, dtype=np.float32))
+    c.barrier()
+    still_waiting = not pending.Test()
+    WORLD.Barrier()  # every rank has looked before anyone sends
+    WORLD.Send(np.array([rank + 100], dtype=np.int64), dest=(rank + 1) % size, tag=5)
+    pending.Wait()
+    if c.transport == "mpi":
+        c.close()
+    _agree(
+        []
+        if still_waiting and buf[0] == (rank - 1) % size + 100
+        else [f"still waiting {still_waiting}, got {buf[0]}"]
+    )
+
+
+# ---- error paths under MPI --------------------------------------------------
+
+
+def _fresh(transport: str, timeout: float):
+    """A communicator of its own, for a test that breaks it."""
+    return rr.Communicator.from_mpi(WORLD, transport=transport, timeout=timeout)
+
+
+@on_ranks
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_count_mismatch_raises_mismatch_on_every_rank(transport):
+    c = _fresh(transport, 20)
+    last = c.world_size - 1
+    start = time.monotonic()
+    try:
+        c.all_reduce(np.ones(12 if c.rank == last else 10, dtype=np.float32))
+        outcome = "no error"
+    except rr.RingReduceError as exc:
+        outcome = type(exc).__name__ + (": ok" if "mismatch between rank" in str(exc) else str(exc))
+    elapsed = time.monotonic() - start
+    # Close after every rank has its error: over TCP, rank 0 hosts the store
+    # that carries the first failure's report to the others.
+    outcomes = _gather((outcome, elapsed))
+    c.close()
+    assert all(o == "MismatchError: ok" for o, _ in outcomes), outcomes
+    assert max(e for _, e in outcomes) < 10, f"errors must come promptly: {outcomes}"
+
+
+@on_ranks
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rank_that_never_arrives_times_out_naming_it(transport):
+    c = _fresh(transport, 1.5)
+    late = c.world_size - 1
+    outcome = "slept"
+    if c.rank == late:
+        time.sleep(4.0)
+    else:
+        start = time.monotonic()
+        try:
+            c.all_reduce(np.ones(1000, dtype=np.float32))
+            outcome = "no error"
+        except rr.RingReduceError as exc:
+            outcome = (type(exc).__name__, exc.peer, time.monotonic() - start, str(exc))
+    outcomes = _gather(outcome)
+    c.close()
+    for rank, o in enumerate(outcomes):
+        if rank == late:
+            continue
+        kind, peer, elapsed, message = o
+        assert kind == "TimeoutError" and elapsed < 4.0, outcomes
+        if transport == "tcp" and c.world_size > 2:
+            # Over TCP, a rank that waited on a waiting neighbour can time out
+            # at the same instant and be the one reported first (its report
+            # reaches the store first), so only the kind is certain there.
+            continue
+        assert peer == late, outcomes
+        assert f"rank {late} did not start all_reduce" in message, outcomes
+
+
+@on_ranks
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_peer_that_closes_early_is_named(transport):
+    # Over TCP the closed sockets say so at once (PeerError). MPI has no
+    # connection to break: a normal close tells nobody, so the others learn it
+    # at their deadline (TimeoutError), still naming the rank.
+    c = _fresh(transport, 2.0)
+    quitter = c.world_size - 1
+    outcome = "closed"
+    if c.rank == quitter:
+        c.close()
+    else:
+        start = time.monotonic()
+        x = np.ones(1 << 16, dtype=np.float32)
+        try:
+            for _ in range(1000):
+                c.all_reduce(x, out=x)
+                x[:] = 1
+            outcome = "no error"
+        except rr.RingReduceError as exc:
+            outcome = (type(exc).__name__, exc.peer, time.monotonic() - start, str(exc))
+    outcomes = _gather(outcome)
+    c.close()
+    want = "PeerError" if transport == "tcp" else "TimeoutError"
+    for rank, o in enumerate(outcomes):
+        if rank != quitter:
+            assert o[0] == want and o[1] == quitter and o[2] < 8, outcomes
+
+
+@on_ranks
+@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
+def test_from_mpi_times_out_when_a_rank_never_joins():
+    # On a communicator of its own: the abandoned MPI_Comm_idup stays pending there.
+    spare = WORLD.Dup()
+    outcome = "skipped"
+    if WORLD.Get_rank() != 0:
+        start = time.monotonic()
+        try:
+            rr.Communicator.from_mpi(spare, timeout=1.0)
+            outcome = "no error"
+        except rr.TimeoutError as exc:
+            outcome = ("TimeoutError", time.monotonic() - start, "joined" in str(exc))
+    outcomes = _gather(outcome)
+    assert all(o[0] == "TimeoutError" and o[1] < 4 and o[2] for o in outcomes[1:]), outcomes
+
+
+# ---- outside mpirun ---------------------------------------------------------
+
+
+def _mpirun_env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        # More ranks than cores: Open MPI 4 and 5 spell it differently.
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("RINGREDUCE_TRANSPORT", None)
+    return env
+
+
+def _mpirun(np_: int, argv: list, timeout: float) -> str:
+    """Runs ``mpirun -np np_ python argv...`` from the repository root; returns its output."""
+    cmd = ["mpirun", "-np", str(np_), sys.executable, *argv]
+    try:
+        r = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_mpirun_env(),
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpirun -np {np_} hung; output so far:\n{exc.stdout}\n{exc.stderr}")
+    tail = (r.stdout + r.stderr)[-6000:]
+    assert r.returncode == 0, f"mpirun -np {np_} failed:\n{tail}"
+    return r.stdout
+
+
+needs_mpirun = pytest.mark.skipif(
+    not (HAVE_MPIRUN and HAVE_MPI4PY), reason="needs mpirun and mpi4py"
+)
+
+
+@outside
+@needs_mpirun
+@pytest.mark.parametrize("np_", [2, 3])
+def test_suite_under_mpirun(np_):
+    argv = ["-m", "mpi4py", "-m", "pytest", os.path.abspath(__file__), "-q", "-x"]
+    out = _mpirun(np_, [*argv, "-p", "no:cacheprovider", "--timeout=240"], timeout=400)
+    assert " passed" in out and " failed" not in out, out[-6000:]
+
+
+@outside
+@needs_mpirun
+@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
+def test_serialized_thread_level_with_two_communicators():
+    # Below MPI_THREAD_MULTIPLE each worker thread takes a process-wide lock
+    # around its MPI calls; two communicators' collectives interleave safely.
+    code = (
+        "import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
+        "from mpi4py import MPI\n"
+        "import numpy as np, ringreduce as rr\n"
+        "assert MPI.Query_thread() == MPI.THREAD_SERIALIZED\n"
+        "w = MPI.COMM_WORLD\n"
+        "a, b = rr.Communicator.from_mpi(w), rr.Communicator.from_mpi(w)\n"
+        "works = [(c.all_reduce(np.full(50_001, k, np.float64), async_op=True), k * s)\n"
+        "         for k in range(20) for c, s in ((a, w.size), (b, w.size))]\n"
+        "assert all(np.all(wk.wait() == want) for wk, want in works)\n"
+        "a.close(); b.close(); print('ok', w.rank)\n"
+    )
+    assert _mpirun(2, ["-c", code], timeout=120).count("ok") == 2
+
+
+@outside
+@needs_mpirun
+@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
+def test_init_mpi_without_mpi4py():
+    # ringreduce initializes MPI itself (MPI_THREAD_MULTIPLE), closes its
+    # communicators and finalizes at exit: mpirun sees a clean job.
+    code = (
+        "import sys; sys.modules['mpi4py'] = None\n"
+        "import numpy as np, ringreduce as rr\n"
+        "c = rr.init(timeout=20)\n"
+        "assert c.transport == 'mpi', c.transport\n"
+        "print('sum', c.all_reduce(np.full(3, c.rank + 1.0)).tolist())\n"
+    )
+    assert _mpirun(2, ["-c", code], timeout=120).count("sum [3.0, 3.0, 3.0]") == 2
+
+
+def _python(code: str, env: dict = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@outside
+def test_core_does_not_link_libmpi():
+    # _core must import where libmpi is absent: only _core_mpi may need it.
+    from ringreduce import _core
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("needs readelf")
+    needed = subprocess.run([readelf, "-d", _core.__file__], capture_output=True, text=True).stdout
+    assert "NEEDED" in needed
+    assert "libmpi" not in needed
+
+
+@outside
+def test_tcp_works_when_the_mpi_module_cannot_load():
+    # As on a machine without libmpi: _core_mpi fails to import. Under an
+    # mpirun-like environment, "auto" falls back to TCP and "mpi" says why not.
+    code = (
+        "import sys; sys.modules['ringreduce._core_mpi'] = None\n"
+        "import numpy as np, ringreduce as rr\n"
+        "c = rr.init(timeout=10)\n"
+        "assert c.transport == 'tcp', c.transport\n"
+        "assert c.all_reduce(np.ones(3)).tolist() == [1.0, 1.0, 1.0]\n"
+        "c.close()\n"
+        "try:\n"
+        "    rr.init('mpi')\n"
+        "except rr.RingReduceError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = dict(os.environ, OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1")
+    env.pop("RINGREDUCE_TRANSPORT", None)
+    r = _python(code, env)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "transport='tcp'" in r.stdout, r.stdout
+
+
+@outside
+def test_build_info_reports_the_mpi_module():
+    built = importlib.util.find_spec("ringreduce._core_mpi") is not None
+    info = rr.build_info()
+    assert info["mpi"] == built
+    assert ("mpi" in info["transports"]) == built
+
+
+@outside
+@pytest.mark.skipif(not (HAVE_MPI4PY and MPI_BUILT), reason="needs mpi4py and the MPI transport")
+def test_thread_level_below_serialized_is_refused():
+    # A singleton MPI process (no mpirun) initialized with MPI_THREAD_SINGLE.
+    code = (
+        "import mpi4py; mpi4py.rc.thread_level = 'single'\n"
+        "from mpi4py import MPI\n"
+        "import ringreduce as rr\n"
+        "try:\n"
+        "    rr.Communicator.from_mpi(MPI.COMM_WORLD)\n"
+        "except rr.RingReduceError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = _mpirun_env()
+    for key in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))]:
+        env.pop(key)
+    r = _python(code, env)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "MPI_THREAD_SERIALIZED" in r.stdout, r.stdout

@@ -17,6 +17,10 @@
    two reads and one write) against a device-to-device cudaMemcpyAsync of 1 GiB
    (one read, one write), both timed with CUDA events on one stream, in the same
    run. Target: the kernel at >= 90% of the copy's bandwidth.
+3. Collectives: a 2-rank all_reduce over TCP with both ranks on this GPU, of
+   torch.cuda tensors (ringreduce's own device arrays without torch), every
+   dtype x op on fresh random data against the same reference, and a timed
+   float32 all_reduce (bench/_gpu_ring_check.py).
 
 Device memory comes from the extension itself (no torch or cupy needed).
 Exit status: 0 when every result is right, 1 when any is wrong, 2 when there is
@@ -218,6 +222,8 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="kernel calls per timing trial")
     parser.add_argument("--trials", type=int, default=5, help="timing trials (median kept)")
     parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--ring-count", type=int, default=(1 << 20) + 7,
+                        help="elements per 2-rank all_reduce check")  # fmt: skip
     args = parser.parse_args(argv)
 
     try:
@@ -262,6 +268,11 @@ def main(argv: List[str] | None = None) -> int:
     kernel = list(rates.values())[1][0] / copy_rate
     verdict = "meets" if kernel >= TARGET else "BELOW"
     print(f"\nreduce kernel at {kernel:.1%} of copy bandwidth: {verdict} the {TARGET:.0%} target")
+
+    import _gpu_ring_check
+
+    ring_wrong = _gpu_ring_check.run(args.device, seed, args.ring_count)
+    total_wrong += ring_wrong if ring_wrong >= 0 else 1
     print(
         f"correctness: {'PASS' if total_wrong == 0 else 'FAIL'} ({total_wrong} wrong); "
         f"{time.time() - started:.0f} s"

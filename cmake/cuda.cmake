@@ -62,9 +62,19 @@ if(RR_WITH_CUDA_VALUE)
   target_link_libraries(rr_cuda_kernels PUBLIC CUDA::cudart_static)
   target_link_libraries(_core PRIVATE rr_cuda_kernels)
 
-  # Keep the static runtime's symbols private to _core, so they never stand in
-  # for those of the libcudart that torch or cupy load into the same process.
+  # The engine's Device for CUDA arrays in the collectives (streams, events,
+  # pinned staging); every extension that links the engine gets it, so the
+  # MPI transport stages device buffers the same way as TCP.
+  target_sources(rr_engine PRIVATE csrc/engine/cuda_device.cc)
+  target_link_libraries(rr_engine PUBLIC rr_cuda_kernels)
+
+  # Keep the static runtime's symbols private to each extension, so they never
+  # stand in for those of the libcudart that torch or cupy load into the same
+  # process.
   if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
     target_link_options(_core PRIVATE "LINKER:--exclude-libs,ALL")
+    if(TARGET _core_mpi)
+      target_link_options(_core_mpi PRIVATE "LINKER:--exclude-libs,ALL")
+    endif()
   endif()
 endif()

@@ -1,10 +1,12 @@
-"""The CUDA kernels on a real device, against the CPU kernels and numpy.
+"""The CUDA kernels and the collectives on CUDA arrays, on a real device.
 
 The CPU and CUDA kernels call the same functors (csrc/reduce/ops.h), so their
 results must agree bit for bit, signed zeros and all; numpy is the independent
 reference. Device memory comes from the extension itself (DeviceBuffer), so
 these tests need neither torch nor cupy; one test checks torch interop when
-torch.cuda is usable. Skipped cleanly without a device.
+torch.cuda is usable. The collectives run on 2 ranks sharing one GPU over TCP,
+with the extension's own device arrays and with torch.cuda tensors. Skipped
+cleanly without a device.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from _kernels import (
     run,
 )
 
+import ringreduce as rr
 from ringreduce import _core
-from ringreduce._cuda import DeviceBuffer, cuda_available
+from ringreduce._cuda import DeviceArrayView, DeviceBuffer, cuda_available
 
-from _data import DTYPES, OPS
+from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits
+from _ranks import RankGroup
 
 pytestmark = [
     pytest.mark.gpu,
@@ -151,3 +155,129 @@ def test_torch_tensors_on_torch_stream():
         stream,
     )  # fmt: skip
     check_against_cpu_and_numpy("float32", "sum", a, b, out.cpu().numpy())
+
+
+# ---- collectives on CUDA arrays: 2 ranks on one GPU, over TCP ----------------
+
+
+@pytest.fixture(scope="module")
+def gpu_pair():
+    """Two ranks on GPU 0; 4 KiB segments, so every chunk crosses many staging slots."""
+    group = RankGroup(2, env={"RINGREDUCE_SEGMENT_BYTES": "4096"})
+    yield group
+    group.close()
+
+
+def _collectives_on_device_arrays(comm, counts):
+    # DeviceArrayView has no device attribute: its device comes from the pointer.
+    n, r = comm.world_size, comm.rank
+    failures = []
+
+    def dev(a):
+        return DeviceArrayView.from_array(a)
+
+    for dtype in DTYPES:
+        for count in counts:
+            for op in OPS:
+                if op == "avg" and dtype not in FLOATING:
+                    continue
+                x = dev(contribution(r, count, dtype, op))
+                out = dev(np.full(count, 99, dtype=np_dtype(dtype)))
+                comm.all_reduce(x, op=op, out=out)
+                comm.all_reduce(x, op=op, out=x)  # in place
+                want = expected(n, count, dtype, op)
+                if not (same_bits(out.get(), want) and same_bits(x.get(), want)):
+                    failures.append(f"all_reduce {dtype} {op} count={count}")
+            start, stop = rr.chunk_bounds(count, n, r)
+            block = dev(np.zeros(stop - start, dtype=np_dtype(dtype)))
+            comm.reduce_scatter(dev(contribution(r, count, dtype, "sum")), out=block)
+            if not same_bits(block.get(), expected(n, count, dtype, "sum")[start:stop]):
+                failures.append(f"reduce_scatter {dtype} count={count}")
+            rows = dev(np.zeros((n, count), dtype=np_dtype(dtype)))
+            comm.all_gather(dev(contribution(r, count, dtype, "sum")), out=rows)
+            want_rows = np.stack([contribution(i, count, dtype, "sum") for i in range(n)])
+            if not same_bits(rows.get(), want_rows):
+                failures.append(f"all_gather {dtype} count={count}")
+            y = dev(contribution(r, count, dtype, "sum"))
+            comm.broadcast(y, root=1)
+            if not same_bits(y.get(), contribution(1, count, dtype, "sum")):
+                failures.append(f"broadcast {dtype} count={count}")
+    return failures
+
+
+def test_collectives_on_device_arrays(gpu_pair):
+    counts = [0, 1, 3, 4099, (1 << 20) + 3]
+    assert gpu_pair.run(_collectives_on_device_arrays, counts, timeout=600) == [[], []]
+
+
+def _torch_cuda_collectives(comm):
+    import torch
+
+    torch.cuda.set_device(0)
+    n, r = comm.world_size, comm.rank
+    failures = []
+    count = (1 << 22) + 5
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        base = torch.arange(count, device="cuda", dtype=torch.int64) % 7
+        x = (base + r).to(dtype)
+        want = sum((base + i) for i in range(n)).to(dtype)
+        y = comm.all_reduce(x)
+        if not (y.is_cuda and y.dtype == dtype and torch.equal(y, want)):
+            failures.append(f"all_reduce {dtype}")
+        if not torch.equal(x, (base + r).to(dtype)):
+            failures.append(f"all_reduce {dtype} modified its input")
+        comm.all_reduce(x, out=x)
+        if not torch.equal(x, want):
+            failures.append(f"in-place all_reduce {dtype}")
+    x = torch.full((count,), float(r + 1), device="cuda", dtype=torch.float32)
+    if not torch.equal(comm.all_reduce(x, op="avg"), torch.full_like(x, (n + 1) / 2)):
+        failures.append("avg")
+    # Non-contiguous input is copied; the result has the input's shape.
+    grid = torch.arange(12, device="cuda", dtype=torch.float32).reshape(3, 4)
+    m = grid.t() * (r + 1)
+    if m.is_contiguous() or not torch.equal(comm.all_reduce(m), grid.t() * (n * (n + 1) // 2)):
+        failures.append("non-contiguous")
+    start, stop = rr.chunk_bounds(count, n, r)
+    part = comm.reduce_scatter(torch.ones(count, device="cuda") * (r + 1))
+    if not (part.is_cuda and part.shape == (stop - start,) and torch.all(part == 3)):
+        failures.append("reduce_scatter")
+    rows = comm.all_gather(torch.full((5,), float(r), device="cuda"))
+    if not torch.equal(rows, torch.arange(n, device="cuda").float()[:, None].expand(n, 5)):
+        failures.append("all_gather")
+    return failures
+
+
+def _torch_caller_stream_is_waited_for(comm):
+    # The input is written on a side stream behind ~50 ms of sleep; the call is
+    # made while that stream is current, so it must see the write.
+    import torch
+
+    torch.cuda.set_device(0)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x = torch.full((1 << 20,), float(comm.rank + 1), device="cuda")
+        work = comm.all_reduce(x, async_op=True)
+        y = work.wait()
+    return bool(torch.all(y == 3).item())
+
+
+def _torch_available_with_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+needs_torch_cuda = pytest.mark.skipif(not _torch_available_with_cuda(), reason="no torch.cuda")
+
+
+@needs_torch_cuda
+def test_torch_cuda_all_reduce_two_ranks_one_gpu(gpu_pair):
+    assert gpu_pair.run(_torch_cuda_collectives, timeout=600) == [[], []]
+
+
+@needs_torch_cuda
+def test_torch_caller_stream_is_waited_for(gpu_pair):
+    assert gpu_pair.run(_torch_caller_stream_is_waited_for) == [True, True]

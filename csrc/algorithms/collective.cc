@@ -16,7 +16,9 @@ const char* collective_name(CollectiveKind kind) {
   return "?";
 }
 
-std::string describe_call(const CollectiveArgs& args) {
+namespace {
+
+std::string describe_arguments(const CollectiveArgs& args) {
   std::string s = collective_name(args.kind);
   switch (args.kind) {
     case CollectiveKind::kBarrier:
@@ -32,17 +34,32 @@ std::string describe_call(const CollectiveArgs& args) {
   }
 }
 
-void run_collective(RingContext& ctx, const CollectiveArgs& args) {
-  // With one rank there is nothing to agree on and nobody to talk to.
-  std::unique_ptr<CallHeader> header;
-  RequestPtr header_sent;
-  if (ctx.transport.size() > 1) header_sent = exchange_call_headers(ctx, args, header);
+void run_host_collective(RingContext& ctx, const CollectiveArgs& args) {
   switch (args.kind) {
     case CollectiveKind::kAllReduce: ring_all_reduce(ctx, args); break;
     case CollectiveKind::kReduceScatter: ring_reduce_scatter(ctx, args); break;
     case CollectiveKind::kAllGather: ring_all_gather(ctx, args); break;
     case CollectiveKind::kBroadcast: ring_broadcast(ctx, args); break;
     case CollectiveKind::kBarrier: ring_barrier(ctx); break;
+  }
+}
+
+}  // namespace
+
+std::string describe_call(const CollectiveArgs& args) {
+  if (args.device < 0) return describe_arguments(args);
+  return describe_arguments(args) + " on cuda:" + std::to_string(args.device);
+}
+
+void run_collective(RingContext& ctx, const CollectiveArgs& args) {
+  // With one rank there is nothing to agree on and nobody to talk to.
+  std::unique_ptr<CallHeader> header;
+  RequestPtr header_sent;
+  if (ctx.transport.size() > 1) header_sent = exchange_call_headers(ctx, args, header);
+  if (args.device >= 0) {
+    run_staged_collective(ctx, args);
+  } else {
+    run_host_collective(ctx, args);
   }
   // The header went out ahead of the data on the same link; `header` must
   // outlive its send.

@@ -11,6 +11,9 @@
 
 namespace rr {
 
+class Device;
+class StreamMark;
+
 // Numbering is part of the wire header: append only.
 enum class CollectiveKind : uint8_t {
   kAllReduce = 1,
@@ -23,6 +26,10 @@ const char* collective_name(CollectiveKind kind);
 
 // One call. `count` is the number of elements of `send`: the whole vector for
 // all_reduce/reduce_scatter/broadcast, one rank's block for all_gather.
+// `device` >= 0 says that send and recv are memory of that CUDA device, which
+// the transport cannot touch: the call then runs through staging memory
+// (staged_ring.cc), after the work queued on the caller's `stream` before it.
+// Host and device ranks can meet in one collective: the wire is the same.
 struct CollectiveArgs {
   CollectiveKind kind = CollectiveKind::kBarrier;
   const void* send = nullptr;
@@ -31,6 +38,8 @@ struct CollectiveArgs {
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
+  int device = -1;
+  uintptr_t stream = 0;  // a cudaStream_t; 0 is the legacy default stream
 };
 
 // "all_reduce(count=10, float32, sum)": how errors name a call.
@@ -43,6 +52,9 @@ struct RingContext {
   size_t segment_bytes;     // the pipelined unit of a chunk on the wire
   uint64_t seq;             // the call's number on this communicator, from 1
   std::vector<char>& scratch;  // reused between calls; grown on demand
+  // For args.device >= 0: that device, and the caller's stream at submission.
+  Device* device = nullptr;
+  const StreamMark* device_mark = nullptr;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds); }
 };

@@ -22,4 +22,8 @@ void ring_all_gather(RingContext& ctx, const CollectiveArgs& args);
 void ring_broadcast(RingContext& ctx, const CollectiveArgs& args);
 void ring_barrier(RingContext& ctx);
 
+// The same collectives on device memory (args.device >= 0), through staging
+// memory (staged_ring.cc); barrier has no memory and runs ring_barrier.
+void run_staged_collective(RingContext& ctx, const CollectiveArgs& args);
+
 }  // namespace rr

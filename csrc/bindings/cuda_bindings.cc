@@ -125,6 +125,17 @@ uintptr_t malloc_device(size_t nbytes, int device) {
 
 void free_device(uintptr_t ptr) { check(cudaFree(as_ptr(ptr)), "cudaFree"); }
 
+// The device that owns a CUDA pointer, for arrays that do not say (numba's).
+int pointer_device(uintptr_t ptr) {
+  require_device();
+  int device = -1;
+  if (rr::cuda_pointer_device(as_ptr(ptr), &device) != cudaSuccess) {
+    cudaGetLastError();
+    throw rr::InvalidArgument("address " + std::to_string(ptr) + " is not CUDA device memory");
+  }
+  return device;
+}
+
 // Either side may be host or device memory: unified addressing tells them apart.
 void memcpy_any(uintptr_t dst, uintptr_t src, size_t nbytes) {
   cudaError_t err;
@@ -214,6 +225,8 @@ void register_cuda(py::module_& m) {
   m.def("cuda_malloc_test", &malloc_device, py::arg("nbytes"), py::arg("device") = 0,
         "cudaMalloc on `device`; returns the address.");
   m.def("cuda_free_test", &free_device, py::arg("ptr"));
+  m.def("cuda_pointer_device", &pointer_device, py::arg("ptr"),
+        "The CUDA device that owns a device pointer; ValueError for host memory.");
   m.def("cuda_memcpy_test", &memcpy_any, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         "Blocking copy between any two host or device addresses.");
   m.def("cuda_time_reduce_test", &time_reduce, py::arg("dtype"), py::arg("op"), py::arg("out"),
@@ -231,9 +244,9 @@ void register_cuda(py::module_& m) {
   m.def(
       "cuda_device_count", [] { return 0; },
       "Number of usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
-  for (const char* name :
-       {"cuda_device_properties", "cuda_reduce_test", "cuda_divide_test", "cuda_malloc_test",
-        "cuda_free_test", "cuda_memcpy_test", "cuda_time_reduce_test", "cuda_time_copy_test"}) {
+  for (const char* name : {"cuda_device_properties", "cuda_reduce_test", "cuda_divide_test",
+                           "cuda_malloc_test", "cuda_free_test", "cuda_memcpy_test",
+                           "cuda_time_reduce_test", "cuda_time_copy_test", "cuda_pointer_device"}) {
     m.def(name, [](const py::args&, const py::kwargs&) {
       throw rr::Error("ringreduce was built without CUDA");
     });

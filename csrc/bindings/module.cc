@@ -77,7 +77,7 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "submit",
           [](rr::Communicator& self, int kind, uintptr_t send, uintptr_t recv, size_t count,
-             int dtype, int op, int root) {
+             int dtype, int op, int root, int device, uintptr_t stream) {
             rr::CollectiveArgs args;
             args.kind = static_cast<rr::CollectiveKind>(kind);
             args.send = as_ptr(send);
@@ -86,10 +86,15 @@ PYBIND11_MODULE(_core, m) {
             args.dtype = to_dtype(dtype);
             args.op = to_op(op);
             args.root = root;
+            args.device = device;
+            args.stream = stream;
             return self.submit(args);
           },
           py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"))
+          py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
+          "Queues a collective on raw addresses. device >= 0: they are memory of that CUDA "
+          "device, and the collective starts after the work queued so far on `stream` (a "
+          "cudaStream_t; 0 is the legacy default stream).")
       .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const rr::Communicator& self) {
         rr::CommStats s = self.stats();

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "engine/devices.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rr {
@@ -75,6 +76,10 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
 Communicator::~Communicator() { close(); }
 
 std::shared_ptr<Work> Communicator::submit(const CollectiveArgs& args) {
+  // The caller's stream is marked now, on the caller's thread: the collective
+  // waits for the work queued on it before the call, and for nothing after.
+  std::shared_ptr<StreamMark> mark;
+  if (args.device >= 0) mark = device(args.device).mark(args.stream);
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_ || closed_) {
     throw Error("rank " + std::to_string(rank_) + ": the communicator is closed");
@@ -88,9 +93,16 @@ std::shared_ptr<Work> Communicator::submit(const CollectiveArgs& args) {
   ++submitted_;
   auto work = std::make_shared<Work>(describe_call(args) + " (call #" +
                                      std::to_string(submitted_) + ")");
-  queue_.push_back({args, work});
+  queue_.push_back({args, work, std::move(mark)});
   cv_.notify_all();
   return work;
+}
+
+Device& Communicator::device(int id) {
+  std::lock_guard<std::mutex> lock(devices_mu_);
+  std::unique_ptr<Device>& slot = devices_[id];
+  if (!slot) slot = make_device(id);
+  return *slot;
 }
 
 void Communicator::run() {
@@ -119,6 +131,10 @@ void Communicator::run() {
     }
     try {
       RingContext ctx{*transport_, timeout_, segment_bytes_, seq, scratch};
+      if (item.args.device >= 0) {
+        ctx.device = &device(item.args.device);
+        ctx.device_mark = item.mark.get();
+      }
       run_collective(ctx, item.args);
       TransportStats ts = transport_->stats();
       {
@@ -178,6 +194,11 @@ void Communicator::close() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   transport_->abort();
+  {
+    // Pinned and device staging memory go back now, not when Python collects us.
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    devices_.clear();
+  }
   store_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;

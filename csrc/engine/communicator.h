@@ -11,12 +11,14 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
 #include "algorithms/collective.h"
+#include "algorithms/device.h"
 #include "engine/work.h"
 #include "rendezvous/store.h"
 #include "transport/transport.h"
@@ -43,7 +45,8 @@ class Communicator {
   double timeout() const { return timeout_; }
 
   // Queues a collective. The buffers must stay valid until the Work finishes.
-  // Throws at once if the communicator is closed or broken.
+  // Throws at once if the communicator is closed or broken, or if the buffers
+  // are on a CUDA device (args.device) that cannot be used.
   std::shared_ptr<Work> submit(const CollectiveArgs& args);
 
   // Finishes the queued work, then closes every connection. Idempotent.
@@ -55,8 +58,11 @@ class Communicator {
   struct Item {
     CollectiveArgs args;
     std::shared_ptr<Work> work;
+    std::shared_ptr<StreamMark> mark;  // the caller's stream at submit, for device buffers
   };
 
+  // The Device serving CUDA device `id`, made on first use.
+  Device& device(int id);
   void run();
   std::exception_ptr on_failure(std::exception_ptr error, const Item& item, uint64_t seq);
 
@@ -77,6 +83,8 @@ class Communicator {
   std::string broken_;  // the first error's message, once broken
   uint64_t submitted_ = 0;
   CommStats stats_;
+  std::mutex devices_mu_;  // apart from mu_: making a Device can take a while
+  std::map<int, std::unique_ptr<Device>> devices_;
   std::thread worker_;
 };
 

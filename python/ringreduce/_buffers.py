@@ -80,7 +80,11 @@ def wrap_like(template: Any, arr: np.ndarray) -> Any:
 
 def dtype_code(arr: np.ndarray, what: str = "x") -> int:
     """The engine's code for arr's dtype; TypeError for anything unsupported."""
-    name = arr.dtype.name
+    return dtype_code_of(arr.dtype.name, what)
+
+
+def dtype_code_of(name: str, what: str = "x") -> int:
+    """The engine's code for a dtype name ("float32", "bfloat16", ...)."""
     if name not in _CODES:
         raise TypeError(
             f"{what}: unsupported dtype {name}; supported: {', '.join(SUPPORTED_DTYPES)} "
@@ -103,6 +107,9 @@ def check_output(out: np.ndarray, *, dtype: np.dtype, shape: tuple, what: str = 
         raise ValueError(f"{what}: the array must be C-contiguous (results are written in place)")
 
 
-def address(arr: np.ndarray) -> int:
-    """The data pointer of a C-contiguous array (0 for empty arrays is fine)."""
-    return int(arr.__array_interface__["data"][0])
+def address(arr: Any) -> int:
+    """The data pointer of a C-contiguous numpy array (0 for empty arrays is fine), or the
+    device pointer of a ``_device.DeviceArray``."""
+    if isinstance(arr, np.ndarray):
+        return int(arr.__array_interface__["data"][0])
+    return int(arr.ptr)

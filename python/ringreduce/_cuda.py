@@ -4,13 +4,14 @@ nor cupy)."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Tuple
 
 import numpy as np
 
 from . import _core
 
-__all__ = ["cuda_available", "DeviceBuffer"]
+__all__ = ["cuda_available", "DeviceBuffer", "DeviceArrayView"]
 
 
 def cuda_available() -> bool:
@@ -72,3 +73,41 @@ class DeviceBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DeviceArrayView:
+    """A typed, C-contiguous view of a DeviceBuffer, exported through
+    ``__cuda_array_interface__`` so the collectives accept it like a cupy array.
+
+    Internal helper for tests and benchmarks (no torch or cupy needed). ``dtype`` is
+    a numpy dtype (bfloat16 from ml_dtypes); the device is found from the pointer.
+    """
+
+    def __init__(self, buffer: DeviceBuffer, dtype: Any, shape: Tuple[int, ...]) -> None:
+        self.buffer = buffer
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(n) for n in shape)
+        if math.prod(self.shape) * self.dtype.itemsize > buffer.nbytes:
+            raise ValueError("the view is larger than its buffer")
+
+    @classmethod
+    def from_array(cls, array: np.ndarray, device: int = 0) -> DeviceArrayView:
+        """A device copy of a numpy array, viewed with its dtype and shape."""
+        host = np.ascontiguousarray(array)
+        return cls(DeviceBuffer.from_array(host, device), host.dtype, host.shape)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.buffer.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": 1,  # the legacy default stream, where DeviceBuffer's copies run
+        }
+
+    def get(self) -> np.ndarray:
+        """A host copy."""
+        count = math.prod(self.shape)
+        return self.buffer.download(self.dtype, count).reshape(self.shape)

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, _device
 from ._buffers import (
     FLOATING,
     address,
@@ -211,9 +211,13 @@ class Communicator:
         keep: tuple,
         async_op: bool,
         finalize: Optional[Callable[[], None]] = None,
+        device: int = -1,
+        stream: int = 0,
     ) -> Any:
         self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
-        handle = self._core.submit(kind, address(send), address(recv), count, code, op, root)
+        handle = self._core.submit(
+            kind, address(send), address(recv), count, code, op, root, device=device, stream=stream
+        )
         keep = keep + (send, recv)
         self._inflight.append((handle, keep))
         work = Work(self, handle, result, keep, finalize)
@@ -228,6 +232,8 @@ class Communicator:
         ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
         C-contiguous and writable.
         """
+        if _device.involves_device(x, out):
+            return _device.all_reduce(self, x, op, out, async_op)
         arr = as_array(x, "x")
         code = dtype_code(arr, "x")
         opc = _op_code(op, arr.dtype.name)
@@ -252,6 +258,8 @@ class Communicator:
 
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
         """
+        if _device.involves_device(x, out):
+            return _device.reduce_scatter(self, x, op, out, async_op)
         arr = as_array(x, "x")
         code = dtype_code(arr, "x")
         opc = _op_code(op, arr.dtype.name)
@@ -270,6 +278,8 @@ class Communicator:
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Gathers x from every rank into an array of shape ``(world_size, *x.shape)``."""
+        if _device.involves_device(x, out):
+            return _device.all_gather(self, x, out, async_op)
         arr = as_array(x, "x")
         code = dtype_code(arr, "x")
         src = np.ascontiguousarray(arr)
@@ -287,6 +297,8 @@ class Communicator:
         """Fills x in place, on every rank, with root's x. Returns x."""
         if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < self.world_size:
             raise ValueError(f"root must be a rank in [0, {self.world_size}), got {root!r}")
+        if _device.involves_device(x):
+            return _device.broadcast(self, x, int(root), async_op)
         arr = as_array(x, "x")
         code = dtype_code(arr, "x")
         if self.rank != root and not arr.flags.writeable:

@@ -1,0 +1,92 @@
+// What the staged ring needs from a device whose memory the transport cannot
+// read or write (a GPU): asynchronous copies and reductions, and events that
+// order them. The ring never sees CUDA: engine/cuda_device.cc implements this
+// with CUDA streams and events, engine/fake_device.cc with memcpy and the CPU
+// kernels, so that tests run the very same pipeline on a machine without a GPU.
+//
+// Work is queued on two lanes. Each lane runs its work in the order it was
+// queued, independently of the other lane and of the calling thread, like a
+// CUDA stream. kToHost carries the device-to-host copies of data about to be
+// sent; kToDevice carries everything that writes device memory (host-to-device
+// copies of received data, reductions, divisions, device-to-device copies).
+// Two lanes let a copy out and a copy in (separate copy engines on a GPU) run
+// at the same time as each other and as a reduction kernel.
+//
+// Ordering across lanes and with the host is explicit, with a small fixed set
+// of events numbered 0..kEvents-1: record() marks how far a lane has been
+// queued, sync() blocks the host until the lane has run that far, lane_wait()
+// makes another lane wait for it. As with CUDA events, a sync or a wait refers
+// to the most recent record() before it, and an event never recorded counts as
+// reached.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/deadline.h"
+#include "common/dtype.h"
+
+namespace rr {
+
+enum class Lane : int { kToHost = 0, kToDevice = 1 };
+
+// The caller's stream as it was when the collective was submitted: the
+// collective touches the caller's memory only after the work queued on that
+// stream before the call. Opaque; only the Device that made it reads it.
+class StreamMark {
+ public:
+  virtual ~StreamMark() = default;
+};
+
+// Memory a Device lends the staged ring. It is reused from call to call, so a
+// collective allocates nothing once the sizes have been seen.
+struct Staging {
+  char* send_host;     // slots x slot_stride bytes of pinned host memory, on the way out
+  char* recv_host;     // slots x slot_stride bytes of pinned host memory, on the way in
+  char* recv_device;   // slots x slot_stride bytes of device memory, waiting to be reduced
+  char* scratch;       // device memory for partial sums, as many bytes as asked for
+  size_t slot_stride;  // >= the slot size asked for, rounded up for aligned loads
+};
+
+class Device {
+ public:
+  static constexpr int kEvents = 16;
+
+  virtual ~Device() = default;
+
+  // On the caller's thread, when the collective is submitted: captures the
+  // work queued so far on `stream` (a cudaStream_t, 0 for the legacy default
+  // stream). It must be this thread: a per-thread default stream is the
+  // caller's, and work the caller queues after the call must not be waited for.
+  virtual std::shared_ptr<StreamMark> mark(uintptr_t stream) = 0;
+
+  // On the worker thread, first: makes this device current there and makes
+  // both lanes wait for `mark`.
+  virtual void begin(const StreamMark& mark) = 0;
+
+  // The staging memory, grown if smaller than asked. Only between collectives
+  // (no work queued), since growing frees the old memory.
+  virtual Staging staging(size_t slots, size_t slot_bytes, size_t scratch_bytes) = 0;
+
+  // Queues dst = src (bytes) on `lane`; either side may be host or device
+  // memory. The ranges must not overlap.
+  virtual void copy(Lane lane, void* dst, const void* src, size_t bytes) = 0;
+  // Queues out = a op b over n elements (kAvg sums); out may be a or b.
+  virtual void reduce(Lane lane, DataType dtype, ReduceOp op, void* out, const void* a,
+                      const void* b, size_t n) = 0;
+  // Queues data /= divisor over n elements of a floating dtype.
+  virtual void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) = 0;
+
+  virtual void record(Lane lane, int event) = 0;
+  virtual void lane_wait(Lane lane, int event) = 0;
+  // Throws TimeoutError when the device has not got there by the deadline.
+  virtual void sync(int event, const Deadline& deadline) = 0;
+
+  // Blocks until everything queued on both lanes has run; the caller's memory
+  // is then final. Also the way out after an error: no queued copy may write
+  // the caller's memory after the collective has returned.
+  virtual void finish(const Deadline& deadline) = 0;
+};
+
+}  // namespace rr

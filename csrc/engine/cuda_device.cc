@@ -1,0 +1,264 @@
+// The Device of one CUDA GPU: the two lanes are non-blocking CUDA streams of
+// our own, ordered with CUDA events; staging memory is pinned host memory
+// (cudaHostAlloc) and device memory (cudaMalloc), kept and reused from call to
+// call. Compiled only in a build with CUDA (cmake/cuda.cmake).
+//
+// Threads and current device. mark() runs on the caller's thread, at submit,
+// and restores whatever device was current there: torch and cupy share the
+// driver's notion of the current device with us, so leaving ours behind would
+// move their allocations. Everything else runs on the communicator's worker
+// thread, which is ours, and begin() makes the device current there.
+//
+// Errors. Every CUDA call is checked; a failure becomes rr::Error naming the
+// call and cudaGetErrorName(), and fails the collective. Nothing aborts.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/devices.h"
+#include "reduce/cuda_kernels.h"
+
+namespace rr {
+namespace {
+
+// Slots start on 256-byte boundaries (cudaMalloc's alignment), so the reduce
+// kernel's 16-byte loads and stores cover whole segments.
+constexpr size_t kSlotAlignment = 256;
+
+void check(cudaError_t err, const char* what, int device) {
+  if (err == cudaSuccess) return;
+  throw Error(std::string("CUDA ") + what + " on device " + std::to_string(device) +
+              " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+// Makes `device` current on this thread while it lives, then restores the
+// caller's device.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) : device_(device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice", device);
+    if (previous_ != device_) check(cudaSetDevice(device_), "cudaSetDevice", device);
+  }
+  ~CurrentDevice() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int device_;
+  int previous_ = 0;
+};
+
+class CudaMark final : public StreamMark {
+ public:
+  ~CudaMark() override {
+    if (event != nullptr) cudaEventDestroy(event);  // deferred by CUDA while waited on
+  }
+  cudaEvent_t event = nullptr;
+};
+
+struct FreeHost {
+  void operator()(char* p) const { cudaFreeHost(p); }
+};
+struct FreeDevice {
+  void operator()(char* p) const { cudaFree(p); }
+};
+using HostMemory = std::unique_ptr<char, FreeHost>;
+using DeviceMemory = std::unique_ptr<char, FreeDevice>;
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int device) : device_(device) {
+    CurrentDevice current(device_);
+    try {
+      for (cudaStream_t& lane : lanes_) {
+        // Non-blocking: the lanes wait for the caller's stream through the
+        // mark only, never implicitly for the legacy default stream.
+        check(cudaStreamCreateWithFlags(&lane, cudaStreamNonBlocking), "cudaStreamCreate", device_);
+      }
+      for (cudaEvent_t& event : events_) event = new_event();
+      for (cudaEvent_t& event : lane_done_) event = new_event();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~CudaDevice() override {
+    // CurrentDevice without throwing: a destructor must not.
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    release();
+    if (switched) cudaSetDevice(previous);
+  }
+
+  std::shared_ptr<StreamMark> mark(uintptr_t stream) override {
+    CurrentDevice current(device_);
+    auto mark = std::make_shared<CudaMark>();
+    mark->event = new_event();
+    check(cudaEventRecord(mark->event, reinterpret_cast<cudaStream_t>(stream)),
+          "cudaEventRecord on the caller's stream", device_);
+    return mark;
+  }
+
+  void begin(const StreamMark& mark) override {
+    check(cudaSetDevice(device_), "cudaSetDevice", device_);
+    const cudaEvent_t caller = static_cast<const CudaMark&>(mark).event;
+    for (cudaStream_t lane : lanes_) {
+      check(cudaStreamWaitEvent(lane, caller, 0), "cudaStreamWaitEvent", device_);
+    }
+  }
+
+  Staging staging(size_t slots, size_t slot_bytes, size_t scratch_bytes) override {
+    const size_t stride = (slot_bytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    const size_t slot_total = slots * stride;
+    if (slot_total > slot_capacity_) {
+      slot_capacity_ = 0;
+      send_host_ = host_memory(slot_total);
+      recv_host_ = host_memory(slot_total);
+      recv_device_ = device_memory(slot_total);
+      slot_capacity_ = slot_total;
+    }
+    if (scratch_bytes > scratch_capacity_) {
+      scratch_capacity_ = 0;
+      scratch_ = device_memory(scratch_bytes);
+      scratch_capacity_ = scratch_bytes;
+    }
+    return {send_host_.get(), recv_host_.get(), recv_device_.get(), scratch_.get(), stride};
+  }
+
+  void copy(Lane lane, void* dst, const void* src, size_t bytes) override {
+    // Unified addressing tells host from device memory.
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(lane)), "cudaMemcpyAsync",
+          device_);
+  }
+
+  void reduce(Lane lane, DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
+              size_t n) override {
+    check(cuda_reduce(dtype, op, out, a, b, n, stream(lane)), "reduce kernel launch", device_);
+  }
+
+  void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) override {
+    check(cuda_divide(dtype, data, n, divisor, stream(lane)), "divide kernel launch", device_);
+  }
+
+  void record(Lane lane, int event) override {
+    check(cudaEventRecord(events_.at(event), stream(lane)), "cudaEventRecord", device_);
+  }
+
+  void lane_wait(Lane lane, int event) override {
+    check(cudaStreamWaitEvent(stream(lane), events_.at(event), 0), "cudaStreamWaitEvent", device_);
+  }
+
+  void sync(int event, const Deadline& deadline) override { wait_for(events_.at(event), deadline); }
+
+  void finish(const Deadline& deadline) override {
+    for (size_t i = 0; i < 2; ++i) {
+      check(cudaEventRecord(lane_done_[i], lanes_[i]), "cudaEventRecord", device_);
+    }
+    for (cudaEvent_t event : lane_done_) wait_for(event, deadline);
+  }
+
+ private:
+  cudaStream_t stream(Lane lane) const { return lanes_[static_cast<int>(lane)]; }
+
+  cudaEvent_t new_event() {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", device_);
+    return event;
+  }
+
+  HostMemory host_memory(size_t bytes) {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc", device_);
+    return HostMemory(static_cast<char*>(p));
+  }
+
+  DeviceMemory device_memory(size_t bytes) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc", device_);
+    return DeviceMemory(static_cast<char*>(p));
+  }
+
+  // Polls instead of blocking in cudaEventSynchronize, which has no timeout:
+  // a hung kernel must end as a TimeoutError. The events the pipeline waits
+  // for were mostly recorded a segment or more earlier, so the first query
+  // usually succeeds; otherwise yield for a while, then sleep in growing slices
+  // of at most 1 ms.
+  void wait_for(cudaEvent_t event, const Deadline& deadline) {
+    for (int polls = 0;; ++polls) {
+      const cudaError_t err = cudaEventQuery(event);
+      if (err == cudaSuccess) return;
+      if (err != cudaErrorNotReady) check(err, "copy or kernel of a collective", device_);
+      if (deadline.expired()) {
+        throw TimeoutError("CUDA device " + std::to_string(device_) +
+                               " did not finish the copies and kernels of the collective within " +
+                               format_seconds(deadline.seconds()) + " s",
+                           -1);
+      }
+      if (polls < 200) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(10 << std::min(polls - 200, 6)));
+      }
+    }
+  }
+
+  // With the device current. Errors are ignored: at interpreter exit the CUDA
+  // runtime may already be unloading.
+  void release() noexcept {
+    for (cudaStream_t& lane : lanes_) {
+      if (lane != nullptr) {
+        cudaStreamSynchronize(lane);
+        cudaStreamDestroy(lane);
+      }
+      lane = nullptr;
+    }
+    for (cudaEvent_t& event : events_) {
+      if (event != nullptr) cudaEventDestroy(event);
+      event = nullptr;
+    }
+    for (cudaEvent_t& event : lane_done_) {
+      if (event != nullptr) cudaEventDestroy(event);
+      event = nullptr;
+    }
+    send_host_.reset();
+    recv_host_.reset();
+    recv_device_.reset();
+    scratch_.reset();
+  }
+
+  int device_;
+  cudaStream_t lanes_[2] = {nullptr, nullptr};
+  std::array<cudaEvent_t, kEvents> events_{};
+  cudaEvent_t lane_done_[2] = {nullptr, nullptr};
+  HostMemory send_host_;
+  HostMemory recv_host_;
+  DeviceMemory recv_device_;
+  DeviceMemory scratch_;
+  size_t slot_capacity_ = 0;
+  size_t scratch_capacity_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(int device) {
+  const int count = cuda_device_count();
+  if (device < 0 || device >= count) {
+    throw InvalidArgument("the arrays are on CUDA device " + std::to_string(device) + ", but " +
+                          (count == 0 ? std::string("no CUDA device is usable here (no GPU or no "
+                                                    "driver)")
+                                      : std::to_string(count) + " CUDA devices are usable"));
+  }
+  return std::make_unique<CudaDevice>(device);
+}
+
+}  // namespace rr

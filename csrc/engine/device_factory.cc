@@ -1,0 +1,25 @@
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "config.h"
+#include "engine/devices.h"
+
+namespace rr {
+
+std::unique_ptr<Device> make_device(int device) {
+  // A private switch for the tests of the staged pipeline: they run on CI
+  // machines without a GPU, with host memory standing in for device memory.
+  const char* fake = std::getenv("RINGREDUCE_TEST_FAKE_DEVICE");
+  if (fake != nullptr && std::strcmp(fake, "1") == 0) return make_fake_device();
+#if RR_WITH_CUDA
+  return make_cuda_device(device);
+#else
+  throw InvalidArgument("the arrays are on CUDA device " + std::to_string(device) +
+                        ", but this ringreduce was built without CUDA; reinstall it where nvcc "
+                        "is found (RINGREDUCE_WITH_CUDA=ON), or pass host arrays");
+#endif
+}
+
+}  // namespace rr

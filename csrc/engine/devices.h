@@ -1,0 +1,25 @@
+// Where Device implementations (algorithms/device.h) come from. The only
+// place that knows whether this build has CUDA is make_device().
+#pragma once
+
+#include <memory>
+
+#include "algorithms/device.h"
+
+namespace rr {
+
+// The Device for CUDA device `device`: CUDA streams and events in a build with
+// CUDA; the CPU emulation below when RINGREDUCE_TEST_FAKE_DEVICE=1 (tests).
+// Throws InvalidArgument when neither can serve it, so the call fails on the
+// calling rank before any communication.
+std::unique_ptr<Device> make_device(int device);
+
+// The CPU emulation of a device (fake_device.cc), built always. "Device"
+// memory is host memory and every operation is a memcpy or a CPU kernel, run
+// as late as the events allow, so a missing wait shows up as wrong data.
+std::unique_ptr<Device> make_fake_device();
+
+// cuda_device.cc, only in a build with CUDA.
+std::unique_ptr<Device> make_cuda_device(int device);
+
+}  // namespace rr

@@ -1,0 +1,138 @@
+// The CPU emulation of a Device, so that the staged pipeline (the very code
+// that moves CUDA arrays) is tested on machines without a GPU. "Device"
+// memory is host memory; copies are memcpy and reductions the CPU kernels.
+//
+// The emulation is adversarial about timing. Work queued on a lane mostly runs
+// only when the pipeline asks for it: sync() of an event recorded after it, a
+// lane that must wait for it, or finish(). A real GPU runs it at some point in
+// between; running it as late as allowed turns every missing sync or lane
+// wait into stale data, which the tests compare against numpy. Now and then,
+// though, a lane runs ahead (which a GPU may also do), so that a lane writing
+// memory another lane has yet to read shows up as well. Staging memory is
+// poisoned at every call, so reading a slot before its copy ran shows too.
+#include <array>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/devices.h"
+#include "reduce/cpu_kernels.h"
+
+namespace rr {
+namespace {
+
+constexpr unsigned char kPoison = 0xA5;
+// One queued operation in kEagerOneIn runs a lane ahead.
+constexpr uint32_t kEagerOneIn = 8;
+
+class FakeDevice final : public Device {
+ public:
+  std::shared_ptr<StreamMark> mark(uintptr_t) override { return std::make_shared<StreamMark>(); }
+
+  void begin(const StreamMark&) override {
+    if (!lanes_[0].empty() || !lanes_[1].empty()) {
+      throw Error("fake device: an earlier collective left work queued (a missing finish)");
+    }
+  }
+
+  Staging staging(size_t slots, size_t slot_bytes, size_t scratch_bytes) override {
+    for (std::vector<char>* v : {&send_host_, &recv_host_, &recv_device_}) {
+      v->assign(slots * slot_bytes, static_cast<char>(kPoison));
+    }
+    scratch_.assign(scratch_bytes, static_cast<char>(kPoison));
+    return {send_host_.data(), recv_host_.data(), recv_device_.data(), scratch_.data(), slot_bytes};
+  }
+
+  void copy(Lane lane, void* dst, const void* src, size_t bytes) override {
+    const char* d = static_cast<const char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    // cudaMemcpyAsync leaves overlapping copies undefined; here they fail.
+    if (bytes > 0 && d < s + bytes && s < d + bytes) {
+      throw Error("fake device: overlapping copy of " + std::to_string(bytes) + " bytes");
+    }
+    enqueue(lane, [=] { std::memcpy(dst, src, bytes); });
+  }
+
+  void reduce(Lane lane, DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
+              size_t n) override {
+    const ReduceFn fn = cpu_reduce_fn(dtype, op);
+    enqueue(lane, [=] { fn(out, a, b, n); });
+  }
+
+  void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) override {
+    enqueue(lane, [=] { divide_by(dtype, data, n, divisor); });
+  }
+
+  void record(Lane lane, int event) override {
+    const int i = static_cast<int>(lane);
+    events_.at(event) = {i, queued_[i]};
+  }
+
+  void lane_wait(Lane lane, int event) override {
+    // Like cudaStreamWaitEvent: the wait is for the event as recorded now.
+    const Point point = events_.at(event);
+    enqueue(lane, [this, point] { run_until(point); });
+  }
+
+  void sync(int event, const Deadline&) override { run_until(events_.at(event)); }
+
+  void finish(const Deadline&) override {
+    for (int i = 0; i < 2; ++i) run_until({i, queued_[i]});
+  }
+
+ private:
+  // A lane and how many of its operations must have run.
+  struct Point {
+    int lane = 0;
+    uint64_t position = 0;
+  };
+
+  void enqueue(Lane lane, std::function<void()> op) {
+    const int i = static_cast<int>(lane);
+    lanes_[i].push_back(std::move(op));
+    ++queued_[i];
+    const int ahead = static_cast<int>(next_random() % 2);
+    const uint64_t pending = queued_[ahead] - ran_[ahead];
+    if (next_random() % kEagerOneIn == 0 && pending > 0) {
+      run_until({ahead, ran_[ahead] + 1 + next_random() % pending});
+    }
+  }
+
+  // xorshift32 with a fixed seed: the same call sequence, the same schedule.
+  uint32_t next_random() {
+    random_ ^= random_ << 13;
+    random_ ^= random_ >> 17;
+    random_ ^= random_ << 5;
+    return random_;
+  }
+
+  void run_until(const Point& point) {
+    std::deque<std::function<void()>>& lane = lanes_[point.lane];
+    while (ran_[point.lane] < point.position) {
+      std::function<void()> op = std::move(lane.front());
+      lane.pop_front();
+      // Counted before it runs: a wait inside it never waits for itself.
+      ++ran_[point.lane];
+      op();
+    }
+  }
+
+  std::deque<std::function<void()>> lanes_[2];
+  uint64_t queued_[2] = {0, 0};
+  uint64_t ran_[2] = {0, 0};
+  uint32_t random_ = 0x9E3779B9u;
+  std::array<Point, kEvents> events_{};
+  std::vector<char> send_host_;
+  std::vector<char> recv_host_;
+  std::vector<char> recv_device_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_fake_device() { return std::make_unique<FakeDevice>(); }
+
+}  // namespace rr

@@ -1,0 +1,298 @@
+"""The staging pipeline for CUDA arrays, run on the CPU.
+
+With RINGREDUCE_TEST_FAKE_DEVICE=1 the engine's Device is the CPU emulation of
+csrc/engine/fake_device.cc: "device" memory is host memory, copies are memcpy,
+reductions the CPU kernels, and queued work runs as late as its events allow,
+so a missing wait or a slot reused too early shows up as wrong data. The
+arrays are FakeCudaArray (a numpy array behind ``__cuda_array_interface__``),
+so every call takes the CUDA path from the Python API down, through the same
+pipeline code a GPU runs: staging slots, lookahead, lane ordering, segment
+offsets, the owner-only avg. Results are compared bit for bit against numpy
+references across 2-4 ranks, with one-element segments, odd segment sizes and
+odd counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _fake_cuda import FAKE_DEVICE_ENV, FakeCudaArray, fake
+
+import ringreduce as rr
+from ringreduce import _device
+from ringreduce._cuda import cuda_available
+
+from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
+from _ranks import RankGroup
+
+# Segment sizes: one element per segment (the pipeline's slots wrap around many
+# times per chunk), 40 bytes (a whole number of elements of every dtype, and
+# not of 16), and the default (one segment per chunk at these counts).
+SEGMENTS = {"1-element": 1, "40-byte": 40, "default": 0}
+
+_groups: dict = {}
+
+
+@pytest.fixture(scope="module")
+def fake_group():
+    """fake_group(n, segment_bytes) -> ranks whose engine uses the fake device."""
+
+    def get(n: int, segment_bytes: int) -> RankGroup:
+        if (n, segment_bytes) not in _groups:
+            env = dict(FAKE_DEVICE_ENV)
+            if segment_bytes:
+                env["RINGREDUCE_SEGMENT_BYTES"] = str(segment_bytes)
+            _groups[(n, segment_bytes)] = RankGroup(n, env=env)
+        return _groups[(n, segment_bytes)]
+
+    yield get
+    for group in _groups.values():
+        group.close()
+    _groups.clear()
+
+
+def _counts(n: int, segment_bytes: int) -> list:
+    # One-element segments make every element a round trip; keep those calls short.
+    return [c for c in sizes_for(n) if c < 200] if segment_bytes == 1 else sizes_for(n)
+
+
+def _poison(shape, dtype: str) -> np.ndarray:
+    return np.full(shape, 99, dtype=np_dtype(dtype))
+
+
+# ---- rank-side functions (module level so they pickle by reference) -------
+
+
+def _all_reduce(comm, dtype, counts):
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for op in OPS:
+        if op == "avg" and dtype not in FLOATING:
+            continue
+        for count in counts:
+            want = expected(n, count, dtype, op)
+            x = contribution(r, count, dtype, op)
+            out = _poison(count, dtype)
+            if comm.all_reduce(fake(x), op=op, out=fake(out)).array is not out:
+                failures.append(f"{op} count={count}: out= is not the result")
+            if not same_bits(out, want):
+                failures.append(f"out-of-place {op} count={count}")
+            if not same_bits(x, contribution(r, count, dtype, op)):
+                failures.append(f"out-of-place {op} count={count} modified its input")
+            dx = fake(x)
+            comm.all_reduce(dx, op=op, out=dx)
+            if not same_bits(x, want):
+                failures.append(f"in-place {op} count={count}")
+    return failures
+
+
+def _reduce_scatter(comm, dtype, counts):
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for op in ("sum", "prod", "max", "avg"):
+        if op == "avg" and dtype not in FLOATING:
+            continue
+        for count in counts:
+            start, stop = rr.chunk_bounds(count, n, r)
+            out = _poison(stop - start, dtype)
+            comm.reduce_scatter(fake(contribution(r, count, dtype, op)), op=op, out=fake(out))
+            if not same_bits(out, expected(n, count, dtype, op)[start:stop]):
+                failures.append(f"{op} count={count}")
+    return failures
+
+
+def _all_gather(comm, dtype, counts):
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for count in counts:
+        want = np.stack([contribution(i, count, dtype, "sum") for i in range(n)])
+        out = _poison((n, count), dtype)
+        comm.all_gather(fake(contribution(r, count, dtype, "sum")), out=fake(out))
+        if not same_bits(out, want):
+            failures.append(f"count={count}")
+        # In place: the input already sits in its row of the output.
+        out = _poison((n, count), dtype)
+        out[r] = contribution(r, count, dtype, "sum")
+        comm.all_gather(fake(out[r]), out=fake(out))
+        if not same_bits(out, want):
+            failures.append(f"in-place count={count}")
+    return failures
+
+
+def _broadcast(comm, dtype, counts):
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for root in range(n):
+        for count in counts:
+            x = contribution(r, count, dtype, "sum")
+            if comm.broadcast(fake(x), root=root).array is not x:
+                failures.append(f"root={root} count={count}: x is not the result")
+            if not same_bits(x, contribution(root, count, dtype, "sum")):
+                failures.append(f"root={root} count={count}")
+    return failures
+
+
+def _random_float32(comm, count, seed):
+    n, r = comm.world_size, comm.rank
+    parts = [np.random.default_rng(seed + i).standard_normal(count) for i in range(n)]
+    got = np.empty(count, dtype=np.float32)
+    comm.all_reduce(fake(parts[r].astype(np.float32)), out=fake(got))
+    inputs = [p.astype(np.float32).astype(np.float64) for p in parts]
+    ref = np.sum(inputs, axis=0)
+    # Each of the n-1 hops rounds once to float32: |error| <= (n-1) eps sum|x|.
+    bound = (n - 1) * float(np.finfo(np.float32).eps) * np.sum(np.abs(inputs), axis=0)
+    return bool(np.all(np.abs(got.astype(np.float64) - ref) <= bound))
+
+
+def _async_calls_in_flight(comm):
+    # Several calls queued at once reuse the staging memory one after another.
+    n, r = comm.world_size, comm.rank
+    counts = [5, 4099, 1, 333, 0, 2048]
+    xs = [contribution(r, c, "float64", "sum") for c in counts]
+    outs = [np.empty(c, dtype=np.float64) for c in counts]
+    works = [comm.all_reduce(fake(x), out=fake(o), async_op=True) for x, o in zip(xs, outs)]
+    for w in works:
+        w.wait()
+    return all(same_bits(o, expected(n, c, "float64", "sum")) for o, c in zip(outs, counts))
+
+
+def _device_and_host_ranks_meet(comm):
+    # Same bytes on the wire: even ranks pass "device" arrays, odd ranks numpy.
+    n, r = comm.world_size, comm.rank
+    x = contribution(r, 1001, "float32", "sum")
+    out = np.empty_like(x)
+    comm.all_reduce(fake(x) if r % 2 == 0 else x, out=fake(out) if r % 2 == 0 else out)
+    return same_bits(out, expected(n, 1001, "float32", "sum"))
+
+
+def _bytes_on_the_wire(comm, count):
+    # The staged path sends exactly what the host ring sends.
+    x = np.ones(count, dtype=np.float32)
+    before = comm.stats()["bytes_sent"]
+    comm.all_reduce(x)
+    host = comm.stats()["bytes_sent"] - before
+    before = comm.stats()["bytes_sent"]
+    comm.all_reduce(fake(x), out=fake(np.empty_like(x)))
+    return host, comm.stats()["bytes_sent"] - before
+
+
+def _bad_arguments_then_good_call(comm):
+    x = np.ones(10, dtype=np.float32)
+    cases = [
+        (lambda: comm.all_reduce(x, out=fake(np.empty_like(x))), ValueError),  # host x, device out
+        (lambda: comm.all_reduce(fake(x), out=np.empty_like(x)), ValueError),  # device x, host out
+        (lambda: comm.all_reduce(fake(x), out=fake(np.empty_like(x), device=1)), ValueError),
+        (lambda: comm.all_reduce(fake(x), out=fake(np.empty(9, np.float32))), ValueError),
+        (lambda: comm.all_reduce(fake(x), out=fake(np.empty(10, np.float64))), TypeError),
+        (lambda: comm.all_reduce(fake(x), out=fake(np.empty(20, np.float32)[::2])), ValueError),
+        (lambda: comm.all_reduce(fake(x), out=fake(np.empty_like(x), readonly=True)), ValueError),
+        (lambda: comm.all_reduce(fake(np.ones(20, np.float32)[::2])), ValueError),  # strided
+        (lambda: comm.all_reduce(fake(np.ones(3, np.complex64)), out=fake(x)), TypeError),
+        (lambda: comm.all_reduce(fake(np.ones(3, np.int32)), op="avg"), ValueError),
+        (lambda: comm.all_reduce(fake(x)), TypeError),  # cannot allocate like a FakeCudaArray
+        (lambda: comm.all_gather(fake(x)), TypeError),
+        (lambda: comm.broadcast(fake(x, readonly=True), root=(comm.rank + 1) % 2), ValueError),
+        (lambda: _partial_overlap(comm), ValueError),
+    ]
+    errors = []
+    for i, (call, exc_type) in enumerate(cases):
+        try:
+            call()
+            errors.append(f"case {i}: no error")
+        except exc_type as exc:
+            if not str(exc):
+                errors.append(f"case {i}: empty message")
+        except Exception as exc:
+            errors.append(f"case {i}: {type(exc).__name__}: {exc}")
+    y = np.full(5, comm.rank, dtype=np.int64)
+    comm.all_reduce(fake(y), out=fake(y))
+    if not np.all(y == sum(range(comm.world_size))):
+        errors.append("the communicator is broken after bad input")
+    return errors
+
+
+def _partial_overlap(comm):
+    big = np.ones(20, dtype=np.float32)
+    return comm.all_reduce(fake(big[:10]), out=fake(big[1:11]))
+
+
+# ---- tests -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_all_reduce(fake_group, n, segment):
+    counts = _counts(n, segment)
+    for dtype in DTYPES:
+        assert fake_group(n, segment).run(_all_reduce, dtype, counts) == [[]] * n, dtype
+
+
+@pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_reduce_scatter(fake_group, n, segment):
+    counts = _counts(n, segment)
+    for dtype in ("float16", "bfloat16", "float64", "int8", "int64"):
+        assert fake_group(n, segment).run(_reduce_scatter, dtype, counts) == [[]] * n, dtype
+
+
+@pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_all_gather_and_broadcast(fake_group, n, segment):
+    counts = _counts(n, segment)
+    for dtype in ("bfloat16", "float32", "uint8", "int64"):
+        group = fake_group(n, segment)
+        assert group.run(_all_gather, dtype, counts) == [[]] * n, dtype
+        assert group.run(_broadcast, dtype, counts) == [[]] * n, dtype
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_random_float32_within_rounding_bound(fake_group, n):
+    assert fake_group(n, 40).run(_random_float32, 100_003, 7) == [True] * n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_async_calls_in_flight(fake_group, n):
+    assert fake_group(n, 40).run(_async_calls_in_flight) == [True] * n
+
+
+def test_device_and_host_ranks_in_one_collective(fake_group):
+    assert fake_group(3, 40).run(_device_and_host_ranks_meet) == [True] * 3
+
+
+def test_same_bytes_on_the_wire_as_the_host_ring(fake_group):
+    for host, staged in fake_group(4, 0).run(_bytes_on_the_wire, 1 << 16):
+        assert staged == host
+        # 2(n-1)/n of the buffer, plus one 32-byte header.
+        assert host == 2 * 3 * (1 << 16) * 4 // 4 + 32
+
+
+def test_bad_arguments_fail_locally(fake_group):
+    assert fake_group(2, 0).run(_bad_arguments_then_good_call) == [[], []]
+
+
+# ---- without the fake: the Python side and the engine's refusal --------------
+
+
+def test_describe_reads_the_interface():
+    a = np.zeros((4, 6), dtype=np.float32)
+    d = _device.describe(FakeCudaArray(a, device=3, stream=2))
+    assert (d.ptr, d.device, d.shape, d.dtype, d.contiguous) == (a.ctypes.data, 3, (4, 6),
+                                                                  "float32", True)  # fmt: skip
+    assert d.stream == 2 and d.nbytes == a.nbytes and not d.readonly
+    assert _device.describe(FakeCudaArray(a)).stream == 0  # no stream: legacy default
+    assert not _device.describe(FakeCudaArray(a[:, ::2])).contiguous
+    assert _device.describe(FakeCudaArray(a[:, :1])).contiguous is False
+
+
+def test_host_arrays_are_not_device_arrays():
+    assert not _device.involves_device(np.ones(3), None, memoryview(b"abc"))
+    assert _device.involves_device(np.ones(3), FakeCudaArray(np.ones(3)))
+
+
+@pytest.mark.skipif(cuda_available(), reason="a real GPU would be handed host memory")
+def test_device_arrays_without_a_usable_device_fail_locally():
+    with rr.init("tcp", rank=0, world_size=1) as comm:
+        x = FakeCudaArray(np.ones(4, dtype=np.float32))
+        with pytest.raises(ValueError, match="CUDA"):
+            comm.all_reduce(x, out=x)
+        assert comm.all_reduce(np.ones(4, dtype=np.float32))[0] == 1.0

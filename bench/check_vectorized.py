@@ -24,7 +24,10 @@ PACKED = re.compile(
 
 def kernels(obj: str, variant: str) -> dict:
     text = subprocess.run(
-        ["objdump", "-d", "--no-show-raw-insn", "-C", obj], capture_output=True, text=True, check=True
+        ["objdump", "-d", "--no-show-raw-insn", "-C", obj],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     result = {}
     for body in re.split(r"\n(?=[0-9a-f]+ <)", text):
@@ -46,9 +49,19 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             obj = os.path.join(tmp, "k.o")
             subprocess.run(
-                ["g++", "-std=c++17", "-O3", *flags, f"-DRR_KERNEL_VARIANT={variant}",
-                 "-I", os.path.join(ROOT, "csrc"), "-c",
-                 os.path.join(ROOT, "csrc/reduce/cpu_kernels_variant.cc"), "-o", obj],
+                [
+                    "g++",
+                    "-std=c++17",
+                    "-O3",
+                    *flags,
+                    f"-DRR_KERNEL_VARIANT={variant}",
+                    "-I",
+                    os.path.join(ROOT, "csrc"),
+                    "-c",
+                    os.path.join(ROOT, "csrc/reduce/cpu_kernels_variant.cc"),
+                    "-o",
+                    obj,
+                ],
                 check=True,
             )
             found = kernels(obj, variant)

@@ -52,8 +52,20 @@ def hosts():
         _ip("-n", switch, "link", "set", "br0", "up")
         for i, ns in enumerate(names):
             _ip("netns", "add", ns)
-            _ip("link", "add", f"v{PREFIX}{i}", "netns", ns, "type", "veth", "peer", "name",
-                f"p{i}", "netns", switch)
+            _ip(
+                "link",
+                "add",
+                f"v{PREFIX}{i}",
+                "netns",
+                ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"p{i}",
+                "netns",
+                switch,
+            )
             _ip("-n", ns, "addr", "add", f"10.232.0.{i + 1}/24", "dev", f"v{PREFIX}{i}")
             _ip("-n", ns, "link", "set", f"v{PREFIX}{i}", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
@@ -68,10 +80,22 @@ def hosts():
 def _start(names, mode, timeout="20"):
     procs = []
     for rank, ns in enumerate(names):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(names)),
-                   MASTER_ADDR="10.232.0.1", MASTER_PORT="29400", RR_TEST_TIMEOUT=timeout)
-        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, SCRIPT, mode],
-                                      env=env, stdout=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(len(names)),
+            MASTER_ADDR="10.232.0.1",
+            MASTER_PORT="29400",
+            RR_TEST_TIMEOUT=timeout,
+        )
+        procs.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, SCRIPT, mode],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 

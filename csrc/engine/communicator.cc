@@ -1,6 +1,8 @@
 #include "engine/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -49,6 +51,18 @@ Report classify(std::exception_ptr error, int rank) {
     r = {"error", -1, rank, e.what()};
   }
   return r;
+}
+
+// A timeout on a peer that had started the call: likely the echo of a stall
+// further up the ring rather than the cause.
+bool is_echo_timeout(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return !e.peer_absent();
+  } catch (...) {
+    return false;
+  }
 }
 
 std::exception_ptr make_error(const std::string& kind, const std::string& message, int peer) {
@@ -159,8 +173,19 @@ std::exception_ptr Communicator::on_failure(std::exception_ptr error, const Item
   // Publish before tearing down the connections: a neighbour that sees our
   // sockets close then finds the reason already in the store.
   Report first = mine;
+  const std::string key = prefix_ + "first_error";
   try {
-    first = Report::decode(store_->set_if_absent(prefix_ + "first_error", mine.encode()));
+    if (is_echo_timeout(error)) {
+      // Our neighbour started the call and is stuck behind someone else. The
+      // rank waiting on the real culprit times out at about the same moment;
+      // give its report a moment to arrive so that everyone names the culprit.
+      const Deadline grace = Deadline::after(std::min(1.0, timeout_ / 2));
+      std::optional<std::string> found;
+      while (!(found = store_->try_get(key)) && !grace.expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    first = Report::decode(store_->set_if_absent(key, mine.encode()));
   } catch (const std::exception&) {
     // The store is gone (its host died): report what we saw ourselves.
   }

@@ -1,0 +1,61 @@
+"""Plots busbw against size for several `ringreduce bench --json` files on one chart.
+
+    python bench/plot_runs.py tcp.json mpi.json -o allreduce.png
+
+Our in-place rows come from every file (labelled with the file's transport);
+the compared systems (MPI_Allreduce, Gloo) from the first file only, since
+every run times them the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+_NAMES = {"mpi": "MPI_Allreduce (mpi4py)", "gloo": "torch.distributed Gloo"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="JSON files from ringreduce bench --json")
+    parser.add_argument("-o", "--output", required=True, help="PNG to write")
+    args = parser.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    meta = None
+    for i, path in enumerate(args.runs):
+        with open(path) as f:
+            run = json.load(f)
+        meta = meta or run["meta"]
+        series: dict = {}
+        for r in run["rows"]:
+            if r["placement"] != "in-place" or not r["busbw_gbs"]:
+                continue
+            if r["system"] == "ringreduce":
+                label = f"ringreduce ({run['meta']['transport']})"
+            elif i == 0:
+                label = _NAMES.get(r["system"], r["system"])
+            else:
+                continue
+            series.setdefault(label, []).append((r["size"], r["busbw_gbs"]))
+        for label, pts in series.items():
+            ax.plot(*zip(*sorted(pts)), marker="o", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s, 1e9), in place")
+    ax.set_title(f"all_reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks, one host")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -206,3 +206,27 @@ def test_rendezvous_timeout_when_nobody_hosts_the_store():
             timeout=1.0,
         )
     assert time.monotonic() - start < 5
+
+
+def _store_host_fails_and_exits(comm, counts):
+    """Rank 0 hosts the store; it sees the mismatch, and its process ends at once."""
+    try:
+        comm.all_reduce(np.ones(counts[comm.rank], dtype=np.float32))
+    except rr.RingReduceError as exc:
+        if comm.rank == 0:
+            os._exit(0)  # like a training script dying on the exception
+        return type(exc).__name__, str(exc)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_failure_report_survives_the_store_host_exiting(n):
+    # Rank 0 receives from the last rank, so it is the one that sees the mismatch.
+    counts = [10] * (n - 1) + [11]
+    outcomes = run_ranks(n, _store_host_fails_and_exits, counts, init_timeout=20)
+    assert outcomes[0][0] == "dead"
+    for status, value, tb in outcomes[1:]:
+        assert status == "ok", tb
+        kind, message = value
+        assert kind == "MismatchError", message
+        assert "mismatch between rank" in message

@@ -55,7 +55,7 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
                            " (call #" + std::to_string(ctx.seq) + ") within " +
                            format_seconds(ctx.timeout_seconds) +
                            " s; rank " + std::to_string(rank) + " waited for it",
-                       left, /*peer_absent=*/true);
+                       left);
   }
   const CallHeader& mine = *storage;
   if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||

@@ -15,18 +15,13 @@ class Error : public std::runtime_error {
 };
 
 // A deadline passed while waiting on `peer` (-1 when no single peer is to blame).
-// `peer_absent` says the peer never started the call, so it is the culprit;
-// otherwise it started and is probably stuck waiting on someone else.
 class TimeoutError : public Error {
  public:
-  TimeoutError(const std::string& what, int peer, bool peer_absent = false)
-      : Error(what), peer_(peer), peer_absent_(peer_absent) {}
+  TimeoutError(const std::string& what, int peer) : Error(what), peer_(peer) {}
   int peer() const { return peer_; }
-  bool peer_absent() const { return peer_absent_; }
 
  private:
   int peer_;
-  bool peer_absent_;
 };
 
 // A peer died, closed its connection or reported a failure of its own.

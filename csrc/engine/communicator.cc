@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -53,16 +54,43 @@ Report classify(std::exception_ptr error, int rank) {
   return r;
 }
 
-// A timeout on a peer that had started the call: likely the echo of a stall
-// further up the ring rather than the cause.
-bool is_echo_timeout(std::exception_ptr error) {
+bool is_timeout(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
-  } catch (const TimeoutError& e) {
-    return !e.peer_absent();
+  } catch (const TimeoutError&) {
+    return true;
   } catch (...) {
     return false;
   }
+}
+
+// When a rank stalls, the ranks waiting on it time out, and so, a moment
+// later, do the ranks waiting on those: the rank we waited on may itself be
+// waiting. Each timed-out rank records whom it waited on; after a short grace
+// for the others' records to arrive, every rank follows the chain of waits to
+// its end, the wait on a rank that is not itself waiting. All ranks then
+// report that one record, so they all name the same culprit.
+Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& mine,
+                          double timeout) {
+  const std::string first_key = prefix + "first_error";
+  auto timeout_key = [&prefix](int rank) { return prefix + "timeout/" + std::to_string(rank); };
+  store.set(timeout_key(mine.rank), mine.encode());
+  const Deadline grace = Deadline::after(std::min(1.0, timeout / 2));
+  while (!grace.expired() && !store.try_get(first_key)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Report end = mine;
+  std::set<int> seen{mine.rank};
+  try {
+    while (end.peer >= 0 && seen.insert(end.peer).second) {
+      std::optional<std::string> next = store.try_get(timeout_key(end.peer));
+      if (!next) break;
+      end = Report::decode(*next);
+    }
+  } catch (const std::exception&) {
+    // The store went away mid-walk: the chain so far is still our best answer.
+  }
+  return end;
 }
 
 std::exception_ptr make_error(const std::string& kind, const std::string& message, int peer) {
@@ -173,23 +201,22 @@ std::exception_ptr Communicator::on_failure(std::exception_ptr error, const Item
   // Publish before tearing down the connections: a neighbour that sees our
   // sockets close then finds the reason already in the store.
   Report first = mine;
-  const std::string key = prefix_ + "first_error";
   try {
-    if (is_echo_timeout(error)) {
-      // Our neighbour started the call and is stuck behind someone else. The
-      // rank waiting on the real culprit times out at about the same moment;
-      // give its report a moment to arrive so that everyone names the culprit.
-      const Deadline grace = Deadline::after(std::min(1.0, timeout_ / 2));
-      std::optional<std::string> found;
-      while (!(found = store_->try_get(key)) && !grace.expired()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    first = Report::decode(store_->set_if_absent(key, mine.encode()));
+    if (is_timeout(error)) first = end_of_wait_chain(*store_, prefix_, mine, timeout_);
   } catch (const std::exception&) {
-    // The store is gone (its host died): report what we saw ourselves.
+    // The store is gone before we could record our wait: go by what we saw.
+  }
+  try {
+    first = Report::decode(store_->set_if_absent(prefix_ + "first_error", first.encode()));
+  } catch (const std::exception&) {
+    // The store is gone (its host died): report what we know ourselves.
   }
   transport_->abort();
+  if (store_->hosted_here()) {
+    // Our process may end as soon as the error reaches Python, taking the
+    // store with it: stay a moment so that the other ranks can read why.
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(1.0, timeout_ / 2)));
+  }
 
   std::string kind = mine.kind;
   std::string message = mine.message;

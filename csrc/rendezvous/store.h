@@ -24,6 +24,9 @@ class Store {
 
   // Waits until `key` is set. Throws TimeoutError naming the key at the deadline.
   std::string get(const std::string& key, const Deadline& deadline);
+
+  // True when this process serves the store, so that it ends with us.
+  virtual bool hosted_here() const { return false; }
 };
 
 // A store hosted by one rank: `is_server` ranks run the server on host:port,

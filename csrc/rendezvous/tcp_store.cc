@@ -2,9 +2,17 @@
 //
 //   request  = u8 command, u32 key length, key, u32 value length, value
 //   response = u8 status (0 = ok, 1 = missing), u32 value length, value
+//   notice   = u8 status 2, u32 length, key '\0' value
 //
 // The server is a thread on the hosting rank that polls its listening socket
 // and every client; requests are small, so replies are written synchronously.
+//
+// When set_if_absent stores a key for the first time, the server also pushes
+// a notice of it to every other client. set_if_absent keys are final, so a
+// client may answer from the notices it holds; and because a notice lands in
+// the client's socket buffer at once, it survives the server: when the
+// hosting rank fails, publishes why and exits, the others still read its
+// report after the server is gone.
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -25,6 +33,7 @@ namespace rr {
 namespace {
 
 enum Command : uint8_t { kSet = 1, kGet = 2, kSetIfAbsent = 3 };
+enum Status : uint8_t { kOk = 0, kMissing = 1, kNotice = 2 };
 // How long the server waits for a client to take a reply.
 constexpr double kServerIoSeconds = 30.0;
 
@@ -120,17 +129,35 @@ class StoreServer {
         reply = it->second;
       }
     } else if (cmd == kSetIfAbsent) {
-      reply = data_.emplace(key, value).first->second;
+      auto [it, inserted] = data_.emplace(key, value);
+      reply = it->second;
+      if (inserted) notify_others(c, key, value);
     } else {
       c.fd.reset();
       return false;
     }
+    send_message(c, status, reply);
+    return true;
+  }
+
+  void send_message(Client& c, uint8_t status, const std::string& body) {
     std::string out(1, static_cast<char>(status));
-    append_u32(out, static_cast<uint32_t>(reply.size()));
-    out += reply;
+    append_u32(out, static_cast<uint32_t>(body.size()));
+    out += body;
     send_exact(c.fd.get(), out.data(), out.size(), Deadline::after(kServerIoSeconds), -1,
                "store client");
-    return true;
+  }
+
+  void notify_others(const Client& from, const std::string& key, const std::string& value) {
+    const std::string body = key + '\0' + value;
+    for (auto& other : clients_) {
+      if (&other == &from || !other.fd.valid()) continue;
+      try {
+        send_message(other, kNotice, body);
+      } catch (const Error&) {
+        other.fd.reset();
+      }
+    }
   }
 
   Fd listener_;
@@ -150,16 +177,28 @@ class TcpStore : public Store {
   }
   std::optional<std::string> try_get(const std::string& key) override {
     std::string value;
-    if (request(kGet, key, "", &value) != 0) return std::nullopt;
+    if (auto known = noticed(key)) return known;
+    if (request(kGet, key, "", &value) != kOk) return noticed(key);
     return value;
   }
+  bool hosted_here() const override { return server_ != nullptr; }
+
   std::string set_if_absent(const std::string& key, const std::string& value) override {
+    if (auto known = noticed(key)) return *known;
     std::string stored;
-    request(kSetIfAbsent, key, value, &stored);
+    try {
+      request(kSetIfAbsent, key, value, &stored);
+    } catch (const Error&) {
+      // The server may be gone; a notice it sent before going may not be.
+      if (auto known = noticed(key)) return *known;
+      throw;
+    }
     return stored;
   }
 
  private:
+  static constexpr const char* kWhat = "the rendezvous store (rank 0)";
+
   uint8_t request(uint8_t cmd, const std::string& key, const std::string& value,
                   std::string* reply = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -169,15 +208,51 @@ class TcpStore : public Store {
     msg += key;
     append_u32(msg, static_cast<uint32_t>(value.size()));
     msg += value;
-    send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, "the rendezvous store (rank 0)");
+    send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, kWhat);
+    while (true) {
+      std::string body;
+      uint8_t status = read_message(deadline, &body);
+      if (status != kNotice) {
+        if (reply) *reply = std::move(body);
+        return status;
+      }
+      keep_notice(body);
+    }
+  }
+
+  uint8_t read_message(const Deadline& deadline, std::string* body) {
     char head[5];
-    recv_exact(fd_.get(), head, 5, deadline, 0, "the rendezvous store (rank 0)");
+    recv_exact(fd_.get(), head, 5, deadline, 0, kWhat);
     uint32_t len;
     std::memcpy(&len, head + 1, 4);
-    std::string body(len, '\0');
-    recv_exact(fd_.get(), body.data(), len, deadline, 0, "the rendezvous store (rank 0)");
-    if (reply) *reply = std::move(body);
+    body->assign(len, '\0');
+    recv_exact(fd_.get(), body->data(), len, deadline, 0, kWhat);
     return static_cast<uint8_t>(head[0]);
+  }
+
+  void keep_notice(const std::string& body) {
+    const size_t split = body.find('\0');
+    if (split != std::string::npos) notices_[body.substr(0, split)] = body.substr(split + 1);
+  }
+
+  // The value of `key` if a notice of it has arrived, reading any notices
+  // waiting in the socket (even after the server has closed it) first.
+  std::optional<std::string> noticed(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pollfd p{fd_.get(), POLLIN, 0};
+    while (::poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
+      std::string body;
+      try {
+        // Whole messages only: the server writes each one in a single send.
+        if (read_message(Deadline::after(0.1), &body) != kNotice) break;
+      } catch (const Error&) {
+        break;  // the server closed the connection; notices before that are kept
+      }
+      keep_notice(body);
+    }
+    auto it = notices_.find(key);
+    if (it == notices_.end()) return std::nullopt;
+    return it->second;
   }
 
   // Declared first so it outlives our own client connection on destruction.
@@ -185,6 +260,7 @@ class TcpStore : public Store {
   Fd fd_;
   double io_seconds_;
   std::mutex mu_;
+  std::map<std::string, std::string> notices_;
 };
 
 }  // namespace

@@ -38,6 +38,8 @@ struct TcpTransport::Link {
   std::deque<std::shared_ptr<Op>> queue;
   // The peer closed a link we only send on. Harmless unless we send again.
   bool peer_closed = false;
+  // Bytes moved on this link so far: how wait() tells progress from a stall.
+  uint64_t moved = 0;
 };
 
 namespace {
@@ -172,6 +174,7 @@ void TcpTransport::progress(Link& link) {
     if (k > 0) {
       op.cursor += k;
       op.left -= static_cast<size_t>(k);
+      link.moved += static_cast<uint64_t>(k);
       (link.sending ? stats_.bytes_sent : stats_.bytes_received) += static_cast<uint64_t>(k);
       if (op.left == 0) link.queue.pop_front();
       continue;
@@ -224,15 +227,18 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
   const Clock::time_point spin_until = Clock::now() + spin_;
   // The deadline bounds time without progress, not the whole transfer: a
   // large message on a slow link may take longer than the timeout, a stalled
-  // peer may not. Every byte moved restarts the window.
+  // peer may not. Every byte moved on the awaited request's link restarts the
+  // window; traffic on other links does not, so the rank that waits on a
+  // stalled peer is the first to time out and can name it.
+  const auto& awaited = static_cast<const Op&>(request);
+  Link* link_awaited = request.done() ? nullptr : &link_to(awaited.peer_, awaited.sending);
   Deadline window = deadline;
-  uint64_t moved = stats_.bytes_sent + stats_.bytes_received;
+  uint64_t moved = link_awaited ? link_awaited->moved : 0;
   while (!request.done()) {
     for (auto& link : links_) progress(*link);
     if (request.done()) break;
-    const uint64_t now_moved = stats_.bytes_sent + stats_.bytes_received;
-    if (now_moved != moved) {
-      moved = now_moved;
+    if (link_awaited->moved != moved) {
+      moved = link_awaited->moved;
       window = Deadline::after(deadline.seconds());
     }
     if (window.expired()) fail_timeout(request, window);

@@ -187,13 +187,12 @@ void Communicator::run() {
       }
       item.work->finish();
     } catch (...) {
-      item.work->finish(on_failure(std::current_exception(), item, seq));
+      item.work->finish(on_failure(std::current_exception(), item));
     }
   }
 }
 
-std::exception_ptr Communicator::on_failure(std::exception_ptr error, const Item& item,
-                                            uint64_t seq) {
+std::exception_ptr Communicator::on_failure(std::exception_ptr error, const Item& item) {
   Report mine = classify(error, rank_);
   const std::string where = "rank " + std::to_string(rank_) + ": " + item.work->description();
   mine.message = where + " failed: " + mine.message;
@@ -233,7 +232,6 @@ std::exception_ptr Communicator::on_failure(std::exception_ptr error, const Item
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = message;
   }
-  (void)seq;
   return make_error(kind, message, peer);
 }
 

@@ -64,7 +64,7 @@ class Communicator {
   // The Device serving CUDA device `id`, made on first use.
   Device& device(int id);
   void run();
-  std::exception_ptr on_failure(std::exception_ptr error, const Item& item, uint64_t seq);
+  std::exception_ptr on_failure(std::exception_ptr error, const Item& item);
 
   int rank_;
   int size_;

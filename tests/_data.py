@@ -44,21 +44,39 @@ def contribution(rank: int, count: int, dtype: str, op: str) -> np.ndarray:
     return vals.astype(np_dtype(dtype))
 
 
+def combine(op: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x op y elementwise, in the arrays' own dtype (avg adds; the division comes last)."""
+    if op in ("sum", "avg"):
+        return x + y
+    if op == "prod":
+        return x * y
+    if op == "min":
+        return np.minimum(x, y)
+    return np.maximum(x, y)
+
+
+def expect_errors(cases: list) -> list:
+    """Runs (call, exception class) pairs; describes each call that did not raise as expected."""
+    errors = []
+    for i, (call, exc_type) in enumerate(cases):
+        try:
+            call()
+            errors.append(f"case {i}: no error")
+        except exc_type as exc:
+            if not str(exc):
+                errors.append(f"case {i}: empty message")
+        except Exception as exc:  # the wrong class is a failure too
+            errors.append(f"case {i}: {type(exc).__name__}: {exc}")
+    return errors
+
+
 def expected(size: int, count: int, dtype: str, op: str) -> np.ndarray:
     """The reduction of every rank's contribution, with the engine's arithmetic."""
     parts = [contribution(r, count, dtype, op) for r in range(size)]
     cd = compute_dtype(dtype)
     acc = parts[0].astype(cd)
     for p in parts[1:]:
-        p = p.astype(cd)
-        if op in ("sum", "avg"):
-            acc = acc + p
-        elif op == "prod":
-            acc = acc * p
-        elif op == "min":
-            acc = np.minimum(acc, p)
-        else:
-            acc = np.maximum(acc, p)
+        acc = combine(op, acc, p.astype(cd))
         acc = acc.astype(np_dtype(dtype)).astype(cd)  # every hop rounds to the wire dtype
     if op == "avg":
         acc = acc / cd.type(size)

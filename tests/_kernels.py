@@ -12,7 +12,7 @@ import numpy as np
 
 from ringreduce import _core
 
-from _data import np_dtype
+from _data import combine, np_dtype
 
 DTYPE_CODES = {
     "float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
@@ -77,15 +77,7 @@ def reference(dtype: str, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     cd = compute_dtype(dtype)
     x, y = a.astype(cd), b.astype(cd)
     with np.errstate(all="ignore"):
-        if op in ("sum", "avg"):
-            r = x + y
-        elif op == "prod":
-            r = x * y
-        elif op == "min":
-            r = np.minimum(x, y)
-        else:
-            r = np.maximum(x, y)
-        return r.astype(np_dtype(dtype))
+        return combine(op, x, y).astype(np_dtype(dtype))
 
 
 def divide_reference(dtype: str, x: np.ndarray, divisor: int) -> np.ndarray:

@@ -18,10 +18,13 @@ _groups: dict = {}
 def group_factory():
     """group_factory(n) -> a RankGroup of n ranks, created once per session."""
 
-    def get(n: int, segment_bytes: int = 0) -> RankGroup:
-        key = (n, segment_bytes)
+    def get(n: int, segment_bytes: int = 0, small_bytes: int = -1) -> RankGroup:
+        """segment_bytes/small_bytes set RINGREDUCE_SEGMENT_BYTES/_SMALL_BYTES (0/-1: default)."""
+        key = (n, segment_bytes, small_bytes)
         if key not in _groups:
             env = {"RINGREDUCE_SEGMENT_BYTES": str(segment_bytes)} if segment_bytes else {}
+            if small_bytes >= 0:
+                env["RINGREDUCE_SMALL_BYTES"] = str(small_bytes)
             _groups[key] = RankGroup(n, env=env)
         return _groups[key]
 

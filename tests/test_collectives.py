@@ -223,8 +223,9 @@ def test_all_reduce_256_megabytes(group_factory):
 @pytest.mark.parametrize("dtype", ["float16", "int32", "float64"])
 def test_tiny_segments_pipeline_correctly(group_factory, n, dtype):
     # 40-byte segments: every chunk is cut into many segments, so the
-    # double-buffered receive/reduce pipeline runs on odd sizes.
-    group = group_factory(n, segment_bytes=40)
+    # double-buffered receive/reduce pipeline runs on odd sizes. The ring is
+    # forced at every size (no small-message path).
+    group = group_factory(n, segment_bytes=40, small_bytes=0)
     assert group.run(_all_reduce_exact, dtype) == [[]] * n
     assert group.run(_reduce_scatter, dtype) == [[]] * n
     assert group.run(_broadcast_every_root) == [[]] * n
@@ -282,3 +283,28 @@ def test_gil_is_released_while_a_collective_waits(group_factory):
     ticks, _ = group_factory(2).run(_gil_released_while_waiting)
     # A thread holding the GIL for 0.5 s would allow no ticks at all.
     assert ticks > 50
+
+
+def _algorithm_counts(comm, count):
+    before = comm.stats()["small_message_ops"]
+    comm.all_reduce(np.ones(count, dtype=np.float32))
+    return comm.stats()["small_message_ops"] - before
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "uint8"])
+@pytest.mark.parametrize("path", ["ring", "small"])
+def test_all_reduce_exact_on_each_path(group_factory, n, dtype, path):
+    # Force one algorithm at every size: the ring (threshold 0) or the
+    # small-message path (threshold far above every test size).
+    group = group_factory(n, small_bytes=0 if path == "ring" else 1 << 30)
+    assert group.run(_all_reduce_exact, dtype) == [[]] * n
+    # stats() says which path ran.
+    assert group.run(_algorithm_counts, 1000) == [1 if path == "small" else 0] * n
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_default_threshold_picks_small_path_only_for_small_messages(group_factory, n):
+    group = group_factory(n)
+    assert group.run(_algorithm_counts, 16) == [1] * n  # 64 bytes
+    assert group.run(_algorithm_counts, 1 << 20) == [0] * n  # 4 MB

@@ -230,3 +230,28 @@ def test_failure_report_survives_the_store_host_exiting(n):
         kind, message = value
         assert kind == "MismatchError", message
         assert "mismatch between rank" in message
+
+
+def _thresholds_differ(comm, port):
+    # A second communicator whose ranks disagree on RINGREDUCE_SMALL_BYTES, so
+    # rank 1 would take the ring where the others take the small-message path.
+    os.environ["RINGREDUCE_SMALL_BYTES"] = "0" if comm.rank == 1 else str(1 << 20)
+    other = rr.init("tcp", rank=comm.rank, world_size=comm.world_size, master_port=port, timeout=20)
+    try:
+        other.all_reduce(np.ones(100, dtype=np.float32))
+    except rr.RingReduceError as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        other.close()
+    return "no error", ""
+
+
+def test_ranks_choosing_different_algorithms_get_mismatch_error():
+    from _ranks import free_port
+
+    outcomes = run_ranks(3, _thresholds_differ, free_port(), init_timeout=20)
+    for status, value, tb in outcomes:
+        assert status == "ok", tb
+        kind, message = value
+        assert kind == "MismatchError", message
+        assert "small-message path" in message

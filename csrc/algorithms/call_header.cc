@@ -7,12 +7,13 @@ namespace {
 
 constexpr uint32_t kHeaderMagic = 0x52524331;  // "RRC1"
 
-CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args) {
+CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
   CallHeader h{};
   h.magic = kHeaderMagic;
   h.kind = static_cast<uint8_t>(args.kind);
   h.dtype = static_cast<uint8_t>(args.dtype);
   h.op = static_cast<uint8_t>(args.op);
+  h.algorithm = static_cast<uint8_t>(algorithm);
   h.seq = ctx.seq;
   h.count = args.count;
   h.root = args.root;
@@ -29,12 +30,13 @@ std::string describe_header(const CallHeader& h) {
   args.dtype = static_cast<DataType>(h.dtype);
   args.op = static_cast<ReduceOp>(h.op);
   args.root = h.root;
-  return describe_call(args) + " as call #" + std::to_string(h.seq);
+  const char* path = h.algorithm == static_cast<uint8_t>(Algorithm::kSmall) ? " (small-message path)" : "";
+  return describe_call(args) + path + " as call #" + std::to_string(h.seq);
 }
 
 }  // namespace
 
-RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
+RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm,
                                  std::unique_ptr<CallHeader>& storage) {
   Transport& t = ctx.transport;
   const int size = t.size();
@@ -42,7 +44,7 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
 
-  storage = std::make_unique<CallHeader>(make_header(ctx, args));
+  storage = std::make_unique<CallHeader>(make_header(ctx, args, algorithm));
   RequestPtr sent = t.isend(right, storage.get(), sizeof(CallHeader));
 
   CallHeader theirs{};
@@ -59,7 +61,7 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
   }
   const CallHeader& mine = *storage;
   if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
-      theirs.op != mine.op || theirs.seq != mine.seq || theirs.count != mine.count ||
+      theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq || theirs.count != mine.count ||
       theirs.root != mine.root) {
     throw MismatchError("collective mismatch between rank " + std::to_string(left) + " and rank " +
                             std::to_string(rank) + ": rank " + std::to_string(left) +

@@ -18,7 +18,7 @@ struct CallHeader {
   uint8_t kind;
   uint8_t dtype;
   uint8_t op;
-  uint8_t reserved;
+  uint8_t algorithm;
   uint64_t seq;
   uint64_t count;
   int32_t root;
@@ -29,7 +29,7 @@ static_assert(sizeof(CallHeader) == 32, "the header is part of the wire format")
 // Sends our header right, receives the left neighbour's and checks it. The
 // returned request (our header send) must be waited on before the call ends;
 // `storage` keeps our header alive until then.
-RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args,
+RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm,
                                  std::unique_ptr<CallHeader>& storage);
 
 }  // namespace rr

@@ -34,9 +34,15 @@ std::string describe_arguments(const CollectiveArgs& args) {
   }
 }
 
-void run_host_collective(RingContext& ctx, const CollectiveArgs& args) {
+void run_host_collective(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
   switch (args.kind) {
-    case CollectiveKind::kAllReduce: ring_all_reduce(ctx, args); break;
+    case CollectiveKind::kAllReduce:
+      if (algorithm == Algorithm::kSmall) {
+        small_all_reduce(ctx, args);
+      } else {
+        ring_all_reduce(ctx, args);
+      }
+      break;
     case CollectiveKind::kReduceScatter: ring_reduce_scatter(ctx, args); break;
     case CollectiveKind::kAllGather: ring_all_gather(ctx, args); break;
     case CollectiveKind::kBroadcast: ring_broadcast(ctx, args); break;
@@ -45,6 +51,16 @@ void run_host_collective(RingContext& ctx, const CollectiveArgs& args) {
 }
 
 }  // namespace
+
+Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
+  // Small messages are bound by latency, not bandwidth: N-1 steps beat
+  // 2(N-1), even though each step carries the whole vector. The choice must
+  // not depend on where the buffers live: host and GPU ranks meet in one call.
+  const size_t bytes = args.count * dtype_size(args.dtype);
+  const bool small = args.kind == CollectiveKind::kAllReduce && ctx.transport.size() > 1 &&
+                     bytes <= ctx.small_bytes;
+  return small ? Algorithm::kSmall : Algorithm::kRing;
+}
 
 std::string describe_call(const CollectiveArgs& args) {
   if (args.device < 0) return describe_arguments(args);
@@ -55,11 +71,14 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   // With one rank there is nothing to agree on and nobody to talk to.
   std::unique_ptr<CallHeader> header;
   RequestPtr header_sent;
-  if (ctx.transport.size() > 1) header_sent = exchange_call_headers(ctx, args, header);
+  const Algorithm algorithm = choose_algorithm(ctx, args);
+  if (ctx.transport.size() > 1) {
+    header_sent = exchange_call_headers(ctx, args, algorithm, header);
+  }
   if (args.device >= 0) {
-    run_staged_collective(ctx, args);
+    run_staged_collective(ctx, args, algorithm);
   } else {
-    run_host_collective(ctx, args);
+    run_host_collective(ctx, args, algorithm);
   }
   // The header went out ahead of the data on the same link; `header` must
   // outlive its send.

@@ -52,12 +52,22 @@ struct RingContext {
   size_t segment_bytes;     // the pipelined unit of a chunk on the wire
   uint64_t seq;             // the call's number on this communicator, from 1
   std::vector<char>& scratch;  // reused between calls; grown on demand
+  // all_reduce of at most this many bytes takes the small-message path.
+  size_t small_bytes = 0;
   // For args.device >= 0: that device, and the caller's stream at submission.
   Device* device = nullptr;
   const StreamMark* device_mark = nullptr;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds); }
 };
+
+// How an all_reduce is run. Part of the call header, so ranks that would
+// choose differently (a different RINGREDUCE_SMALL_BYTES) get MismatchError.
+enum class Algorithm : uint8_t {
+  kRing = 0,   // reduce-scatter + all-gather: 2(N-1)/N x S bytes, 2(N-1) steps
+  kSmall = 1,  // all-gather whole vectors, reduce locally: (N-1) x S bytes, N-1 steps
+};
+Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);
 
 // Runs one collective to completion on the calling thread. Throws the typed
 // errors of common/error.h; on a throw the transport must be considered broken.

@@ -17,6 +17,7 @@ void reduce_scatter_phase(RingContext& ctx, const char* src, char* dst, size_t c
 void all_gather_phase(RingContext& ctx, char* buffer, size_t count, size_t elem);
 
 void ring_all_reduce(RingContext& ctx, const CollectiveArgs& args);
+void small_all_reduce(RingContext& ctx, const CollectiveArgs& args);
 void ring_reduce_scatter(RingContext& ctx, const CollectiveArgs& args);
 void ring_all_gather(RingContext& ctx, const CollectiveArgs& args);
 void ring_broadcast(RingContext& ctx, const CollectiveArgs& args);
@@ -24,6 +25,6 @@ void ring_barrier(RingContext& ctx);
 
 // The same collectives on device memory (args.device >= 0), through staging
 // memory (staged_ring.cc); barrier has no memory and runs ring_barrier.
-void run_staged_collective(RingContext& ctx, const CollectiveArgs& args);
+void run_staged_collective(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm);
 
 }  // namespace rr

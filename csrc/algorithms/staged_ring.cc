@@ -92,6 +92,30 @@ void staged_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   pipe.finish();
 }
 
+// The small-message path of small_all_reduce.cc on device memory: whole
+// vectors go around the ring into device scratch, then the GPU reduces them
+// in rank order 0..N-1, the same order as on a host rank.
+void staged_small_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
+  const int size = ctx.transport.size();
+  const size_t elem = dtype_size(args.dtype);
+  const size_t bytes = args.count * elem;
+  if (bytes == 0) return;
+  StagedPipeline pipe(ctx, args.dtype, args.op, size * bytes);
+  Device& device = pipe.device();
+  char* slots = pipe.scratch();
+  char* out = static_cast<char*>(args.recv);
+  device.copy(Lane::kToDevice, slots + ctx.transport.rank() * bytes, args.send, bytes);
+  staged_all_gather_phase(ctx, pipe, slots, args.count * size, elem);
+  device.reduce(Lane::kToDevice, args.dtype, args.op, out, slots, slots + bytes, args.count);
+  for (int r = 2; r < size; ++r) {
+    device.reduce(Lane::kToDevice, args.dtype, args.op, out, out, slots + r * bytes, args.count);
+  }
+  if (args.op == ReduceOp::kAvg) {
+    device.divide(Lane::kToDevice, args.dtype, out, args.count, size);
+  }
+  pipe.finish();
+}
+
 void staged_reduce_scatter(RingContext& ctx, const CollectiveArgs& args) {
   const int size = ctx.transport.size();
   const size_t elem = dtype_size(args.dtype);
@@ -159,10 +183,14 @@ void staged_broadcast(RingContext& ctx, const CollectiveArgs& args) {
 
 }  // namespace
 
-void run_staged_collective(RingContext& ctx, const CollectiveArgs& args) {
+void run_staged_collective(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      staged_all_reduce(ctx, args);
+      if (algorithm == Algorithm::kSmall) {
+        staged_small_all_reduce(ctx, args);
+      } else {
+        staged_all_reduce(ctx, args);
+      }
       break;
     case CollectiveKind::kReduceScatter:
       staged_reduce_scatter(ctx, args);

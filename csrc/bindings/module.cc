@@ -102,6 +102,7 @@ PYBIND11_MODULE(_core, m) {
         d["bytes_sent"] = s.bytes_sent;
         d["bytes_received"] = s.bytes_received;
         d["ops"] = s.ops;
+        d["small_message_ops"] = s.small_message_ops;
         return d;
       });
 

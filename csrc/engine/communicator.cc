@@ -93,6 +93,15 @@ Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& 
   return end;
 }
 
+// The small-message threshold for this many ranks. The small path sends N/2
+// times the ring's bytes, so its threshold shrinks as 2/N: RINGREDUCE_SMALL_BYTES
+// (default 64 KiB) at 2 ranks, half that at 4. 0 turns the path off.
+size_t small_message_bytes(int size) {
+  const char* env = std::getenv("RINGREDUCE_SMALL_BYTES");
+  const size_t base = env ? static_cast<size_t>(std::strtoull(env, nullptr, 10)) : size_t{64} << 10;
+  return size > 1 ? base * 2 / static_cast<size_t>(size) : 0;
+}
+
 std::exception_ptr make_error(const std::string& kind, const std::string& message, int peer) {
   if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer));
   if (kind == "timeout") return std::make_exception_ptr(TimeoutError(message, peer));
@@ -109,6 +118,7 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
       transport_name_(transport->name()),
       timeout_(timeout_seconds),
       segment_bytes_(segment_bytes),
+      small_bytes_(small_message_bytes(size_)),
       prefix_(std::move(store_prefix)),
       store_(std::move(store)),
       transport_(std::move(transport)) {
@@ -172,7 +182,7 @@ void Communicator::run() {
       continue;
     }
     try {
-      RingContext ctx{*transport_, timeout_, segment_bytes_, seq, scratch};
+      RingContext ctx{*transport_, timeout_, segment_bytes_, seq, scratch, small_bytes_};
       if (item.args.device >= 0) {
         ctx.device = &device(item.args.device);
         ctx.device_mark = item.mark.get();
@@ -184,6 +194,7 @@ void Communicator::run() {
         stats_.bytes_sent = ts.bytes_sent;
         stats_.bytes_received = ts.bytes_received;
         ++stats_.ops;
+        if (choose_algorithm(ctx, item.args) == Algorithm::kSmall) ++stats_.small_message_ops;
       }
       item.work->finish();
     } catch (...) {

@@ -29,6 +29,7 @@ struct CommStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t ops = 0;
+  uint64_t small_message_ops = 0;  // all_reduce calls that took the small-message path
 };
 
 class Communicator {
@@ -71,6 +72,7 @@ class Communicator {
   const char* transport_name_;
   double timeout_;
   size_t segment_bytes_;
+  size_t small_bytes_;  // RINGREDUCE_SMALL_BYTES: all_reduce up to this size skips the ring
   std::string prefix_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 
-
 _NAMES = {"mpi": "MPI_Allreduce (mpi4py)", "gloo": "torch.distributed Gloo"}
 
 
@@ -26,6 +25,8 @@ def main() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from ringreduce._bench_report import finish_busbw_plot
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     meta = None
@@ -46,15 +47,13 @@ def main() -> None:
             series.setdefault(label, []).append((r["size"], r["busbw_gbs"]))
         for label, pts in series.items():
             ax.plot(*zip(*sorted(pts)), marker="o", ms=3, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s, 1e9), in place")
-    ax.set_title(f"all_reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks, one host")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.output, dpi=110)
+    finish_busbw_plot(
+        fig,
+        ax,
+        args.output,
+        ylabel="busbw (GB/s, 1e9), in place",
+        title=f"all_reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks, one host",
+    )
 
 
 if __name__ == "__main__":

@@ -164,13 +164,24 @@ def _plot(path: str, rows: list[Row], meta: dict[str, Any]) -> None:
         pts = [(r["size"], r["busbw_gbs"]) for r in rs if r["busbw_gbs"] > 0]
         if pts:
             ax.plot(*zip(*pts), marker="o", ms=3, label=f"{label} {placement}")
+    finish_busbw_plot(
+        fig,
+        ax,
+        path,
+        ylabel="busbw (GB/s, 1e9)",
+        title=f"all_reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks",
+    )
+    plt.close(fig)
+
+
+def finish_busbw_plot(fig: Any, ax: Any, path: str, *, ylabel: str, title: str) -> None:
+    """Log axes, labels, grid and legend of a busbw-against-size chart; saves it to path."""
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s, 1e9)")
-    ax.set_title(f"all_reduce {meta['dtype']} {meta['op']}, {meta['ranks']} ranks")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -65,7 +65,7 @@ if(RR_WITH_CUDA_VALUE)
   # The engine's Device for CUDA arrays in the collectives (streams, events,
   # pinned staging); every extension that links the engine gets it, so the
   # MPI transport stages device buffers the same way as TCP.
-  target_sources(rr_engine PRIVATE csrc/engine/cuda_device.cc)
+  target_sources(rr_engine PRIVATE csrc/executor/cuda_device.cc)
   target_link_libraries(rr_engine PUBLIC rr_cuda_kernels)
 
   # Keep the static runtime's symbols private to each extension, so they never

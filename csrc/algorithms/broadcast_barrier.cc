@@ -1,9 +1,5 @@
 // Broadcast and barrier on the ring.
-#include <algorithm>
-
-#include "algorithms/collective.h"
-#include "algorithms/ring_phases.h"
-#include "algorithms/ring_schedule.h"
+#include "algorithms/schedule.h"
 
 namespace rr {
 
@@ -11,52 +7,35 @@ namespace rr {
 // forwards each segment as soon as it has arrived, unless its right neighbour
 // is the root. Segments keep the pipeline full: the last rank finishes about
 // one segment-time after the root, not size-1 buffer-times.
-void ring_broadcast(RingContext& ctx, const CollectiveArgs& args) {
-  Transport& t = ctx.transport;
-  const int size = t.size();
-  const int rank = t.rank();
+void ring_broadcast(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   const size_t bytes = args.count * dtype_size(args.dtype);
-  if (size == 1 || bytes == 0) return;
-  const int right = (rank + 1) % size;
-  const int left = (rank + size - 1) % size;
+  if (ring.size == 1 || bytes == 0) return;
   char* data = static_cast<char*>(args.recv);
-
-  if (rank == args.root) {
-    RequestPtr send = t.isend(right, data, bytes);
-    t.wait(*send, ctx.deadline());
-    return;
+  StepPlan p = ring.plan();
+  if (ring.rank == args.root) {
+    p.send = data;
+    p.send_bytes = bytes;
+  } else {
+    p.recv = data;
+    p.recv_bytes = bytes;
+    p.forward = ring.right() != args.root;
   }
-  const size_t seg = std::max<size_t>(1, ctx.segment_bytes);
-  const size_t segments = segment_count(bytes, seg);
-  std::vector<RequestPtr> recvs;
-  std::vector<RequestPtr> sends;
-  recvs.reserve(segments);
-  for (size_t j = 0; j < segments; ++j) {
-    recvs.push_back(t.irecv(left, data + j * seg, std::min(seg, bytes - j * seg)));
-  }
-  const bool forward = right != args.root;
-  for (size_t j = 0; j < segments; ++j) {
-    t.wait(*recvs[j], ctx.deadline());
-    if (forward) sends.push_back(t.isend(right, data + j * seg, std::min(seg, bytes - j * seg)));
-  }
-  for (auto& s : sends) t.wait(*s, ctx.deadline());
+  x.step(p);
 }
 
 // The call-header exchange that precedes every collective is itself the first
 // round of a token ring. After size-1 rounds each rank has heard, directly or
 // through its left neighbours, from every rank, so all of them have arrived.
-void ring_barrier(RingContext& ctx) {
-  Transport& t = ctx.transport;
-  const int size = t.size();
-  const int right = (t.rank() + 1) % size;
-  const int left = (t.rank() + size - 1) % size;
-  for (int round = 1; round < size - 1; ++round) {
-    char out = 1;
-    char in = 0;
-    RequestPtr send = t.isend(right, &out, 1);
-    RequestPtr recv = t.irecv(left, &in, 1);
-    t.wait(*recv, ctx.deadline());
-    t.wait(*send, ctx.deadline());
+// The token is one byte of scratch; the executor is asked for two.
+void ring_barrier(Executor& x, const Ring& ring) {
+  char* token = x.scratch();
+  for (int round = 1; round < ring.size - 1; ++round) {
+    StepPlan p = ring.plan();
+    p.send = token;
+    p.send_bytes = 1;
+    p.recv = token + 1;
+    p.recv_bytes = 1;
+    x.step(p);
   }
 }
 

@@ -17,6 +17,7 @@ CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algor
   h.seq = ctx.seq;
   h.count = args.count;
   h.root = args.root;
+  h.segment_bytes = static_cast<uint32_t>(ctx.segment_bytes);
   return h;
 }
 
@@ -60,6 +61,15 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, A
                        left);
   }
   const CallHeader& mine = *storage;
+  if (theirs.magic == kHeaderMagic && theirs.segment_bytes != mine.segment_bytes) {
+    throw MismatchError("ranks " + std::to_string(left) + " and " + std::to_string(rank) +
+                            " cut messages differently: rank " + std::to_string(left) +
+                            " uses segments of " + std::to_string(theirs.segment_bytes) +
+                            " bytes, rank " + std::to_string(rank) + " of " +
+                            std::to_string(mine.segment_bytes) +
+                            " (set RINGREDUCE_SEGMENT_BYTES alike on every rank)",
+                        left);
+  }
   if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
       theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq || theirs.count != mine.count ||
       theirs.root != mine.root) {

@@ -22,7 +22,9 @@ struct CallHeader {
   uint64_t seq;
   uint64_t count;
   int32_t root;
-  uint32_t reserved2;
+  // The message size the ranks cut steps into (RINGREDUCE_SEGMENT_BYTES):
+  // ranks that cut differently would misread each other's messages.
+  uint32_t segment_bytes;
 };
 static_assert(sizeof(CallHeader) == 32, "the header is part of the wire format");
 

@@ -1,7 +1,10 @@
 #include "algorithms/collective.h"
 
 #include "algorithms/call_header.h"
-#include "algorithms/ring_phases.h"
+#include "algorithms/ring_schedule.h"
+#include "algorithms/schedule.h"
+#include "executor/device_executor.h"
+#include "executor/host_executor.h"
 
 namespace rr {
 
@@ -34,20 +37,13 @@ std::string describe_arguments(const CollectiveArgs& args) {
   }
 }
 
-void run_host_collective(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
-  switch (args.kind) {
-    case CollectiveKind::kAllReduce:
-      if (algorithm == Algorithm::kSmall) {
-        small_all_reduce(ctx, args);
-      } else {
-        ring_all_reduce(ctx, args);
-      }
-      break;
-    case CollectiveKind::kReduceScatter: ring_reduce_scatter(ctx, args); break;
-    case CollectiveKind::kAllGather: ring_all_gather(ctx, args); break;
-    case CollectiveKind::kBroadcast: ring_broadcast(ctx, args); break;
-    case CollectiveKind::kBarrier: ring_barrier(ctx); break;
-  }
+// reduce_scatter moves each chunk in pieces of this many segments, so that
+// its partial sums need two pieces of scratch, not two chunks.
+constexpr size_t kPieceSegments = 4;
+
+size_t piece_elems(const CollectiveArgs& args, size_t segment_bytes) {
+  const size_t elem = dtype_size(args.dtype);
+  return kPieceSegments * segment_size(segment_bytes, elem) / elem;
 }
 
 }  // namespace
@@ -67,6 +63,41 @@ std::string describe_call(const CollectiveArgs& args) {
   return describe_arguments(args) + " on cuda:" + std::to_string(args.device);
 }
 
+size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
+                     size_t segment_bytes) {
+  const size_t elem = dtype_size(args.dtype);
+  switch (args.kind) {
+    case CollectiveKind::kAllReduce:
+      // The small path gathers every rank's (small) vector before reducing.
+      return algorithm == Algorithm::kSmall ? ring.size * args.count * elem : 0;
+    case CollectiveKind::kReduceScatter:
+      return ring.size > 2 ? 2 * piece_elems(args, segment_bytes) * elem : 0;
+    case CollectiveKind::kBarrier:
+      return 2;  // the token sent and the token received
+    default:
+      return 0;
+  }
+}
+
+void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
+                  size_t segment_bytes) {
+  switch (args.kind) {
+    case CollectiveKind::kAllReduce:
+      if (algorithm == Algorithm::kSmall) {
+        small_all_reduce(x, ring, args);
+      } else {
+        ring_all_reduce(x, ring, args);
+      }
+      break;
+    case CollectiveKind::kReduceScatter:
+      ring_reduce_scatter(x, ring, args, piece_elems(args, segment_bytes));
+      break;
+    case CollectiveKind::kAllGather: ring_all_gather(x, ring, args); break;
+    case CollectiveKind::kBroadcast: ring_broadcast(x, ring, args); break;
+    case CollectiveKind::kBarrier: ring_barrier(x, ring); break;
+  }
+}
+
 void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   // With one rank there is nothing to agree on and nobody to talk to.
   std::unique_ptr<CallHeader> header;
@@ -75,10 +106,17 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   if (ctx.transport.size() > 1) {
     header_sent = exchange_call_headers(ctx, args, algorithm, header);
   }
+  const Ring ring{ctx.transport.rank(), ctx.transport.size()};
+  const ExecutorSetup setup{ctx.transport, ctx.timeout_seconds, ctx.segment_bytes, args.dtype,
+                            args.op, scratch_bytes(ring, args, algorithm, ctx.segment_bytes)};
   if (args.device >= 0) {
-    run_staged_collective(ctx, args, algorithm);
+    DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
+    run_schedule(x, ring, args, algorithm, ctx.segment_bytes);
+    x.finish();
   } else {
-    run_host_collective(ctx, args, algorithm);
+    HostExecutor x(setup, ctx.scratch);
+    run_schedule(x, ring, args, algorithm, ctx.segment_bytes);
+    x.finish();
   }
   // The header went out ahead of the data on the same link; `header` must
   // outlive its send.

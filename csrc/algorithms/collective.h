@@ -27,9 +27,10 @@ const char* collective_name(CollectiveKind kind);
 // One call. `count` is the number of elements of `send`: the whole vector for
 // all_reduce/reduce_scatter/broadcast, one rank's block for all_gather.
 // `device` >= 0 says that send and recv are memory of that CUDA device, which
-// the transport cannot touch: the call then runs through staging memory
-// (staged_ring.cc), after the work queued on the caller's `stream` before it.
-// Host and device ranks can meet in one collective: the wire is the same.
+// the transport cannot touch: the call then runs on the device executor
+// (executor/device_executor.h), after the work queued on the caller's
+// `stream` before it. Host and device ranks can meet in one collective: the
+// wire is the same.
 struct CollectiveArgs {
   CollectiveKind kind = CollectiveKind::kBarrier;
   const void* send = nullptr;
@@ -45,13 +46,14 @@ struct CollectiveArgs {
 // "all_reduce(count=10, float32, sum)": how errors name a call.
 std::string describe_call(const CollectiveArgs& args);
 
-// What the algorithms need besides the transport.
+// What a collective runs with, besides its arguments: the communicator's link
+// to its peers and settings, and the memory it reuses from call to call.
 struct RingContext {
   Transport& transport;
   double timeout_seconds;   // each wait gives up after this long without completing
-  size_t segment_bytes;     // the pipelined unit of a chunk on the wire
+  size_t segment_bytes;     // the message size of every step (1 B .. 1 GiB)
   uint64_t seq;             // the call's number on this communicator, from 1
-  std::vector<char>& scratch;  // reused between calls; grown on demand
+  std::vector<char>& scratch;  // host scratch, reused between calls; grown on demand
   // all_reduce of at most this many bytes takes the small-message path.
   size_t small_bytes = 0;
   // For args.device >= 0: that device, and the caller's stream at submission.
@@ -69,8 +71,10 @@ enum class Algorithm : uint8_t {
 };
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);
 
-// Runs one collective to completion on the calling thread. Throws the typed
-// errors of common/error.h; on a throw the transport must be considered broken.
+// Runs one collective to completion on the calling thread: the call header,
+// then the collective's schedule on the executor for its memory. Throws the
+// typed errors of common/error.h; on a throw the transport must be
+// considered broken.
 void run_collective(RingContext& ctx, const CollectiveArgs& args);
 
 }  // namespace rr

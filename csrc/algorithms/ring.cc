@@ -1,141 +1,128 @@
-// Ring reduce-scatter and all-gather, and all_reduce as the two in sequence.
-// Terms (chunk, step, segment) are defined in ring_schedule.h.
+// Ring reduce-scatter and all-gather, and the collectives built from them:
+// all_reduce (the two in sequence), reduce_scatter and all_gather. Terms
+// (chunk, step, segment, round) are defined in ring_schedule.h.
 //
 // Each rank sends 2(size-1)/size of the buffer in all_reduce: size-1 steps of
 // one chunk in each phase. The reduce-scatter phase reads the input `src` and
-// accumulates into `dst` (which may be the same buffer), so out-of-place calls
-// need no extra copy of the input.
-#include <algorithm>
-#include <cstring>
+// accumulates partial sums where the caller says (partial_sums), so an
+// out-of-place all_reduce needs no copy of its input and a reduce_scatter
+// needs no buffer the size of its input.
+#include <functional>
 
-#include "algorithms/call_header.h"
-#include "algorithms/collective.h"
-#include "algorithms/ring_phases.h"
 #include "algorithms/ring_schedule.h"
-#include "common/error.h"
-#include "reduce/cpu_kernels.h"
+#include "algorithms/schedule.h"
 
 namespace rr {
 namespace {
 
-struct Neighbours {
-  int left;
-  int right;
-};
+// Where reduce-scatter step `step` accumulates the piece that starts at
+// element `begin`. The next step sends from there: the chunk sent in step
+// t+1 is the one received in step t.
+using PartialSums = std::function<char*(int step, size_t begin)>;
 
-Neighbours neighbours(const Transport& t) {
-  return {(t.rank() + t.size() - 1) % t.size(), (t.rank() + 1) % t.size()};
+// The reduce-scatter phase over round `round` (pieces of `piece_elems` of
+// every chunk). Afterwards partial(size-2, ...) holds this rank's piece of
+// its own chunk, fully reduced.
+void reduce_scatter_phase(Executor& x, const Ring& ring, const char* src, size_t count,
+                          size_t elem, size_t round, size_t piece_elems,
+                          const PartialSums& partial) {
+  for (int step = 0; step < ring.size - 1; ++step) {
+    const RingStep s = reduce_scatter_step(ring.rank, ring.size, step);
+    const auto [send_begin, send_end] =
+        piece_bounds(count, ring.size, s.send_chunk, round, piece_elems);
+    const auto [recv_begin, recv_end] =
+        piece_bounds(count, ring.size, s.recv_chunk, round, piece_elems);
+    StepPlan p = ring.plan();
+    // Step 0 sends our own contribution; later steps the partial sum that the
+    // previous step accumulated.
+    p.send = step == 0 ? src + send_begin * elem : partial(step - 1, send_begin);
+    p.send_bytes = (send_end - send_begin) * elem;
+    p.recv = partial(step, recv_begin);
+    p.recv_bytes = (recv_end - recv_begin) * elem;
+    p.reduce_with = src + recv_begin * elem;
+    x.step(p);
+  }
+}
+
+// Divides on the owner of each chunk only, so every rank ends up with the
+// same bits after the all-gather.
+void divide_if_avg(Executor& x, const CollectiveArgs& args, char* data, size_t n, int size) {
+  if (args.op == ReduceOp::kAvg && n > 0) x.divide(data, n, size);
 }
 
 }  // namespace
 
-void reduce_scatter_phase(RingContext& ctx, const char* src, char* dst, size_t count,
-                          DataType dtype, ReduceOp op) {
-  Transport& t = ctx.transport;
-  const int size = t.size();
-  const int rank = t.rank();
-  const Neighbours nb = neighbours(t);
-  const size_t elem = dtype_size(dtype);
-  const ReduceFn reduce = cpu_reduce_fn(dtype, op);
-
-  // Two segment buffers: one being received into while the other is reduced.
-  const size_t seg_elems = std::max<size_t>(1, ctx.segment_bytes / elem);
-  const size_t seg_bytes = seg_elems * elem;
-  if (ctx.scratch.size() < 2 * seg_bytes) ctx.scratch.resize(2 * seg_bytes);
-  char* slot[2] = {ctx.scratch.data(), ctx.scratch.data() + seg_bytes};
-
-  for (int step = 0; step < size - 1; ++step) {
-    const RingStep s = reduce_scatter_step(rank, size, step);
-    const auto [send_begin, send_end] = chunk_bounds(count, size, s.send_chunk);
-    const auto [recv_begin, recv_end] = chunk_bounds(count, size, s.recv_chunk);
-
-    // Step 0 sends our own contribution; later steps send the partial sum we
-    // accumulated in the previous step.
-    const char* send_base = step == 0 ? src : dst;
-    RequestPtr send = t.isend(nb.right, send_base + send_begin * elem, (send_end - send_begin) * elem);
-
-    const size_t recv_elems = recv_end - recv_begin;
-    const size_t segments = segment_count(recv_elems * elem, seg_bytes);
-    auto segment_len = [&](size_t j) { return std::min(seg_elems, recv_elems - j * seg_elems); };
-    RequestPtr pending = t.irecv(nb.left, slot[0], segment_len(0) * elem);
-    for (size_t j = 0; j < segments; ++j) {
-      RequestPtr current = pending;
-      if (j + 1 < segments) pending = t.irecv(nb.left, slot[(j + 1) % 2], segment_len(j + 1) * elem);
-      t.wait(*current, ctx.deadline());
-      const size_t offset = (recv_begin + j * seg_elems) * elem;
-      reduce(dst + offset, src + offset, slot[j % 2], segment_len(j));
-    }
-    t.wait(*send, ctx.deadline());
+void all_gather_phase(Executor& x, const Ring& ring, char* buffer, size_t count, size_t elem) {
+  for (int step = 0; step < ring.size - 1; ++step) {
+    const RingStep s = all_gather_step(ring.rank, ring.size, step);
+    const auto [send_begin, send_end] = chunk_bounds(count, ring.size, s.send_chunk);
+    const auto [recv_begin, recv_end] = chunk_bounds(count, ring.size, s.recv_chunk);
+    // Chunks arrive straight into their final place.
+    StepPlan p = ring.plan();
+    p.send = buffer + send_begin * elem;
+    p.send_bytes = (send_end - send_begin) * elem;
+    p.recv = buffer + recv_begin * elem;
+    p.recv_bytes = (recv_end - recv_begin) * elem;
+    x.step(p);
   }
 }
 
-void all_gather_phase(RingContext& ctx, char* buffer, size_t count, size_t elem) {
-  Transport& t = ctx.transport;
-  const int size = t.size();
-  const int rank = t.rank();
-  const Neighbours nb = neighbours(t);
-  for (int step = 0; step < size - 1; ++step) {
-    const RingStep s = all_gather_step(rank, size, step);
-    const auto [send_begin, send_end] = chunk_bounds(count, size, s.send_chunk);
-    const auto [recv_begin, recv_end] = chunk_bounds(count, size, s.recv_chunk);
-    // Chunks arrive straight into their final place: no scratch, no copy.
-    RequestPtr send = t.isend(nb.right, buffer + send_begin * elem, (send_end - send_begin) * elem);
-    RequestPtr recv = t.irecv(nb.left, buffer + recv_begin * elem, (recv_end - recv_begin) * elem);
-    t.wait(*recv, ctx.deadline());
-    t.wait(*send, ctx.deadline());
-  }
-}
-
-void ring_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
-  const int size = ctx.transport.size();
+void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   const size_t elem = dtype_size(args.dtype);
   const char* src = static_cast<const char*>(args.send);
   char* dst = static_cast<char*>(args.recv);
-  if (size == 1 || args.count == 0) {
-    if (dst != src && args.count > 0) std::memmove(dst, src, args.count * elem);
+  if (args.count == 0) return;
+  if (ring.size == 1) {
+    x.copy(dst, src, args.count * elem);
     return;
   }
-  reduce_scatter_phase(ctx, src, dst, args.count, args.dtype, args.op);
-  if (args.op == ReduceOp::kAvg) {
-    // Divide once, on the owner of each chunk, so every rank ends up with the
-    // same bits after the all-gather.
-    const auto [begin, end] = chunk_bounds(args.count, size, ctx.transport.rank());
-    divide_by(args.dtype, dst + begin * elem, end - begin, size);
-  }
-  all_gather_phase(ctx, dst, args.count, elem);
+  // One round over whole chunks: the partial sums accumulate in place in dst,
+  // at their own chunk's offset.
+  const size_t whole_chunk = chunk_bounds(args.count, ring.size, 0).second;
+  reduce_scatter_phase(x, ring, src, args.count, elem, 0, whole_chunk,
+                       [&](int, size_t begin) { return dst + begin * elem; });
+  const auto [begin, end] = chunk_bounds(args.count, ring.size, ring.rank);
+  divide_if_avg(x, args, dst + begin * elem, end - begin, ring.size);
+  all_gather_phase(x, ring, dst, args.count, elem);
 }
 
-void ring_reduce_scatter(RingContext& ctx, const CollectiveArgs& args) {
-  const int size = ctx.transport.size();
-  const int rank = ctx.transport.rank();
+void ring_reduce_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args,
+                         size_t piece_elems) {
   const size_t elem = dtype_size(args.dtype);
-  const auto [begin, end] = chunk_bounds(args.count, size, rank);
   const char* src = static_cast<const char*>(args.send);
-  if (size == 1) {
-    if (args.recv != args.send) std::memmove(args.recv, src, args.count * elem);
+  char* out = static_cast<char*>(args.recv);
+  if (args.count == 0) return;
+  if (ring.size == 1) {
+    x.copy(out, src, args.count * elem);
     return;
   }
-  // The phase accumulates partial sums of other ranks' chunks in a buffer as
-  // large as the input; only our own chunk is copied out.
-  std::vector<char> work(args.count * elem);
-  reduce_scatter_phase(ctx, src, work.data(), args.count, args.dtype, args.op);
-  if (args.op == ReduceOp::kAvg) divide_by(args.dtype, work.data() + begin * elem, end - begin, size);
-  std::memcpy(args.recv, work.data() + begin * elem, (end - begin) * elem);
+  // Partial sums of other ranks' chunks live in two pieces of scratch,
+  // alternating by step (each step sends one and fills the other); the last
+  // step of a round accumulates our own piece straight into the output.
+  const size_t own_begin = chunk_bounds(args.count, ring.size, ring.rank).first;
+  char* scratch = x.scratch();
+  const size_t piece_bytes = piece_elems * elem;
+  const size_t rounds = round_count(args.count, ring.size, piece_elems);
+  for (size_t round = 0; round < rounds; ++round) {
+    reduce_scatter_phase(x, ring, src, args.count, elem, round, piece_elems,
+                         [&](int step, size_t begin) {
+                           return step == ring.size - 2 ? out + (begin - own_begin) * elem
+                                                        : scratch + (step % 2) * piece_bytes;
+                         });
+  }
+  const auto [begin, end] = chunk_bounds(args.count, ring.size, ring.rank);
+  divide_if_avg(x, args, out, end - begin, ring.size);
 }
 
-void ring_all_gather(RingContext& ctx, const CollectiveArgs& args) {
-  const int size = ctx.transport.size();
-  const int rank = ctx.transport.rank();
+void ring_all_gather(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   const size_t elem = dtype_size(args.dtype);
   char* out = static_cast<char*>(args.recv);
   const size_t block_bytes = args.count * elem;
-  // Our block goes to its place first; memmove allows the caller's input to
-  // already sit there (in-place all_gather).
-  if (out + rank * block_bytes != args.send && block_bytes > 0) {
-    std::memmove(out + rank * block_bytes, args.send, block_bytes);
-  }
-  if (size == 1 || args.count == 0) return;
-  all_gather_phase(ctx, out, args.count * size, elem);
+  if (block_bytes == 0) return;
+  // Our block goes to its place first, unless the caller's input already sits
+  // there (in-place all_gather).
+  x.copy(out + ring.rank * block_bytes, args.send, block_bytes);
+  all_gather_phase(x, ring, out, args.count * ring.size, elem);
 }
 
 }  // namespace rr

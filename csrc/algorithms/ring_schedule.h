@@ -1,5 +1,6 @@
-// The pure arithmetic of the ring: which chunk goes where at each step.
-// Kept apart from any I/O so it can be unit-tested on its own.
+// The pure arithmetic of the ring: which chunk goes where at each step, and
+// how a step is cut into messages. Kept apart from any I/O so it can be
+// unit-tested on its own (tests/test_schedule.py simulates the whole ring).
 //
 // Terms used throughout the ring code:
 //   chunk   - the contiguous block of the flattened buffer that one rank owns at
@@ -8,11 +9,18 @@
 //   step    - one exchange around the ring: every rank sends one chunk to its
 //             right neighbour and receives one from its left. Each phase has
 //             size - 1 steps.
-//   segment - a chunk is cut into segments of at most segment_bytes for the
-//             wire, so the reduction of one segment overlaps the arrival of the
-//             next.
+//   segment - a step's data is cut into segments of at most segment_bytes, and
+//             each segment is one message on the wire. Both ends of a link cut
+//             the same way (segment_length), so no transport reassembles a
+//             stream, and the reduction of one segment overlaps the arrival of
+//             the next.
+//   round   - reduce_scatter keeps its partial sums in a few segments of
+//             scratch instead of a chunk-sized buffer, so it runs the ring
+//             once per piece: round k moves piece k (piece_bounds) of every
+//             chunk.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 
@@ -48,9 +56,36 @@ inline RingStep all_gather_step(int rank, int size, int step) {
   return {ring_mod(rank - step, size), ring_mod(rank - step - 1, size)};
 }
 
-// Number of segments a chunk of `bytes` is cut into (at least one).
-inline size_t segment_count(size_t bytes, size_t segment_bytes) {
-  return bytes == 0 ? 1 : (bytes + segment_bytes - 1) / segment_bytes;
+// The segment size for elements of `elem` bytes: a whole number of elements,
+// at least one, so a reduction never splits an element across messages.
+inline size_t segment_size(size_t segment_bytes, size_t elem) {
+  return std::max<size_t>(1, segment_bytes / elem) * elem;
+}
+
+// Number of messages `bytes` are sent as. An empty region is not sent at all
+// (zero messages), by either side.
+inline size_t segments_in(size_t bytes, size_t segment) { return (bytes + segment - 1) / segment; }
+
+// Length of segment j of a region of `bytes`.
+inline size_t segment_length(size_t bytes, size_t segment, size_t j) {
+  return std::min(segment, bytes - j * segment);
+}
+
+// Number of rounds reduce_scatter runs with pieces of `piece_elems` elements:
+// enough for the largest chunk (chunk 0), at least one.
+inline size_t round_count(size_t count, int parts, size_t piece_elems) {
+  const size_t largest = chunk_bounds(count, parts, 0).second;
+  return std::max<size_t>(1, (largest + piece_elems - 1) / piece_elems);
+}
+
+// [begin, end) of the piece of chunk `index` that round `round` moves; empty
+// once the chunk is used up (chunks differ by at most one element, so only the
+// last round can be empty for some chunks and not others).
+inline std::pair<size_t, size_t> piece_bounds(size_t count, int parts, int index, size_t round,
+                                              size_t piece_elems) {
+  const auto [begin, end] = chunk_bounds(count, parts, index);
+  const size_t piece_begin = std::min(end, begin + round * piece_elems);
+  return {piece_begin, std::min(end, piece_begin + piece_elems)};
 }
 
 }  // namespace rr

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "engine/devices.h"
+#include "executor/devices.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rr {
@@ -117,7 +117,9 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
       size_(transport->size()),
       transport_name_(transport->name()),
       timeout_(timeout_seconds),
-      segment_bytes_(segment_bytes),
+      // A segment is one message: at least a byte, and at most the 1 GiB
+      // that every transport can carry (MPI counts are ints).
+      segment_bytes_(std::clamp<size_t>(segment_bytes, 1, size_t{1} << 30)),
       small_bytes_(small_message_bytes(size_)),
       prefix_(std::move(store_prefix)),
       store_(std::move(store)),

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "algorithms/collective.h"
-#include "algorithms/device.h"
+#include "executor/device.h"
 #include "engine/work.h"
 #include "rendezvous/store.h"
 #include "transport/transport.h"

@@ -10,9 +10,7 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, double time
                                                       size_t segment_bytes) {
   if (timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
   auto channel = MpiChannel::open(comm, Deadline::after(timeout_seconds));
-  // Pieces of one segment line up with the receiver's segments, so every
-  // message lands straight in its final buffer.
-  auto transport = std::make_unique<MpiTransport>(channel, segment_bytes);
+  auto transport = std::make_unique<MpiTransport>(channel);
   return std::make_unique<Communicator>(make_mpi_store(channel), std::move(transport),
                                         timeout_seconds, segment_bytes, "rr/");
 }

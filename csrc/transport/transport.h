@@ -1,9 +1,17 @@
 // The transport interface: the only thing the algorithms see.
 //
-// A transport moves byte spans between ranks. It knows nothing of dtypes or
-// collectives. Messages between one (sender, receiver) pair are delivered in
-// the order they were posted, and receives from one peer are matched in the
-// order they were posted, so the algorithms need no tags.
+// A transport moves messages between ranks. It knows nothing of dtypes or
+// collectives. A message is one segment of a step (algorithms/ring_schedule.h):
+// both ends agree on its size, so a receive is posted for exactly the bytes
+// the matching send carries, and no transport has to cut or reassemble a
+// stream. Messages between one (sender, receiver) pair are delivered in the
+// order they were posted, and receives from one peer are matched in the order
+// they were posted, so the algorithms need no tags.
+//
+// A receive lands either in the caller's memory (irecv) or in memory the
+// transport owns (irecv_view). A view lets the algorithm reduce straight out
+// of the transport's buffer, which for shared memory is the sender's slot:
+// no intermediate copy. The algorithm releases each view once it has read it.
 //
 // Progress happens inside wait(): the calling thread (the communicator's worker
 // thread) drives every outstanding request of this transport, not only the one
@@ -26,6 +34,9 @@ class Request {
   virtual ~Request() = default;
   virtual bool done() const = 0;
   virtual int peer() const = 0;
+  // For a receive posted with irecv_view: the message, in the transport's
+  // memory, from completion until Transport::release(). Null otherwise.
+  virtual const char* view() const { return nullptr; }
 };
 using RequestPtr = std::shared_ptr<Request>;
 
@@ -36,17 +47,28 @@ struct TransportStats {
 
 class Transport {
  public:
+  // A transport lends at least this many views per peer at once; an
+  // algorithm never holds more (posted or completed, not yet released).
+  static constexpr int kMaxViews = 4;
+
   virtual ~Transport() = default;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* name() const = 0;
 
-  // Posts a send of `bytes` bytes to `peer`. `data` must stay valid until the
-  // request completes.
+  // Posts one message of `bytes` bytes to `peer`. `data` must stay valid
+  // until the request completes. A zero-byte message is not sent at all (and
+  // the receiver posts nothing for it): the request is done at once.
   virtual RequestPtr isend(int peer, const void* data, size_t bytes) = 0;
-  // Posts a receive of exactly `bytes` bytes from `peer` into `data`.
+  // Posts the receive of one message of exactly `bytes` bytes into `data`.
   virtual RequestPtr irecv(int peer, void* data, size_t bytes) = 0;
+  // Posts the receive of one message of exactly `bytes` (> 0) bytes into
+  // memory the transport owns; once done, request.view() points at it.
+  virtual RequestPtr irecv_view(int peer, size_t bytes) = 0;
+  // Gives a completed view back. Views from one peer are released in the
+  // order they were posted.
+  virtual void release(Request& view) = 0;
 
   // Drives progress until `request` completes. Throws TimeoutError when no
   // byte has moved for the deadline's length (so a long transfer on a slow
@@ -61,11 +83,5 @@ class Transport {
 
   virtual TransportStats stats() const = 0;
 };
-
-// Convenience: waits for a send and a receive posted together.
-inline void wait_all(Transport& t, Request& a, Request& b, const Deadline& deadline) {
-  t.wait(a, deadline);
-  t.wait(b, deadline);
-}
 
 }  // namespace rr

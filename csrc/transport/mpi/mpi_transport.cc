@@ -13,14 +13,11 @@
 namespace rr {
 namespace {
 
-// MPI counts are ints; pieces stay well below INT_MAX.
-constexpr size_t kMaxPieceBytes = size_t{1} << 30;
+// MPI counts are ints; the engine keeps segments at or below 1 GiB.
+constexpr size_t kMaxMessageBytes = size_t{1} << 30;
 
-// MPI requests in flight per peer and direction. More would not move bytes
-// faster (a peer takes its messages in order) and would only lengthen every
-// MPI_Testsome, which matters when a collective posts thousands of segments.
+// Sends in flight per peer (see the header).
 constexpr int kSendWindow = 8;
-constexpr int kRecvWindow = 16;
 
 // How long a wait keeps progressing after the awaited peer announced an
 // abort, for data it sent before the notice.
@@ -63,62 +60,33 @@ class Backoff {
 
 }  // namespace
 
-// A send: one MPI message per piece of at most piece_bytes_.
-struct MpiTransport::SendOp : Request {
-  SendOp(int peer, const char* data, size_t bytes) : peer_(peer), base(data), total(bytes) {}
-  bool done() const override { return bytes_done == total; }
+// One message: a send, or a receive into the caller's memory or into a view
+// (`slot`, owned until released).
+struct MpiTransport::Op : Request {
+  Op(int peer, char* data, size_t bytes, bool sending)
+      : peer_(peer), data(data), bytes(bytes), sending(sending) {}
+  bool done() const override { return done_; }
   int peer() const override { return peer_; }
+  const char* view() const override { return slot && done_ ? slot->data() : nullptr; }
 
   int peer_;
-  const char* base;
-  size_t total;
-  size_t posted = 0;  // bytes handed to MPI_Isend
-  size_t bytes_done = 0;
-};
-
-// A receive of exactly `total` bytes into `base`. `matched` bytes have been
-// assigned to MPI receives (or copied from a staging buffer); `received`
-// bytes have landed.
-struct MpiTransport::RecvOp : Request {
-  RecvOp(int peer, char* data, size_t bytes) : peer_(peer), base(data), total(bytes) {}
-  bool done() const override { return received == total; }
-  int peer() const override { return peer_; }
-
-  int peer_;
-  char* base;
-  size_t total;
-  size_t matched = 0;
-  size_t received = 0;
-};
-
-// Both directions of the stream with one peer.
-struct MpiTransport::Link {
-  // Sends not yet fully handed to MPI, in posting order.
-  std::deque<std::shared_ptr<SendOp>> unposted;
-  int sends_in_flight = 0;
-  // Posted receives not yet fully matched, in posting order.
-  std::deque<std::shared_ptr<RecvOp>> unmatched;
-  int recvs_in_flight = 0;
-  // A message larger than the head receive: taken whole, then copied out.
-  std::vector<char> stage;
-  size_t stage_len = 0;
-  size_t stage_pos = 0;
-  bool staging = false;
-  bool stage_arrived = false;
-};
-
-// What one MPI request completes: a piece of a send, a part of a receive, or
-// (neither set) the staging buffer of `peer`.
-struct MpiTransport::InFlight {
-  std::shared_ptr<SendOp> send;
-  std::shared_ptr<RecvOp> recv;
-  int peer;
+  char* data;
   size_t bytes;
+  bool sending;
+  bool done_ = false;
+  std::unique_ptr<std::vector<char>> slot;
 };
 
-MpiTransport::MpiTransport(std::shared_ptr<MpiChannel> channel, size_t piece_bytes)
-    : channel_(std::move(channel)),
-      piece_bytes_(std::clamp<size_t>(piece_bytes, 1, kMaxPieceBytes)) {
+struct MpiTransport::Link {
+  int peer = -1;
+  // Sends not yet handed to MPI, in posting order.
+  std::deque<std::shared_ptr<Op>> unposted;
+  int sends_in_flight = 0;
+  // Buffers of released views, reused by the next irecv_view.
+  std::vector<std::unique_ptr<std::vector<char>>> spare;
+};
+
+MpiTransport::MpiTransport(std::shared_ptr<MpiChannel> channel) : channel_(std::move(channel)) {
   links_.resize(static_cast<size_t>(channel_->size()));
 }
 
@@ -133,144 +101,123 @@ void MpiTransport::check_peer(int peer) const {
 
 MpiTransport::Link& MpiTransport::link(int peer) {
   auto& slot = links_[static_cast<size_t>(peer)];
-  if (!slot) slot = std::make_unique<Link>();
+  if (!slot) {
+    slot = std::make_unique<Link>();
+    slot->peer = peer;
+  }
   return *slot;
 }
 
+namespace {
+
+void check_size(size_t bytes) {
+  if (bytes > kMaxMessageBytes) {
+    throw Error("mpi transport: a message of " + std::to_string(bytes) +
+                " bytes is larger than the 1 GiB a message may carry");
+  }
+}
+
+}  // namespace
+
 RequestPtr MpiTransport::isend(int peer, const void* data, size_t bytes) {
-  auto op = std::make_shared<SendOp>(peer, static_cast<const char*>(data), bytes);
-  if (bytes == 0) return op;  // as over TCP, an empty message is not sent at all
+  auto op = std::make_shared<Op>(peer, static_cast<char*>(const_cast<void*>(data)), bytes, true);
+  if (bytes == 0) {
+    op->done_ = true;  // an empty message is not sent at all
+    return op;
+  }
   check_peer(peer);
+  check_size(bytes);
   auto lock = channel_->guard();
   Link& out = link(peer);
   out.unposted.push_back(op);
-  post_sends(peer, out);
+  post_sends(out);
   return op;
 }
 
-// Hands the next pieces of `peer`'s queued sends to MPI, in order, up to the window.
-void MpiTransport::post_sends(int peer, Link& out) {
+// Hands the next queued sends of a peer to MPI, in order, up to the window.
+void MpiTransport::post_sends(Link& out) {
   while (out.sends_in_flight < kSendWindow && !out.unposted.empty()) {
-    const std::shared_ptr<SendOp>& op = out.unposted.front();
-    const size_t piece = std::min(piece_bytes_, op->total - op->posted);
+    std::shared_ptr<Op> op = std::move(out.unposted.front());
+    out.unposted.pop_front();
     MPI_Request request = MPI_REQUEST_NULL;
-    // MPI_Isend takes a non-const buffer in MPI-2 headers; it only reads it.
-    MpiChannel::check(MPI_Isend(const_cast<char*>(op->base + op->posted), static_cast<int>(piece),
-                                MPI_BYTE, peer, MpiChannel::kDataTag, channel_->comm(), &request),
+    MpiChannel::check(MPI_Isend(op->data, static_cast<int>(op->bytes), MPI_BYTE, out.peer,
+                                MpiChannel::kDataTag, channel_->comm(), &request),
                       "MPI_Isend");
-    op->posted += piece;
     ++out.sends_in_flight;
-    track(request, InFlight{op, nullptr, peer, piece});
-    if (op->posted == op->total) out.unposted.pop_front();
+    requests_.push_back(request);
+    in_flight_.push_back(std::move(op));
   }
 }
 
 RequestPtr MpiTransport::irecv(int peer, void* data, size_t bytes) {
-  auto op = std::make_shared<RecvOp>(peer, static_cast<char*>(data), bytes);
-  if (bytes == 0) return op;
+  return post_recv(std::make_shared<Op>(peer, static_cast<char*>(data), bytes, false));
+}
+
+RequestPtr MpiTransport::irecv_view(int peer, size_t bytes) {
   check_peer(peer);
+  std::vector<std::unique_ptr<std::vector<char>>>& spare = link(peer).spare;
+  std::unique_ptr<std::vector<char>> slot;
+  if (spare.empty()) {
+    slot = std::make_unique<std::vector<char>>();
+  } else {
+    slot = std::move(spare.back());
+    spare.pop_back();
+  }
+  if (slot->size() < bytes) slot->resize(bytes);
+  auto op = std::make_shared<Op>(peer, slot->data(), bytes, false);
+  op->slot = std::move(slot);
+  return post_recv(std::move(op));
+}
+
+void MpiTransport::release(Request& view) {
+  auto& op = static_cast<Op&>(view);
+  if (!op.slot) return;
+  if (!op.done_) throw Error("mpi transport: a view was released before its message arrived");
+  link(op.peer_).spare.push_back(std::move(op.slot));
+}
+
+RequestPtr MpiTransport::post_recv(std::shared_ptr<Op> op) {
+  if (op->bytes == 0) {
+    op->done_ = true;
+    return op;
+  }
+  check_peer(op->peer_);
+  check_size(op->bytes);
   auto lock = channel_->guard();
-  Link& in = link(peer);
-  in.unmatched.push_back(op);
-  // Take whatever already arrived, so small messages often complete here.
-  match(peer, in);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MpiChannel::check(MPI_Irecv(op->data, static_cast<int>(op->bytes), MPI_BYTE, op->peer_,
+                              MpiChannel::kDataTag, channel_->comm(), &request),
+                    "MPI_Irecv");
+  requests_.push_back(request);
+  in_flight_.push_back(op);
   return op;
 }
 
-void MpiTransport::track(MPI_Request request, InFlight what) {
-  requests_.push_back(request);
-  in_flight_.push_back(std::move(what));
-}
-
-// Assigns arrived messages of `peer` to its posted receives, in order.
-bool MpiTransport::match(int peer, Link& in) {
-  bool moved = false;
-  if (in.staging) {
-    if (!in.stage_arrived) return false;
-    moved = drain_stage(in);
-    if (in.staging) return moved;  // the rest of the staged message awaits more receives
-  }
-  while (!in.unmatched.empty() && in.recvs_in_flight < kRecvWindow) {
-    int flag = 0;
-    MPI_Message message;
-    MPI_Status status;
-    MpiChannel::check(
-        MPI_Improbe(peer, MpiChannel::kDataTag, channel_->comm(), &flag, &message, &status),
-        "MPI_Improbe");
-    if (!flag) break;
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    const size_t bytes = static_cast<size_t>(count);
-    const std::shared_ptr<RecvOp>& head = in.unmatched.front();
-    MPI_Request request = MPI_REQUEST_NULL;
-    moved = true;
-    if (bytes <= head->total - head->matched) {
-      MpiChannel::check(MPI_Imrecv(head->base + head->matched, count, MPI_BYTE, &message, &request),
-                        "MPI_Imrecv");
-      head->matched += bytes;
-      ++in.recvs_in_flight;
-      track(request, InFlight{nullptr, head, peer, bytes});
-      if (head->matched == head->total) in.unmatched.pop_front();
-      continue;
-    }
-    if (in.stage.size() < bytes) in.stage.resize(bytes);
-    in.stage_len = bytes;
-    in.stage_pos = 0;
-    in.staging = true;
-    in.stage_arrived = false;
-    MpiChannel::check(MPI_Imrecv(in.stage.data(), count, MPI_BYTE, &message, &request),
-                      "MPI_Imrecv");
-    ++in.recvs_in_flight;
-    track(request, InFlight{nullptr, nullptr, peer, bytes});
-    break;  // later messages belong after the staged bytes
-  }
-  return moved;
-}
-
-// Copies an arrived staged message into the posted receives, as far as they go.
-bool MpiTransport::drain_stage(Link& in) {
-  bool moved = false;
-  while (in.stage_pos < in.stage_len && !in.unmatched.empty()) {
-    RecvOp& head = *in.unmatched.front();
-    const size_t n = std::min(in.stage_len - in.stage_pos, head.total - head.matched);
-    std::memcpy(head.base + head.matched, in.stage.data() + in.stage_pos, n);
-    head.matched += n;
-    head.received += n;
-    in.stage_pos += n;
-    moved = true;
-    if (head.matched == head.total) in.unmatched.pop_front();
-  }
-  if (in.stage_pos == in.stage_len) in.staging = false;
-  return moved;
-}
-
-void MpiTransport::complete(const InFlight& what) {
-  Link& l = link(what.peer);
-  if (what.send) {
-    --l.sends_in_flight;
-    what.send->bytes_done += what.bytes;
-    stats_.bytes_sent += what.bytes;
-    post_sends(what.peer, l);
+// A message of another size than the receive expected means the two ranks cut
+// a step differently: a bug or mismatched settings, never to be read as data.
+void MpiTransport::complete(Op& op, const MPI_Status& status) {
+  if (op.sending) {
+    --link(op.peer_).sends_in_flight;
+    stats_.bytes_sent += op.bytes;
+    op.done_ = true;
+    post_sends(link(op.peer_));
     return;
   }
-  --l.recvs_in_flight;
-  stats_.bytes_received += what.bytes;
-  if (what.recv) {
-    what.recv->received += what.bytes;
-    return;
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  if (static_cast<size_t>(count) != op.bytes) {
+    throw Error("mpi transport: rank " + std::to_string(op.peer_) + " sent a message of " +
+                std::to_string(count) + " bytes where rank " + std::to_string(rank()) +
+                " expected " + std::to_string(op.bytes) + " (the ranks cut a step differently)");
   }
-  l.stage_arrived = true;
-  drain_stage(l);
+  stats_.bytes_received += op.bytes;
+  op.done_ = true;
 }
 
-// One round: match arrivals on every stream, then test every request.
+// One round: test every request in flight.
 bool MpiTransport::progress() {
   auto lock = channel_->guard();
-  bool moved = false;
-  for (size_t peer = 0; peer < links_.size(); ++peer) {
-    if (links_[peer]) moved |= match(static_cast<int>(peer), *links_[peer]);
-  }
-  if (requests_.empty()) return moved;
+  if (requests_.empty()) return false;
   const int n = static_cast<int>(requests_.size());
   completed_.resize(requests_.size());
   statuses_.resize(requests_.size());
@@ -278,22 +225,30 @@ bool MpiTransport::progress() {
   const int code = MPI_Testsome(n, requests_.data(), &count, completed_.data(), statuses_.data());
   if (code == MPI_ERR_IN_STATUS) {
     for (int i = 0; i < count; ++i) {
-      const int err = statuses_[static_cast<size_t>(i)].MPI_ERROR;
-      if (err == MPI_SUCCESS) continue;
-      const InFlight& what = in_flight_[static_cast<size_t>(completed_[static_cast<size_t>(i)])];
+      const MPI_Status& status = statuses_[static_cast<size_t>(i)];
+      if (status.MPI_ERROR == MPI_SUCCESS) continue;
+      const Op& op = *in_flight_[static_cast<size_t>(completed_[static_cast<size_t>(i)])];
+      const char* what = op.sending ? "MPI_Isend" : "MPI_Irecv";
+      if (status.MPI_ERROR == MPI_ERR_TRUNCATE) {
+        throw Error("mpi transport: rank " + std::to_string(op.peer_) +
+                    " sent a message larger than the " + std::to_string(op.bytes) +
+                    " bytes rank " + std::to_string(rank()) +
+                    " expected (the ranks cut a step differently)");
+      }
       try {
-        MpiChannel::check(err, what.send ? "MPI_Isend" : "MPI_Imrecv");
+        MpiChannel::check(status.MPI_ERROR, what);
       } catch (const Error& e) {
-        throw PeerError(std::string(e.what()) + " (with rank " + std::to_string(what.peer) + ")",
-                        what.peer);
+        throw PeerError(std::string(e.what()) + " (with rank " + std::to_string(op.peer_) + ")",
+                        op.peer_);
       }
     }
   }
   MpiChannel::check(code, "MPI_Testsome");
-  if (count == MPI_UNDEFINED || count == 0) return moved;
-  // Take the finished entries out first: completing a send piece posts the
-  // next one, which appends to the vectors.
+  if (count == MPI_UNDEFINED || count == 0) return false;
+  // Take the finished entries out first: completing a send posts the next
+  // one, which appends to the vectors.
   finished_.clear();
+  std::vector<MPI_Status> done_status(statuses_.begin(), statuses_.begin() + count);
   for (int i = 0; i < count; ++i) {
     finished_.push_back(std::move(in_flight_[static_cast<size_t>(completed_[i])]));
   }
@@ -309,12 +264,8 @@ bool MpiTransport::progress() {
   }
   requests_.resize(kept);
   in_flight_.resize(kept);
-  for (const InFlight& what : finished_) complete(what);
+  for (size_t i = 0; i < finished_.size(); ++i) complete(*finished_[i], done_status[i]);
   finished_.clear();
-  // A staging buffer that just arrived may let more messages be matched.
-  for (size_t peer = 0; peer < links_.size(); ++peer) {
-    if (links_[peer]) match(static_cast<int>(peer), *links_[peer]);
-  }
   return true;
 }
 
@@ -324,7 +275,7 @@ void MpiTransport::wait(Request& request, const Deadline& deadline) {
     bool peer_aborted = false;
     Deadline grace;
     // The deadline bounds time without progress, not the whole transfer (as
-    // over TCP): every piece that lands restarts the window.
+    // over TCP): every message that lands restarts the window.
     Deadline window = deadline;
     uint64_t bytes_moved = stats_.bytes_sent + stats_.bytes_received;
     while (!request.done()) {
@@ -373,27 +324,16 @@ void MpiTransport::last_call(Request& request, const Deadline& deadline) {
 }
 
 void MpiTransport::fail_timeout(const Request& request, const Deadline& deadline) {
-  size_t done = 0;
-  size_t total = 0;
-  std::string what;
-  if (auto* send = dynamic_cast<const SendOp*>(&request)) {
-    what = "sending to";
-    done = send->bytes_done;
-    total = send->total;
-  } else {
-    const auto& recv = static_cast<const RecvOp&>(request);
-    what = "receiving from";
-    done = recv.received;
-    total = recv.total;
-  }
-  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " + what +
-                         " rank " + std::to_string(request.peer()) + " over MPI (" +
-                         std::to_string(done) + " of " + std::to_string(total) + " bytes done)",
-                     request.peer());
+  const auto& op = static_cast<const Op&>(request);
+  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
+                         (op.sending ? "sending " : "receiving ") + std::to_string(op.bytes) +
+                         " bytes " + (op.sending ? "to" : "from") + " rank " +
+                         std::to_string(op.peer_) + " over MPI",
+                     op.peer_);
 }
 
 void MpiTransport::fail_peer_aborted(const Request& request) {
-  const bool sending = dynamic_cast<const SendOp*>(&request) != nullptr;
+  const bool sending = static_cast<const Op&>(request).sending;
   throw PeerError("rank " + std::to_string(request.peer()) +
                       " gave up on the communicator (it failed or aborted) while rank " +
                       std::to_string(rank()) + " was " +
@@ -404,7 +344,7 @@ void MpiTransport::fail_peer_aborted(const Request& request) {
 bool MpiTransport::idle() const {
   if (!requests_.empty()) return false;
   for (const auto& l : links_) {
-    if (l && (!l->unmatched.empty() || !l->unposted.empty() || l->staging)) return false;
+    if (l && !l->unposted.empty()) return false;
   }
   return true;
 }
@@ -423,8 +363,11 @@ void MpiTransport::abort() noexcept {
     if (!failed_ && !channel_->failed() && idle()) return;
     channel_->mark_failed();
     channel_->announce(MpiChannel::Notice::kAbort);
-    // Every receive in flight was matched to an arrived message (MPI_Imrecv),
-    // so none can be cancelled; give them and the sends a moment to finish.
+    // Receives still waiting for their message are cancelled; sends and the
+    // rest get a moment to finish.
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      if (!in_flight_[i]->sending) MPI_Cancel(&requests_[i]);
+    }
     const Deadline deadline = Deadline::after(0.2);
     for (size_t i = 0; i < requests_.size(); ++i) {
       int done = 0;
@@ -434,10 +377,8 @@ void MpiTransport::abort() noexcept {
       }
       if (done) continue;
       MPI_Request_free(&requests_[i]);
-      if (!in_flight_[i].send && !in_flight_[i].recv) {
-        // MPI may still write into this staging buffer: it must outlive us.
-        (void)new std::vector<char>(std::move(link(in_flight_[i].peer).stage));
-      }
+      // MPI may still write into a view's buffer: it must outlive us.
+      if (in_flight_[i]->slot) (void)in_flight_[i]->slot.release();
     }
   } catch (...) {
     // abort() runs on error paths: it must not throw.
@@ -445,10 +386,7 @@ void MpiTransport::abort() noexcept {
   requests_.clear();
   in_flight_.clear();
   for (auto& l : links_) {
-    if (l) {
-      l->unmatched.clear();
-      l->unposted.clear();
-    }
+    if (l) l->unposted.clear();
   }
 }
 

@@ -1,25 +1,19 @@
-// The MPI transport: the ring's sends and receives become non-blocking MPI
-// point-to-point messages on the channel's private communicator, one tag.
+// The MPI transport: every message of the algorithms (one segment) is one
+// non-blocking MPI message on the channel's private communicator, one tag.
+// Both ends agree on message sizes (transport.h), so a receive is posted
+// straight into its buffer before the message arrives, and a message of
+// another size is a protocol error, reported as such.
 //
-// The algorithms treat the link to a peer as a byte stream: a rank may send a
-// whole chunk in one isend while its neighbour receives it segment by
-// segment. MPI matches whole messages instead, so this transport keeps stream
-// semantics on top of them:
-//  - a send is cut into messages of at most `piece_bytes` (the communicator's
-//    segment size, so that they line up with the receiver's segments; never
-//    more than 1 GiB, because MPI counts are ints), a few in flight at once per peer;
-//  - a receiver learns the size of each incoming message with MPI_Improbe
-//    before it takes it. A message that fits the receive at the head of that
-//    peer's queue goes straight into the posted buffer; one that does not is
-//    taken into a staging buffer and copied out across the receives.
-// MPI delivers the messages of one (sender, receiver, tag) in order, so the
-// bytes arrive in stream order.
+// Sends to one peer are handed to MPI in order, a few at a time: more would
+// not move bytes faster (a peer takes its messages in order) and would only
+// lengthen every MPI_Testsome when a collective posts thousands of segments.
+// Receives are posted at once; MPI matches them in posting order.
 //
-// Progress happens in wait(): it matches arrivals and tests every request in
-// flight, never calling a blocking MPI function. It spins briefly, then
-// yields, then sleeps in short slices until the deadline. MPI may never
-// report a dead peer; the deadline covers that, and a peer whose communicator
-// failed says so on the control channel, which ends our wait on it early.
+// Progress happens in wait(): it tests every request in flight, never calling
+// a blocking MPI function. It spins briefly, then yields, then sleeps in short
+// slices until the deadline. MPI may never report a dead peer; the deadline
+// covers that, and a peer whose communicator failed says so on the control
+// channel, which ends our wait on it early.
 #pragma once
 
 #include <memory>
@@ -32,7 +26,7 @@ namespace rr {
 
 class MpiTransport : public Transport {
  public:
-  MpiTransport(std::shared_ptr<MpiChannel> channel, size_t piece_bytes);
+  explicit MpiTransport(std::shared_ptr<MpiChannel> channel);
   ~MpiTransport() override;
 
   int rank() const override { return channel_->rank(); }
@@ -41,36 +35,33 @@ class MpiTransport : public Transport {
 
   RequestPtr isend(int peer, const void* data, size_t bytes) override;
   RequestPtr irecv(int peer, void* data, size_t bytes) override;
+  RequestPtr irecv_view(int peer, size_t bytes) override;
+  void release(Request& view) override;
   void wait(Request& request, const Deadline& deadline) override;
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
 
  private:
-  struct SendOp;
-  struct RecvOp;
+  struct Op;
   struct Link;
-  struct InFlight;
 
   void check_peer(int peer) const;
   Link& link(int peer);
-  void post_sends(int peer, Link& out);
+  RequestPtr post_recv(std::shared_ptr<Op> op);
+  void post_sends(Link& out);
   bool progress();
-  bool match(int peer, Link& in);
-  bool drain_stage(Link& in);
-  void track(MPI_Request request, InFlight what);
-  void complete(const InFlight& what);
+  void complete(Op& op, const MPI_Status& status);
   bool idle() const;
   void last_call(Request& request, const Deadline& deadline);
   [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);
   [[noreturn]] void fail_peer_aborted(const Request& request);
 
   std::shared_ptr<MpiChannel> channel_;
-  size_t piece_bytes_;
   std::vector<std::unique_ptr<Link>> links_;  // by peer rank, created on first use
-  // Every MPI request in flight, and what each one completes (same index).
+  // Every MPI request in flight, and the operation it completes (same index).
   std::vector<MPI_Request> requests_;
-  std::vector<InFlight> in_flight_;
-  std::vector<InFlight> finished_;  // scratch for progress()
+  std::vector<std::shared_ptr<Op>> in_flight_;
+  std::vector<std::shared_ptr<Op>> finished_;  // scratch for progress()
   std::vector<int> completed_;
   std::vector<MPI_Status> statuses_;
   TransportStats stats_;

@@ -17,21 +17,26 @@
 namespace rr {
 
 // A send or a receive in flight: `cursor` advances as the kernel takes bytes.
+// A receive into a view owns its buffer (`slot`) until released.
 struct TcpTransport::Op : Request {
   Op(int peer, char* data, size_t bytes, bool sending)
       : peer_(peer), cursor(data), left(bytes), total(bytes), sending(sending) {}
   bool done() const override { return left == 0; }
   int peer() const override { return peer_; }
+  const char* view() const override { return slot && done() ? slot->data() : nullptr; }
 
   int peer_;
   char* cursor;
   size_t left;
   size_t total;
   bool sending;
+  std::unique_ptr<std::vector<char>> slot;
 };
 
 // One direction of one connection, with its FIFO of posted operations.
 struct TcpTransport::Link {
+  Link(int peer, bool sending, Fd fd) : peer(peer), sending(sending), fd(std::move(fd)) {}
+
   int peer;
   bool sending;
   Fd fd;
@@ -40,6 +45,8 @@ struct TcpTransport::Link {
   bool peer_closed = false;
   // Bytes moved on this link so far: how wait() tells progress from a stall.
   uint64_t moved = 0;
+  // Buffers of released views, reused by the next irecv_view.
+  std::vector<std::unique_ptr<std::vector<char>>> spare;
 };
 
 namespace {
@@ -130,8 +137,8 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
     }
   }
 
-  t->links_.push_back(std::unique_ptr<Link>(new Link{right, true, std::move(out), {}}));
-  t->links_.push_back(std::unique_ptr<Link>(new Link{left, false, std::move(in), {}}));
+  t->links_.push_back(std::make_unique<Link>(right, true, std::move(out)));
+  t->links_.push_back(std::make_unique<Link>(left, false, std::move(in)));
   return t;
 }
 
@@ -144,12 +151,11 @@ TcpTransport::Link& TcpTransport::link_to(int peer, bool sending) {
               " (only ring neighbours are connected)");
 }
 
-RequestPtr TcpTransport::post(int peer, char* data, size_t bytes, bool sending) {
-  auto op = std::make_shared<Op>(peer, data, bytes, sending);
-  if (bytes > 0) {
-    Link& link = link_to(peer, sending);
+RequestPtr TcpTransport::post(std::shared_ptr<Op> op) {
+  if (op->total > 0) {
+    Link& link = link_to(op->peer_, op->sending);
     if (!link.fd.valid()) {
-      throw PeerError("connection to rank " + std::to_string(peer) + " is closed", peer);
+      throw PeerError("connection to rank " + std::to_string(op->peer_) + " is closed", op->peer_);
     }
     link.queue.push_back(op);
     // Start moving bytes now: small messages often complete right here.
@@ -159,11 +165,37 @@ RequestPtr TcpTransport::post(int peer, char* data, size_t bytes, bool sending) 
 }
 
 RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes) {
-  return post(peer, static_cast<char*>(const_cast<void*>(data)), bytes, true);
+  return post(std::make_shared<Op>(peer, static_cast<char*>(const_cast<void*>(data)), bytes, true));
 }
 
 RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes) {
-  return post(peer, static_cast<char*>(data), bytes, false);
+  return post(std::make_shared<Op>(peer, static_cast<char*>(data), bytes, false));
+}
+
+// A socket has no memory of its own to lend: a view is a buffer of ours that
+// the message is read into, kept for the next view once released.
+RequestPtr TcpTransport::irecv_view(int peer, size_t bytes) {
+  std::vector<std::unique_ptr<std::vector<char>>>& spare = link_to(peer, false).spare;
+  std::unique_ptr<std::vector<char>> slot;
+  if (spare.empty()) {
+    slot = std::make_unique<std::vector<char>>();
+  } else {
+    slot = std::move(spare.back());
+    spare.pop_back();
+  }
+  if (slot->size() < bytes) slot->resize(bytes);
+  auto op = std::make_shared<Op>(peer, slot->data(), bytes, false);
+  op->slot = std::move(slot);
+  return post(std::move(op));
+}
+
+void TcpTransport::release(Request& view) {
+  auto& op = static_cast<Op&>(view);
+  if (!op.slot) return;
+  if (!op.done()) {
+    throw Error("tcp transport: a view was released before its message arrived");
+  }
+  link_to(op.peer_, false).spare.push_back(std::move(op.slot));
 }
 
 void TcpTransport::progress(Link& link) {

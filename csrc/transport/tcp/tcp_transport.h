@@ -1,6 +1,10 @@
 // The TCP transport: one stream socket to the right ring neighbour (we only
 // send on it) and one from the left neighbour (we only receive on it).
 //
+// A socket is a byte stream, and messages are simply consecutive bytes on it:
+// both ends agree on every message's size (transport.h), so no framing is
+// sent. Views (irecv_view) are buffers of ours, reused once released.
+//
 // Sockets are non-blocking with TCP_NODELAY and large kernel buffers. Progress
 // is driven by wait(): it writes and reads as much as the kernel takes on every
 // link that has work queued, then poll()s in slices of at most 100 ms until the
@@ -35,6 +39,8 @@ class TcpTransport : public Transport {
 
   RequestPtr isend(int peer, const void* data, size_t bytes) override;
   RequestPtr irecv(int peer, void* data, size_t bytes) override;
+  RequestPtr irecv_view(int peer, size_t bytes) override;
+  void release(Request& view) override;
   void wait(Request& request, const Deadline& deadline) override;
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
@@ -45,7 +51,7 @@ class TcpTransport : public Transport {
 
   TcpTransport(int rank, int size);
   Link& link_to(int peer, bool sending);
-  RequestPtr post(int peer, char* data, size_t bytes, bool sending);
+  RequestPtr post(std::shared_ptr<Op> op);
   void progress(Link& link);
   void poll_links(const Deadline& deadline);
   [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);

@@ -1,42 +1,35 @@
-#include "algorithms/staged_pipeline.h"
+#include "executor/device_executor.h"
 
 #include <algorithm>
+
+#include "algorithms/ring_schedule.h"
+#include "common/error.h"
 
 namespace rr {
 namespace {
 
 // Segments j+1 .. j+kLookahead are staged while segment j is on the wire.
-constexpr size_t kLookahead = StagedPipeline::kSlots - 1;
+constexpr size_t kLookahead = DeviceExecutor::kSlots - 1;
 
 // Events: slot k's copy off the device is done (kSendStaged + k); slot k's
 // copy onto the device is done (kRecvLanded + k); a step has begun.
 constexpr int kSendStaged = 0;
-constexpr int kRecvLanded = StagedPipeline::kSlots;
-constexpr int kStepBegins = 2 * StagedPipeline::kSlots;
+constexpr int kRecvLanded = DeviceExecutor::kSlots;
+constexpr int kStepBegins = 2 * DeviceExecutor::kSlots;
 static_assert(kStepBegins < Device::kEvents, "the pipeline uses more events than a Device has");
 
-// Unlike segment_count(), an empty chunk has no segments: neither side sends
-// or posts anything for it, which keeps the byte streams in step.
-size_t segments_in(size_t bytes, size_t segment_bytes) {
-  return (bytes + segment_bytes - 1) / segment_bytes;
-}
-
-int slot_event(int base, size_t j) { return base + static_cast<int>(j % StagedPipeline::kSlots); }
+int slot_event(int base, size_t j) { return base + static_cast<int>(j % DeviceExecutor::kSlots); }
 
 }  // namespace
 
-StagedPipeline::StagedPipeline(RingContext& ctx, DataType dtype, ReduceOp op, size_t scratch_bytes)
-    : ctx_(ctx),
-      transport_(ctx.transport),
-      device_(*ctx.device),
-      dtype_(dtype),
-      op_(op),
-      elem_(dtype_size(dtype)),
-      segment_bytes_(std::max<size_t>(1, ctx.segment_bytes / elem_) * elem_),
-      left_((transport_.rank() + transport_.size() - 1) % transport_.size()),
-      right_((transport_.rank() + 1) % transport_.size()) {
-  device_.begin(*ctx.device_mark);
-  const Staging staging = device_.staging(kSlots, segment_bytes_, scratch_bytes);
+DeviceExecutor::DeviceExecutor(const ExecutorSetup& setup, Device& device, const StreamMark& mark)
+    : setup_(setup),
+      transport_(setup.transport),
+      device_(device),
+      elem_(dtype_size(setup.dtype)),
+      segment_bytes_(segment_size(setup.segment_bytes, elem_)) {
+  device_.begin(mark);
+  const Staging staging = device_.staging(kSlots, segment_bytes_, setup.scratch_bytes);
   for (size_t k = 0; k < kSlots; ++k) {
     send_[k].host = staging.send_host + k * staging.slot_stride;
     recv_[k].host = staging.recv_host + k * staging.slot_stride;
@@ -45,20 +38,23 @@ StagedPipeline::StagedPipeline(RingContext& ctx, DataType dtype, ReduceOp op, si
   scratch_ = staging.scratch;
 }
 
-StagedPipeline::~StagedPipeline() {
+DeviceExecutor::~DeviceExecutor() {
   if (finished_) return;
   try {
-    device_.finish(ctx_.deadline());
+    device_.finish(setup_.deadline());
   } catch (...) {
     // Already failing: the first error is the one to report.
   }
 }
 
-size_t StagedPipeline::length(size_t total, size_t j) const {
+size_t DeviceExecutor::length(size_t total, size_t j) const {
   return std::min(segment_bytes_, total - j * segment_bytes_);
 }
 
-void StagedPipeline::step(const StepPlan& plan) {
+void DeviceExecutor::step(const StepPlan& plan) {
+  if (plan.forward && plan.reduce_with != nullptr) {
+    throw Error("device executor: a step cannot both reduce and forward");
+  }
   plan_ = plan;
   send_segments_ = segments_in(plan.send_bytes, segment_bytes_);
   recv_segments_ = segments_in(plan.recv_bytes, segment_bytes_);
@@ -81,12 +77,12 @@ void StagedPipeline::step(const StepPlan& plan) {
 }
 
 // Queues the copy of send segment j off the device into its slot.
-void StagedPipeline::stage_send(size_t j) {
+void DeviceExecutor::stage_send(size_t j) {
   if (j >= send_segments_) return;
   SendSlot& slot = send_[j % kSlots];
   if (slot.send) {
     // Segment j - kSlots is still being read from this slot by the transport.
-    transport_.wait(*slot.send, ctx_.deadline());
+    transport_.wait(*slot.send, setup_.deadline());
     slot.send.reset();
   }
   device_.copy(Lane::kToHost, slot.host, plan_.send + j * segment_bytes_,
@@ -96,34 +92,34 @@ void StagedPipeline::stage_send(size_t j) {
 
 // Sends segment j once its copy off the device (queued kLookahead segments
 // ago) is done.
-void StagedPipeline::send_staged(size_t j) {
+void DeviceExecutor::send_staged(size_t j) {
   if (j >= send_segments_) return;
   SendSlot& slot = send_[j % kSlots];
-  device_.sync(slot_event(kSendStaged, j), ctx_.deadline());
-  slot.send = transport_.isend(right_, slot.host, length(plan_.send_bytes, j));
+  device_.sync(slot_event(kSendStaged, j), setup_.deadline());
+  slot.send = transport_.isend(plan_.send_to, slot.host, length(plan_.send_bytes, j));
 }
 
 // Posts the receive of segment j into its slot, once the slot's previous
 // segment has left it.
-void StagedPipeline::post_recv(size_t j) {
+void DeviceExecutor::post_recv(size_t j) {
   if (j >= recv_segments_) return;
   RecvSlot& slot = recv_[j % kSlots];
   if (slot.forward) {
-    transport_.wait(*slot.forward, ctx_.deadline());
+    transport_.wait(*slot.forward, setup_.deadline());
     slot.forward.reset();
   }
-  device_.sync(slot_event(kRecvLanded, j), ctx_.deadline());
-  slot.recv = transport_.irecv(left_, slot.host, length(plan_.recv_bytes, j));
+  device_.sync(slot_event(kRecvLanded, j), setup_.deadline());
+  slot.recv = transport_.irecv(plan_.recv_from, slot.host, length(plan_.recv_bytes, j));
 }
 
 // Waits for segment j and queues its way onto the device.
-void StagedPipeline::land(size_t j) {
+void DeviceExecutor::land(size_t j) {
   if (j >= recv_segments_) return;
   RecvSlot& slot = recv_[j % kSlots];
   const size_t bytes = length(plan_.recv_bytes, j);
-  transport_.wait(*slot.recv, ctx_.deadline());
+  transport_.wait(*slot.recv, setup_.deadline());
   slot.recv.reset();
-  if (plan_.forward) slot.forward = transport_.isend(right_, slot.host, bytes);
+  if (plan_.forward) slot.forward = transport_.isend(plan_.send_to, slot.host, bytes);
   char* dst = plan_.recv + j * segment_bytes_;
   if (plan_.reduce_with == nullptr) {
     device_.copy(Lane::kToDevice, dst, slot.host, bytes);
@@ -134,21 +130,33 @@ void StagedPipeline::land(size_t j) {
   // only by later work on the same lane, which runs after this kernel.
   device_.copy(Lane::kToDevice, slot.device, slot.host, bytes);
   device_.record(Lane::kToDevice, slot_event(kRecvLanded, j));
-  device_.reduce(Lane::kToDevice, dtype_, op_, dst, plan_.reduce_with + j * segment_bytes_,
+  device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, dst, plan_.reduce_with + j * segment_bytes_,
                  slot.device, bytes / elem_);
 }
 
-void StagedPipeline::finish() {
+void DeviceExecutor::finish() {
   for (SendSlot& slot : send_) {
-    if (slot.send) transport_.wait(*slot.send, ctx_.deadline());
+    if (slot.send) transport_.wait(*slot.send, setup_.deadline());
     slot.send.reset();
   }
   for (RecvSlot& slot : recv_) {
-    if (slot.forward) transport_.wait(*slot.forward, ctx_.deadline());
+    if (slot.forward) transport_.wait(*slot.forward, setup_.deadline());
     slot.forward.reset();
   }
-  device_.finish(ctx_.deadline());
+  device_.finish(setup_.deadline());
   finished_ = true;
+}
+
+void DeviceExecutor::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) device_.copy(Lane::kToDevice, dst, src, bytes);
+}
+
+void DeviceExecutor::reduce(void* out, const void* a, const void* b, size_t n) {
+  if (n > 0) device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, out, a, b, n);
+}
+
+void DeviceExecutor::divide(void* data, size_t n, int divisor) {
+  if (n > 0) device_.divide(Lane::kToDevice, setup_.dtype, data, n, divisor);
 }
 
 }  // namespace rr

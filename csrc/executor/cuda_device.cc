@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "engine/devices.h"
+#include "executor/devices.h"
 #include "reduce/cuda_kernels.h"
 
 namespace rr {

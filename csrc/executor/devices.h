@@ -1,10 +1,10 @@
-// Where Device implementations (algorithms/device.h) come from. The only
+// Where Device implementations (executor/device.h) come from. The only
 // place that knows whether this build has CUDA is make_device().
 #pragma once
 
 #include <memory>
 
-#include "algorithms/device.h"
+#include "executor/device.h"
 
 namespace rr {
 

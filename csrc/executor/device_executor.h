@@ -1,6 +1,7 @@
-// The staged pipeline: ring steps for memory the transport cannot touch (a
-// GPU's), moved through host staging memory by a Device (device.h). Terms as
-// in ring_schedule.h (chunk, step, segment), plus:
+// The executor for device memory (a GPU's), which the transport cannot touch:
+// every segment is moved through host staging memory by a Device (device.h),
+// and reductions run on the device. Terms as in algorithms/ring_schedule.h
+// (chunk, step, segment), plus:
 //   slot - a segment-sized piece of staging memory. Each direction has kSlots
 //          of them, used round robin, so that while segment j is on the wire,
 //          segments j+1 and j+2 are already being copied off the device, and
@@ -19,52 +20,38 @@
 // Between steps, the copies out wait for everything queued on the way in
 // (the chunk sent in step t+1 is the one reduced in step t). Inside a step the
 // chunk sent and the chunk received are different chunks, so the lanes run
-// freely.
+// freely. Local operations (copy, reduce, divide) go on the kToDevice lane,
+// so the next step's copies out see them.
 #pragma once
 
 #include <cstddef>
 
-#include "algorithms/collective.h"
-#include "algorithms/device.h"
+#include "executor/device.h"
+#include "executor/executor.h"
 
 namespace rr {
 
-// One step: send one chunk to the right while receiving one from the left.
-// Either may be empty (a zero-element chunk is not sent at all, on both sides).
-struct StepPlan {
-  const char* send = nullptr;  // device address of the chunk to send
-  size_t send_bytes = 0;
-  char* recv = nullptr;  // device address where the received chunk goes
-  size_t recv_bytes = 0;
-  // When set, the received chunk is reduced: recv = reduce_with op received.
-  const char* reduce_with = nullptr;
-  // Also send each received segment on to the right, straight from its slot.
-  bool forward = false;
-};
-
-class StagedPipeline {
+class DeviceExecutor final : public Executor {
  public:
   static constexpr size_t kSlots = 3;
 
-  // Makes the lanes wait for the caller's stream (ctx.device_mark) and takes
-  // the staging memory, with `scratch_bytes` of device scratch.
-  StagedPipeline(RingContext& ctx, DataType dtype, ReduceOp op, size_t scratch_bytes);
+  // Makes the lanes wait for the caller's stream (`mark`) and takes the
+  // staging memory, with setup.scratch_bytes of device scratch.
+  DeviceExecutor(const ExecutorSetup& setup, Device& device, const StreamMark& mark);
   // After an error: drains the lanes, so no queued copy writes the caller's
   // memory once the collective has failed.
-  ~StagedPipeline();
-  StagedPipeline(const StagedPipeline&) = delete;
-  StagedPipeline& operator=(const StagedPipeline&) = delete;
+  ~DeviceExecutor() override;
+  DeviceExecutor(const DeviceExecutor&) = delete;
+  DeviceExecutor& operator=(const DeviceExecutor&) = delete;
 
-  // Device work between steps (a division, a device-to-device copy) goes on
-  // the kToDevice lane, so the next step's copies out see it.
-  Device& device() { return device_; }
-  char* scratch() const { return scratch_; }
-
-  void step(const StepPlan& plan);
-
+  char* scratch() override { return scratch_; }
+  void step(const StepPlan& plan) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void reduce(void* out, const void* a, const void* b, size_t n) override;
+  void divide(void* data, size_t n, int divisor) override;
   // Waits for the sends in flight and for both lanes: the caller's memory is
   // final when it returns.
-  void finish();
+  void finish() override;
 
  private:
   struct SendSlot {
@@ -84,15 +71,11 @@ class StagedPipeline {
   void post_recv(size_t j);
   void land(size_t j);
 
-  RingContext& ctx_;
+  ExecutorSetup setup_;
   Transport& transport_;
   Device& device_;
-  DataType dtype_;
-  ReduceOp op_;
   size_t elem_;
   size_t segment_bytes_;
-  int left_;
-  int right_;
   SendSlot send_[kSlots];
   RecvSlot recv_[kSlots];
   char* scratch_ = nullptr;

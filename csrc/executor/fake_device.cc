@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/devices.h"
+#include "executor/devices.h"
 #include "reduce/cpu_kernels.h"
 
 namespace rr {

@@ -4,7 +4,7 @@
 
 #include "common/error.h"
 #include "config.h"
-#include "engine/devices.h"
+#include "executor/devices.h"
 
 namespace rr {
 

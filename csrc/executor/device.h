@@ -1,8 +1,9 @@
-// What the staged ring needs from a device whose memory the transport cannot
-// read or write (a GPU): asynchronous copies and reductions, and events that
-// order them. The ring never sees CUDA: engine/cuda_device.cc implements this
-// with CUDA streams and events, engine/fake_device.cc with memcpy and the CPU
-// kernels, so that tests run the very same pipeline on a machine without a GPU.
+// What the device executor needs from a device whose memory the transport
+// cannot read or write (a GPU): asynchronous copies and reductions, and events
+// that order them. The schedules never see CUDA: executor/cuda_device.cc
+// implements this with CUDA streams and events, executor/fake_device.cc with
+// memcpy and the CPU kernels, so that tests run the very same executor on a
+// machine without a GPU.
 //
 // Work is queued on two lanes. Each lane runs its work in the order it was
 // queued, independently of the other lane and of the calling thread, like a
@@ -39,7 +40,7 @@ class StreamMark {
   virtual ~StreamMark() = default;
 };
 
-// Memory a Device lends the staged ring. It is reused from call to call, so a
+// Memory a Device lends the device executor. It is reused from call to call, so a
 // collective allocates nothing once the sizes have been seen.
 struct Staging {
   char* send_host;     // slots x slot_stride bytes of pinned host memory, on the way out

@@ -1,0 +1,88 @@
+// The seam between a collective's schedule and the memory it runs on.
+//
+// Every collective is written once (algorithms/*.cc) as a sequence of steps
+// over segments and a few local operations. An executor runs them for one kind
+// of memory:
+//   HostExecutor   - memory the CPU and the transport can touch: segments go
+//                    to the transport as they are, reductions run on the CPU
+//                    kernels.
+//   DeviceExecutor - a GPU's memory, which the transport cannot touch: each
+//                    segment is moved through pinned staging memory, and
+//                    reductions run as kernels on the device (executor/device.h).
+// Adding a collective means writing its schedule once; adding a kind of
+// memory means writing one executor.
+//
+// Both executors cut a step into the same segments (segment_length in
+// algorithms/ring_schedule.h) and send each as one message, so ranks whose
+// buffers live in different kinds of memory can run one collective together.
+//
+// Ordering: an executor's steps and local operations take effect in the order
+// they are issued. A step sends what earlier operations wrote, and a local
+// operation sees what earlier steps received. Operations may still be in
+// flight when the call that issued them returns (the device executor queues
+// them on streams); finish() waits for all of them, after which the caller's
+// memory holds the result.
+#pragma once
+
+#include <cstddef>
+
+#include "common/deadline.h"
+#include "common/dtype.h"
+#include "transport/transport.h"
+
+namespace rr {
+
+// What every executor is made with: one collective's link to its peers and
+// the shape of its data.
+struct ExecutorSetup {
+  Transport& transport;
+  double timeout_seconds;  // each wait gives up after this long without progress
+  size_t segment_bytes;    // the message size, before rounding to whole elements
+  DataType dtype;
+  ReduceOp op;
+  size_t scratch_bytes;  // what the schedule needs from scratch()
+
+  Deadline deadline() const { return Deadline::after(timeout_seconds); }
+};
+
+// One step from this rank's point of view: send one region to `send_to`
+// while receiving another from `recv_from`. Either region may be empty; an
+// empty region is not sent (or expected) at all.
+struct StepPlan {
+  int send_to = -1;
+  const char* send = nullptr;
+  size_t send_bytes = 0;
+
+  int recv_from = -1;
+  char* recv = nullptr;  // where the received bytes end up
+  size_t recv_bytes = 0;
+  // When set, the received data is reduced: recv = reduce_with op received
+  // (reduce_with may equal recv). Each segment is reduced as it arrives.
+  const char* reduce_with = nullptr;
+  // Also send each received segment on to `send_to` once it is in place: a
+  // relay (broadcast), in the same step. Not combined with reduce_with.
+  bool forward = false;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+
+  // Scratch memory of the collective's kind: as many bytes as the schedule
+  // asked for when the executor was made, valid until the collective ends.
+  virtual char* scratch() = 0;
+
+  virtual void step(const StepPlan& plan) = 0;
+
+  // Local operations on the collective's memory, over whole elements of the
+  // collective's dtype, with its reduction op.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // ranges must not overlap
+  virtual void reduce(void* out, const void* a, const void* b, size_t n) = 0;  // out may be a or b
+  virtual void divide(void* data, size_t n, int divisor) = 0;  // floating dtypes only
+
+  // Waits until every step and operation has completed: the caller's memory
+  // is then final. Throws the transport's and the device's errors.
+  virtual void finish() = 0;
+};
+
+}  // namespace rr

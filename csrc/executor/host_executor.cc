@@ -1,0 +1,85 @@
+#include "executor/host_executor.h"
+
+#include <cstring>
+#include <deque>
+
+#include "algorithms/ring_schedule.h"
+#include "common/error.h"
+
+namespace rr {
+namespace {
+
+// Receives posted ahead of the segment being handled. Views are the
+// transport's memory, of which it lends only a few; receives straight into
+// place cost nothing to keep posted.
+constexpr size_t kViewsAhead = Transport::kMaxViews;
+constexpr size_t kDirectAhead = 8;
+
+}  // namespace
+
+HostExecutor::HostExecutor(const ExecutorSetup& setup, std::vector<char>& storage)
+    : setup_(setup),
+      transport_(setup.transport),
+      reduce_(cpu_reduce_fn(setup.dtype, setup.op)),
+      elem_(dtype_size(setup.dtype)),
+      segment_(segment_size(setup.segment_bytes, elem_)) {
+  if (storage.size() < setup.scratch_bytes) storage.resize(setup.scratch_bytes);
+  scratch_ = storage.data();
+}
+
+void HostExecutor::step(const StepPlan& plan) {
+  if (plan.forward && plan.reduce_with != nullptr) {
+    throw Error("host executor: a step cannot both reduce and forward");
+  }
+  sends_.clear();
+  const size_t send_segments = segments_in(plan.send_bytes, segment_);
+  for (size_t j = 0; j < send_segments; ++j) {
+    sends_.push_back(transport_.isend(plan.send_to, plan.send + j * segment_,
+                                      segment_length(plan.send_bytes, segment_, j)));
+  }
+
+  // A segment to reduce is read where the transport received it; one to keep
+  // is received straight into its place.
+  const bool reducing = plan.reduce_with != nullptr;
+  const size_t recv_segments = segments_in(plan.recv_bytes, segment_);
+  const size_t ahead = reducing ? kViewsAhead : kDirectAhead;
+  std::deque<RequestPtr> posted;
+  size_t next = 0;
+  auto post_ahead = [&] {
+    for (; next < recv_segments && posted.size() < ahead; ++next) {
+      const size_t len = segment_length(plan.recv_bytes, segment_, next);
+      posted.push_back(reducing ? transport_.irecv_view(plan.recv_from, len)
+                                : transport_.irecv(plan.recv_from, plan.recv + next * segment_, len));
+    }
+  };
+  post_ahead();
+  for (size_t j = 0; j < recv_segments; ++j) {
+    RequestPtr received = std::move(posted.front());
+    posted.pop_front();
+    transport_.wait(*received, setup_.deadline());
+    post_ahead();
+    const size_t offset = j * segment_;
+    const size_t len = segment_length(plan.recv_bytes, segment_, j);
+    if (reducing) {
+      reduce_(plan.recv + offset, plan.reduce_with + offset, received->view(), len / elem_);
+      transport_.release(*received);
+    }
+    if (plan.forward) sends_.push_back(transport_.isend(plan.send_to, plan.recv + offset, len));
+  }
+  for (RequestPtr& send : sends_) transport_.wait(*send, setup_.deadline());
+  sends_.clear();
+}
+
+void HostExecutor::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+}
+
+void HostExecutor::reduce(void* out, const void* a, const void* b, size_t n) {
+  reduce_(out, a, b, n);
+}
+
+void HostExecutor::divide(void* data, size_t n, int divisor) {
+  divide_by(setup_.dtype, data, n, divisor);
+}
+
+}  // namespace rr

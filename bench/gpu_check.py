@@ -39,8 +39,9 @@ import numpy as np
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
 OPS = ["sum", "prod", "min", "max", "avg"]
-DTYPE_CODES = {name: i for i, name in enumerate(DTYPES)}
-OP_CODES = {name: i for i, name in enumerate(OPS)}
+# Filled from ringreduce._core in main(), which imports it only after the checks.
+DTYPE_CODES: Dict[str, int] = {}
+OP_CODES: Dict[str, int] = {}
 POISON = 0xA5
 # Input guards hold other bytes, so that an overrun cannot copy poison into poison.
 INPUT_GUARD = 0x5A
@@ -114,7 +115,7 @@ def count_wrong(dtype: str, op: str, got: np.ndarray, want: np.ndarray) -> int:
 
 
 class Device:
-    """Raw allocations and kernel calls through ringreduce._core's CUDA hooks."""
+    """Raw allocations and kernel calls through the CUDA hooks of ringreduce._core.testing."""
 
     def __init__(self, core, device: int) -> None:
         self.core = core
@@ -122,22 +123,22 @@ class Device:
         self.live: List[int] = []
 
     def alloc(self, nbytes: int) -> int:
-        ptr = int(self.core.cuda_malloc_test(nbytes, self.device))
+        ptr = int(self.core.testing.cuda_malloc(nbytes, self.device))
         self.live.append(ptr)
         return ptr
 
     def put(self, ptr: int, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host)
-        self.core.cuda_memcpy_test(ptr, host.ctypes.data, host.nbytes)
+        self.core.testing.cuda_memcpy(ptr, host.ctypes.data, host.nbytes)
 
     def get(self, ptr: int, dtype: np.dtype, count: int) -> np.ndarray:
         out = np.empty(count, dtype=dtype)
-        self.core.cuda_memcpy_test(out.ctypes.data, ptr, out.nbytes)
+        self.core.testing.cuda_memcpy(out.ctypes.data, ptr, out.nbytes)
         return out
 
     def free_all(self) -> None:
         while self.live:
-            self.core.cuda_free_test(self.live.pop())
+            self.core.testing.cuda_free(self.live.pop())
 
 
 # Element offsets of (out, a, b) past a boundary: packs throughout; a head of
@@ -171,7 +172,7 @@ def check_one(dev: Device, dtype: str, op: str, count: int, rng: np.random.Gener
             dev.put(pb, b)
             if in_place:
                 out, bases[0] = pa, bases[1]
-            dev.core.cuda_reduce_test(*code, out, pa, pb, count)
+            dev.core.testing.cuda_reduce(*code, out, pa, pb, count)
             raw = dev.get(bases[0], np.uint8, nbytes)
             start = out - bases[0]
             body = raw[start : start + count * size]
@@ -195,17 +196,17 @@ def bandwidth(dev: Device, gib: float, iters: int, trials: int) -> Dict[str, Tup
     dev.put(pa, np.full(n, 1.0, dtype=np.float32))
     dev.put(pb, np.full(n, 2.0, dtype=np.float32))
     core, f32_sum = dev.core, (DTYPE_CODES["float32"], OP_CODES["sum"])
-    core.cuda_reduce_test(*f32_sum, out, pa, pb, n)
+    core.testing.cuda_reduce(*f32_sum, out, pa, pb, n)
     if not (dev.get(out, np.float32, n) == 3.0).all():
         raise SystemExit("FAIL: the 1 GiB float32 sum is wrong; not timing it")
 
     def median_seconds(fn: Callable[[], float]) -> float:
         return statistics.median(fn() for _ in range(trials))
 
-    copy = median_seconds(lambda: core.cuda_time_copy_test(out, pa, nbytes, iters))
-    reduce = median_seconds(lambda: core.cuda_time_reduce_test(*f32_sum, out, pa, pb, n, iters))
+    copy = median_seconds(lambda: core.testing.cuda_time_copy(out, pa, nbytes, iters))
+    reduce = median_seconds(lambda: core.testing.cuda_time_reduce(*f32_sum, out, pa, pb, n, iters))
     # In place doubles pb's contents each call; the values do not matter here.
-    in_place = median_seconds(lambda: core.cuda_time_reduce_test(*f32_sum, pb, pb, pa, n, iters))
+    in_place = median_seconds(lambda: core.testing.cuda_time_reduce(*f32_sum, pb, pb, pa, n, iters))
     dev.free_all()
     return {
         "d2d copy (1 read + 1 write)": (2 * nbytes / copy / 1e9, copy),
@@ -251,6 +252,9 @@ def main(argv: List[str] | None = None) -> int:
     )
 
     started = time.time()
+    # The engine's own numbering of dtypes and ops, from the extension.
+    DTYPE_CODES.update({name: int(code) for name, code in _core.DType.__members__.items()})
+    OP_CODES.update({name.lower(): int(code) for name, code in _core.Op.__members__.items()})
     dev = Device(_core, args.device)
     table = {d: {op: check_one(dev, d, op, args.count, rng) for op in OPS} for d in DTYPES}
     total_wrong = sum(sum(row.values()) for row in table.values())

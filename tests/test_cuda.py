@@ -64,7 +64,7 @@ def reduce_on_device(dtype: str, op: str, a: np.ndarray, b: np.ndarray, shifts) 
         da.upload(a, offs[1])
         db.upload(b, offs[2])
         ptrs = [buf.ptr + off for buf, off in zip(bufs, offs)]
-        _core.cuda_reduce_test(DTYPE_CODES[dtype], OP_CODES[op], *ptrs, n)
+        _core.testing.cuda_reduce(DTYPE_CODES[dtype], OP_CODES[op], *ptrs, n)
         raw = out.download(np.uint8, out.nbytes)
     finally:
         for buf in bufs:
@@ -104,7 +104,7 @@ def test_in_place(dtype, op):
     a = random_operands(dtype, n, seed=5)
     b = random_operands(dtype, n, seed=6)
     with DeviceBuffer.from_array(a) as da, DeviceBuffer.from_array(b) as db:
-        _core.cuda_reduce_test(DTYPE_CODES[dtype], OP_CODES[op], da.ptr, da.ptr, db.ptr, n)
+        _core.testing.cuda_reduce(DTYPE_CODES[dtype], OP_CODES[op], da.ptr, da.ptr, db.ptr, n)
         got = da.download(a.dtype, n)
     check_against_cpu_and_numpy(dtype, op, a, b, got)
 
@@ -115,10 +115,10 @@ def test_divide(dtype, divisor):
     for n in SIZES:
         x = random_operands(dtype, n, seed=n)
         with DeviceBuffer.from_array(x) as dx:
-            _core.cuda_divide_test(DTYPE_CODES[dtype], dx.ptr, n, divisor)
+            _core.testing.cuda_divide(DTYPE_CODES[dtype], dx.ptr, n, divisor)
             got = dx.download(x.dtype, n)
         cpu = x.copy()
-        _core.divide_local(DTYPE_CODES[dtype], cpu.ctypes.data, n, divisor)
+        _core.testing.divide_local(DTYPE_CODES[dtype], cpu.ctypes.data, n, divisor)
         assert mismatches(got, cpu).size == 0, describe(got, cpu, x, x)
         want = divide_reference(dtype, x, divisor)
         assert mismatches(got, want).size == 0, describe(got, want, x, x)
@@ -127,7 +127,7 @@ def test_divide(dtype, divisor):
 def test_zero_elements_touch_nothing():
     with DeviceBuffer(64) as buf:
         buf.upload(np.full(64, POISON, dtype=np.uint8))
-        _core.cuda_reduce_test(
+        _core.testing.cuda_reduce(
             DTYPE_CODES["float32"], OP_CODES["sum"], buf.ptr, buf.ptr, buf.ptr, 0
         )
         assert (buf.download(np.uint8, 64) == POISON).all()
@@ -136,7 +136,7 @@ def test_zero_elements_touch_nothing():
 def test_host_memory_is_rejected():
     x = np.zeros(16, dtype=np.float32)
     with DeviceBuffer.from_array(x) as d, pytest.raises(ValueError, match="not CUDA device"):
-        _core.cuda_reduce_test(DTYPE_CODES["float32"], 0, d.ptr, x.ctypes.data, d.ptr, 16)
+        _core.testing.cuda_reduce(DTYPE_CODES["float32"], 0, d.ptr, x.ctypes.data, d.ptr, 16)
 
 
 def test_torch_tensors_on_torch_stream():
@@ -150,7 +150,7 @@ def test_torch_tensors_on_torch_stream():
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     out = torch.full_like(ta, float("nan"))
     stream = torch.cuda.current_stream().cuda_stream
-    _core.cuda_reduce_test(
+    _core.testing.cuda_reduce(
         DTYPE_CODES["float32"], OP_CODES["sum"], out.data_ptr(), ta.data_ptr(), tb.data_ptr(), n,
         stream,
     )  # fmt: skip

@@ -77,7 +77,7 @@ def test_without_a_device_cuda_calls_report_it():
     assert _core.cuda_device_count() == 0
     x = np.zeros(4, dtype=np.float32)
     with pytest.raises(rr.RingReduceError):
-        _core.cuda_reduce_test(2, 0, x.ctypes.data, x.ctypes.data, x.ctypes.data, 4)
+        _core.testing.cuda_reduce(2, 0, x.ctypes.data, x.ctypes.data, x.ctypes.data, 4)
     with pytest.raises(rr.RingReduceError):
         DeviceBuffer(16)
 
@@ -86,8 +86,8 @@ def test_bad_codes_are_value_errors_in_a_cuda_build():
     if not CUDA_BUILD:
         pytest.skip("built without CUDA: every hook reports that first")
     with pytest.raises(ValueError):
-        _core.cuda_reduce_test(99, 0, 0, 0, 0, 1)
+        _core.testing.cuda_reduce(99, 0, 0, 0, 0, 1)
     with pytest.raises(ValueError):
-        _core.cuda_reduce_test(2, 99, 0, 0, 0, 1)
+        _core.testing.cuda_reduce(2, 99, 0, 0, 0, 1)
     with pytest.raises(ValueError):
-        _core.cuda_divide_test(6, 0, 1, 2)
+        _core.testing.cuda_divide(6, 0, 1, 2)

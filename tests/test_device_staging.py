@@ -19,7 +19,7 @@ import pytest
 from _fake_cuda import FAKE_DEVICE_ENV, FakeCudaArray, fake
 
 import ringreduce as rr
-from ringreduce import _device
+from ringreduce._buffers import HOST, describe
 from ringreduce._cuda import cuda_available
 
 from _data import (
@@ -276,18 +276,20 @@ def test_bad_arguments_fail_locally(fake_group):
 
 def test_describe_reads_the_interface():
     a = np.zeros((4, 6), dtype=np.float32)
-    d = _device.describe(FakeCudaArray(a, device=3, stream=2))
+    d = describe(FakeCudaArray(a, device=3, stream=2))
     assert (d.ptr, d.device, d.shape, d.dtype, d.contiguous) == (a.ctypes.data, 3, (4, 6),
                                                                   "float32", True)  # fmt: skip
-    assert d.stream == 2 and d.nbytes == a.nbytes and not d.readonly
-    assert _device.describe(FakeCudaArray(a)).stream == 0  # no stream: legacy default
-    assert not _device.describe(FakeCudaArray(a[:, ::2])).contiguous
-    assert _device.describe(FakeCudaArray(a[:, :1])).contiguous is False
+    assert d.stream == 2 and d.nbytes == a.nbytes and not d.readonly and d.host is None
+    assert describe(FakeCudaArray(a)).stream == 0  # no stream: legacy default
+    assert not describe(FakeCudaArray(a[:, ::2])).contiguous
+    assert describe(FakeCudaArray(a[:, :1])).contiguous is False
 
 
-def test_host_arrays_are_not_device_arrays():
-    assert not _device.involves_device(np.ones(3), None, memoryview(b"abc"))
-    assert _device.involves_device(np.ones(3), FakeCudaArray(np.ones(3)))
+def test_host_arrays_are_described_as_host_memory():
+    for x in (np.ones(3), memoryview(b"abc"), bytearray(b"ab")):
+        d = describe(x)
+        assert d.device == HOST and d.host is not None and d.ptr == d.host.ctypes.data
+    assert describe(FakeCudaArray(np.ones(3))).device == 0
 
 
 @pytest.mark.skipif(cuda_available(), reason="a real GPU would be handed host memory")

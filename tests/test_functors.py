@@ -108,7 +108,7 @@ def test_16bit_divide_every_bit_pattern(dtype, divisor):
     # Quotients by 3, 7, 10 fill every float32 mantissa bit: generic rounding.
     x = all_bit_patterns(dtype)
     got = x.copy()
-    _core.divide_local(DTYPE_CODES[dtype], got.ctypes.data, got.size, divisor)
+    _core.testing.divide_local(DTYPE_CODES[dtype], got.ctypes.data, got.size, divisor)
     want = divide_reference(dtype, x, divisor)
     assert mismatches(got, want).size == 0, describe(got, want, x, x)
 
@@ -216,6 +216,6 @@ def test_divide_matches_numpy(dtype, divisor):
     for count in SIZES:
         x = random_operands(dtype, count, seed=count)
         got = x.copy()
-        _core.divide_local(DTYPE_CODES[dtype], got.ctypes.data, count, divisor)
+        _core.testing.divide_local(DTYPE_CODES[dtype], got.ctypes.data, count, divisor)
         want = divide_reference(dtype, x, divisor)
         assert mismatches(got, want).size == 0, describe(got, want, x, x)

@@ -35,11 +35,11 @@ def test_reduce_scatter_schedule_leaves_rank_r_with_chunk_r(size):
     for step in range(size - 1):
         sent = {}
         for r in range(size):
-            send_chunk, _ = _core.reduce_scatter_step(r, size, step)
+            send_chunk, _ = _core.testing.reduce_scatter_step(r, size, step)
             sent[(r + 1) % size] = (send_chunk, set(held[r][send_chunk]))
         for r in range(size):
             chunk, contributions = sent[r]
-            _, recv_chunk = _core.reduce_scatter_step(r, size, step)
+            _, recv_chunk = _core.testing.reduce_scatter_step(r, size, step)
             assert chunk == recv_chunk, "the receiver expects the chunk its neighbour sends"
             assert not held[r][chunk] & contributions, "no contribution is counted twice"
             held[r][chunk] |= contributions
@@ -53,11 +53,11 @@ def test_all_gather_schedule_delivers_every_chunk_once(size):
     for step in range(size - 1):
         sent = {}
         for r in range(size):
-            send_chunk, _ = _core.all_gather_step(r, size, step)
+            send_chunk, _ = _core.testing.all_gather_step(r, size, step)
             assert send_chunk in have[r], "a rank only forwards chunks it has"
             sent[(r + 1) % size] = send_chunk
         for r in range(size):
-            _, recv_chunk = _core.all_gather_step(r, size, step)
+            _, recv_chunk = _core.testing.all_gather_step(r, size, step)
             assert sent[r] == recv_chunk and recv_chunk not in have[r]
             have[r].add(recv_chunk)
     assert all(h == set(range(size)) for h in have)

@@ -1,6 +1,7 @@
-// The CUDA part of ringreduce._core: device discovery, and pointer-level hooks
-// for tests and bench/gpu_check.py (run one kernel and wait for it, raw device
-// memory, event timing of the reduce kernel against a device-to-device copy).
+// The CUDA part of ringreduce._core: device discovery, and (in _core.testing)
+// pointer-level hooks for tests and bench/gpu_check.py (run one kernel and wait
+// for it, raw device memory, event timing of the reduce kernel against a
+// device-to-device copy).
 //
 // Compiled in every build; without CUDA the same names exist, report no
 // device, and raise RingReduceError when called, so Python code never needs to
@@ -11,6 +12,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "bindings/codes.h"
 #include "common/dtype.h"
 #include "common/error.h"
 #include "config.h"
@@ -24,17 +26,6 @@ namespace py = pybind11;
 #if RR_WITH_CUDA
 
 namespace {
-
-rr::DataType checked_dtype(int value) {
-  if (!rr::valid_dtype(value))
-    throw rr::InvalidArgument("unknown dtype code " + std::to_string(value));
-  return static_cast<rr::DataType>(value);
-}
-
-rr::ReduceOp checked_op(int value) {
-  if (!rr::valid_op(value)) throw rr::InvalidArgument("unknown op code " + std::to_string(value));
-  return static_cast<rr::ReduceOp>(value);
-}
 
 void check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return;
@@ -85,8 +76,8 @@ void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 void reduce_sync(int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n,
                  uintptr_t stream) {
-  const rr::DataType t = checked_dtype(dtype);
-  const rr::ReduceOp o = checked_op(op);
+  const rr::DataType t = rr::dtype_from_code(dtype);
+  const rr::ReduceOp o = rr::op_from_code(op);
   if (n == 0) return;
   use_device_of({out, a, b});
   const auto s = reinterpret_cast<cudaStream_t>(stream);
@@ -94,7 +85,7 @@ void reduce_sync(int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, siz
 }
 
 void divide_sync(int dtype, uintptr_t data, size_t n, int divisor, uintptr_t stream) {
-  const rr::DataType t = checked_dtype(dtype);
+  const rr::DataType t = rr::dtype_from_code(dtype);
   if (!rr::is_floating(t)) throw rr::InvalidArgument("division needs a floating dtype");
   if (n == 0) return;
   use_device_of({data});
@@ -189,8 +180,8 @@ class StreamTimer {
 
 double time_reduce(int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n,
                    int iters) {
-  const rr::DataType t = checked_dtype(dtype);
-  const rr::ReduceOp o = checked_op(op);
+  const rr::DataType t = rr::dtype_from_code(dtype);
+  const rr::ReduceOp o = rr::op_from_code(op);
   use_device_of({out, a, b});
   return StreamTimer().seconds_per_call(
       [&](cudaStream_t s) {
@@ -210,46 +201,49 @@ double time_copy(uintptr_t dst, uintptr_t src, size_t nbytes, int iters) {
 
 }  // namespace
 
-void register_cuda(py::module_& m) {
+void register_cuda(py::module_& m, py::module_& t) {
   m.def("cuda_device_count", &rr::cuda_device_count,
         "Number of usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
   m.def("cuda_device_properties", &device_properties, py::arg("device") = 0,
         "name, compute_capability, multiprocessors and total_memory of a device.");
-  m.def("cuda_reduce_test", &reduce_sync, py::arg("dtype"), py::arg("op"), py::arg("out"),
+  m.def("cuda_pointer_device", &pointer_device, py::arg("ptr"),
+        "The CUDA device that owns a device pointer; ValueError for host memory.");
+  t.def("cuda_reduce", &reduce_sync, py::arg("dtype"), py::arg("op"), py::arg("out"),
         py::arg("a"), py::arg("b"), py::arg("n"), py::arg("stream") = 0,
         "out = a op b on CUDA device pointers with the CUDA kernels, on `stream` (0: the legacy "
         "default stream) of the device that owns them; returns once the kernel has finished.");
-  m.def("cuda_divide_test", &divide_sync, py::arg("dtype"), py::arg("data"), py::arg("n"),
+  t.def("cuda_divide", &divide_sync, py::arg("dtype"), py::arg("data"), py::arg("n"),
         py::arg("divisor"), py::arg("stream") = 0,
         "data /= divisor on a CUDA device pointer; returns once the kernel has finished.");
-  m.def("cuda_malloc_test", &malloc_device, py::arg("nbytes"), py::arg("device") = 0,
+  t.def("cuda_malloc", &malloc_device, py::arg("nbytes"), py::arg("device") = 0,
         "cudaMalloc on `device`; returns the address.");
-  m.def("cuda_free_test", &free_device, py::arg("ptr"));
-  m.def("cuda_pointer_device", &pointer_device, py::arg("ptr"),
-        "The CUDA device that owns a device pointer; ValueError for host memory.");
-  m.def("cuda_memcpy_test", &memcpy_any, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
+  t.def("cuda_free", &free_device, py::arg("ptr"));
+  t.def("cuda_memcpy", &memcpy_any, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         "Blocking copy between any two host or device addresses.");
-  m.def("cuda_time_reduce_test", &time_reduce, py::arg("dtype"), py::arg("op"), py::arg("out"),
+  t.def("cuda_time_reduce", &time_reduce, py::arg("dtype"), py::arg("op"), py::arg("out"),
         py::arg("a"), py::arg("b"), py::arg("n"), py::arg("iters"),
         "Seconds per cuda_reduce() call, timed with CUDA events on a private stream.");
-  m.def("cuda_time_copy_test", &time_copy, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
+  t.def("cuda_time_copy", &time_copy, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         py::arg("iters"),
-        "Seconds per device-to-device cudaMemcpyAsync, timed like cuda_time_reduce_test.");
+        "Seconds per device-to-device cudaMemcpyAsync, timed like cuda_time_reduce.");
 }
 
 #else  // RR_WITH_CUDA
 
 // Same names as the CUDA build, so callers need not know how _core was built.
-void register_cuda(py::module_& m) {
+void register_cuda(py::module_& m, py::module_& t) {
   m.def(
       "cuda_device_count", [] { return 0; },
       "Number of usable CUDA devices; 0 without a GPU, a driver or a CUDA build.");
-  for (const char* name : {"cuda_device_properties", "cuda_reduce_test", "cuda_divide_test",
-                           "cuda_malloc_test", "cuda_free_test", "cuda_memcpy_test",
-                           "cuda_time_reduce_test", "cuda_time_copy_test", "cuda_pointer_device"}) {
-    m.def(name, [](const py::args&, const py::kwargs&) {
-      throw rr::Error("ringreduce was built without CUDA");
-    });
+  const auto unavailable = [](const py::args&, const py::kwargs&) {
+    throw rr::Error("ringreduce was built without CUDA");
+  };
+  for (const char* name : {"cuda_device_properties", "cuda_pointer_device"}) {
+    m.def(name, unavailable);
+  }
+  for (const char* name : {"cuda_reduce", "cuda_divide", "cuda_malloc", "cuda_free",
+                           "cuda_memcpy", "cuda_time_reduce", "cuda_time_copy"}) {
+    t.def(name, unavailable);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "algorithms/ring_schedule.h"
+#include "bindings/codes.h"
 #include "common/error.h"
 #include "config.h"
 #include "engine/communicator.h"
@@ -12,8 +13,9 @@
 
 namespace py = pybind11;
 
-// CUDA helpers (cuda_bindings.cc); they report unavailability in a build without CUDA.
-void register_cuda(py::module_& m);
+// CUDA helpers (cuda_bindings.cc); they report unavailability in a build
+// without CUDA. `testing` receives the hooks only tests and benchmarks use.
+void register_cuda(py::module_& m, py::module_& testing);
 
 namespace {
 
@@ -43,14 +45,67 @@ void translate(std::exception_ptr p) {
 
 void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
-rr::DataType to_dtype(int value) {
-  if (!rr::valid_dtype(value)) throw rr::InvalidArgument("unknown dtype code " + std::to_string(value));
-  return static_cast<rr::DataType>(value);
+// The engine's numbering of dtypes, ops and collectives, so that Python never
+// keeps a copy of it.
+void register_enums(py::module_& m) {
+  py::enum_<rr::DataType>(m, "DType", "Element types the engine reduces.")
+      .value("float16", rr::DataType::kFloat16)
+      .value("bfloat16", rr::DataType::kBFloat16)
+      .value("float32", rr::DataType::kFloat32)
+      .value("float64", rr::DataType::kFloat64)
+      .value("int8", rr::DataType::kInt8)
+      .value("uint8", rr::DataType::kUInt8)
+      .value("int32", rr::DataType::kInt32)
+      .value("int64", rr::DataType::kInt64);
+  py::enum_<rr::ReduceOp>(m, "Op", "Reduction operators.")
+      .value("SUM", rr::ReduceOp::kSum)
+      .value("PROD", rr::ReduceOp::kProd)
+      .value("MIN", rr::ReduceOp::kMin)
+      .value("MAX", rr::ReduceOp::kMax)
+      .value("AVG", rr::ReduceOp::kAvg);
+  py::enum_<rr::CollectiveKind>(m, "Collective", "The collectives a communicator runs.")
+      .value("ALL_REDUCE", rr::CollectiveKind::kAllReduce)
+      .value("REDUCE_SCATTER", rr::CollectiveKind::kReduceScatter)
+      .value("ALL_GATHER", rr::CollectiveKind::kAllGather)
+      .value("BROADCAST", rr::CollectiveKind::kBroadcast)
+      .value("BARRIER", rr::CollectiveKind::kBarrier);
 }
 
-rr::ReduceOp to_op(int value) {
-  if (!rr::valid_op(value)) throw rr::InvalidArgument("unknown op code " + std::to_string(value));
-  return static_cast<rr::ReduceOp>(value);
+// Hooks into the engine's pure parts for tests and benchmarks, kept out of
+// the package's API in the _core.testing submodule.
+void register_testing(py::module_& t) {
+  t.def(
+      "reduce_scatter_step",
+      [](int rank, int size, int step) {
+        auto s = rr::reduce_scatter_step(rank, size, step);
+        return std::make_pair(s.send_chunk, s.recv_chunk);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("step"));
+  t.def(
+      "all_gather_step",
+      [](int rank, int size, int step) {
+        auto s = rr::all_gather_step(rank, size, step);
+        return std::make_pair(s.send_chunk, s.recv_chunk);
+      },
+      py::arg("rank"), py::arg("size"), py::arg("step"));
+  t.def("round_count", &rr::round_count, py::arg("count"), py::arg("parts"),
+        py::arg("piece_elems"));
+  t.def("piece_bounds", &rr::piece_bounds, py::arg("count"), py::arg("parts"), py::arg("index"),
+        py::arg("round"), py::arg("piece_elems"));
+  t.def(
+      "reduce_local",
+      [](int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n) {
+        rr::cpu_reduce_fn(rr::dtype_from_code(dtype), rr::op_from_code(op))(as_ptr(out), as_ptr(a), as_ptr(b), n);
+      },
+      py::arg("dtype"), py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"),
+      "out = a op b on raw buffers with the CPU kernels.");
+  t.def(
+      "divide_local",
+      [](int dtype, uintptr_t data, size_t n, int divisor) {
+        rr::divide_by(rr::dtype_from_code(dtype), as_ptr(data), n, divisor);
+      },
+      py::arg("dtype"), py::arg("data"), py::arg("n"), py::arg("divisor"),
+      "data /= divisor on a raw buffer with the CPU kernels.");
 }
 
 }  // namespace
@@ -65,6 +120,8 @@ PYBIND11_MODULE(_core, m) {
       .def("done", &rr::Work::done)
       .def_property_readonly("description", &rr::Work::description);
 
+  register_enums(m);
+
   py::class_<rr::Communicator>(m, "Communicator")
       .def_static("create_tcp", &rr::create_tcp_communicator, py::arg("rank"),
                   py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
@@ -76,15 +133,16 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("timeout", &rr::Communicator::timeout)
       .def(
           "submit",
-          [](rr::Communicator& self, int kind, uintptr_t send, uintptr_t recv, size_t count,
-             int dtype, int op, int root, int device, uintptr_t stream) {
+          [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
+             size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
+             uintptr_t stream) {
             rr::CollectiveArgs args;
-            args.kind = static_cast<rr::CollectiveKind>(kind);
+            args.kind = kind;
             args.send = as_ptr(send);
             args.recv = as_ptr(recv);
             args.count = count;
-            args.dtype = to_dtype(dtype);
-            args.op = to_op(op);
+            args.dtype = dtype;
+            args.op = op;
             args.root = root;
             args.device = device;
             args.stream = stream;
@@ -107,33 +165,6 @@ PYBIND11_MODULE(_core, m) {
       });
 
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
-  m.def(
-      "reduce_scatter_step",
-      [](int rank, int size, int step) {
-        auto s = rr::reduce_scatter_step(rank, size, step);
-        return std::make_pair(s.send_chunk, s.recv_chunk);
-      },
-      py::arg("rank"), py::arg("size"), py::arg("step"));
-  m.def(
-      "all_gather_step",
-      [](int rank, int size, int step) {
-        auto s = rr::all_gather_step(rank, size, step);
-        return std::make_pair(s.send_chunk, s.recv_chunk);
-      },
-      py::arg("rank"), py::arg("size"), py::arg("step"));
-  m.def(
-      "reduce_local",
-      [](int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n) {
-        rr::cpu_reduce_fn(to_dtype(dtype), to_op(op))(as_ptr(out), as_ptr(a), as_ptr(b), n);
-      },
-      py::arg("dtype"), py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"),
-      "out = a op b on raw buffers with the CPU kernels (for tests and benchmarks).");
-  m.def(
-      "divide_local",
-      [](int dtype, uintptr_t data, size_t n, int divisor) {
-        rr::divide_by(to_dtype(dtype), as_ptr(data), n, divisor);
-      },
-      py::arg("dtype"), py::arg("data"), py::arg("n"), py::arg("divisor"));
   m.def("build_info", [] {
     py::dict d;
     d["version"] = RR_VERSION;
@@ -146,5 +177,8 @@ PYBIND11_MODULE(_core, m) {
     d["cpu_kernels"] = rr::cpu_kernel_isa();
     return d;
   });
-  register_cuda(m);
+  py::module_ testing =
+      m.def_submodule("testing", "Hooks into the engine for tests and benchmarks (not an API).");
+  register_testing(testing);
+  register_cuda(m, testing);
 }

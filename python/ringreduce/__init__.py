@@ -2,16 +2,17 @@
 
 import ringreduce as rr
 comm = rr.init()                      # rank/world size from the launcher's env
-y = comm.all_reduce(x, op="avg")      # numpy arrays, torch CPU tensors, DLPack
+y = comm.all_reduce(x, op="avg")      # numpy, torch (CPU or CUDA), cupy, DLPack
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._bootstrap import init
 from ._cuda import cuda_available
 from .bucketing import GradientBucketer
-from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds, init
+from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds
 from .errors import MismatchError, PeerError, RingReduceError, TimeoutError
 
 __version__ = "0.1.0"

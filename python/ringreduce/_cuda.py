@@ -34,7 +34,7 @@ class DeviceBuffer:
     def __init__(self, nbytes: int, device: int = 0) -> None:
         self.nbytes = int(nbytes)
         # cudaMalloc(0) gives no address; one byte keeps ptr valid and distinct.
-        self.ptr: int = int(_core.cuda_malloc_test(max(self.nbytes, 1), device))
+        self.ptr: int = int(_core.testing.cuda_malloc(max(self.nbytes, 1), device))
 
     @classmethod
     def from_array(cls, array: np.ndarray, device: int = 0) -> DeviceBuffer:
@@ -51,7 +51,7 @@ class DeviceBuffer:
         if offset < 0 or offset + array.nbytes > self.nbytes:
             raise ValueError("upload past the end of the buffer")
         if array.nbytes:
-            _core.cuda_memcpy_test(self.ptr + offset, array.ctypes.data, array.nbytes)
+            _core.testing.cuda_memcpy(self.ptr + offset, array.ctypes.data, array.nbytes)
 
     def download(self, dtype: Any, count: int, offset: int = 0) -> np.ndarray:
         """A new host array of ``count`` elements of ``dtype`` read from ``ptr + offset``."""
@@ -59,13 +59,13 @@ class DeviceBuffer:
         if offset < 0 or offset + out.nbytes > self.nbytes:
             raise ValueError("download past the end of the buffer")
         if out.nbytes:
-            _core.cuda_memcpy_test(out.ctypes.data, self.ptr + offset, out.nbytes)
+            _core.testing.cuda_memcpy(out.ctypes.data, self.ptr + offset, out.nbytes)
         return out
 
     def close(self) -> None:
         """Frees the memory; further use of ``ptr`` is an error."""
         if self.ptr:
-            _core.cuda_free_test(self.ptr)
+            _core.testing.cuda_free(self.ptr)
             self.ptr = 0
 
     def __enter__(self) -> DeviceBuffer:

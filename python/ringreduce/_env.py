@@ -46,3 +46,28 @@ def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
     if not 0 < int(port) < 65536:
         raise ValueError(f"master_port must be in 1..65535, got {port}")
     return host, int(port)
+
+
+# Default pipelining unit: large enough to amortize per-message overhead, small
+# enough that reducing one segment overlaps the arrival of the next.
+DEFAULT_SEGMENT_BYTES = 1 << 20
+
+
+def segment_bytes() -> int:
+    """RINGREDUCE_SEGMENT_BYTES (the size of every message of a collective), or 1 MiB.
+
+    Every rank of a job must use the same value: the call header compares them.
+    """
+    text = os.environ.get("RINGREDUCE_SEGMENT_BYTES", "")
+    if not text:
+        return DEFAULT_SEGMENT_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1 << 30:
+        raise ValueError(
+            f"RINGREDUCE_SEGMENT_BYTES must be a whole number of bytes in 1..{1 << 30}, "
+            f"got {text!r}"
+        )
+    return value

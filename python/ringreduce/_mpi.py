@@ -27,6 +27,7 @@ __all__ = [
     "create_world",
     "tcp_rendezvous",
     "track",
+    "create_tcp",
 ]
 
 # Communicators over MPI, closed at exit before MPI is finalized.
@@ -162,6 +163,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def create_tcp(comm: Any, timeout: float, segment_bytes: int, port: Any = None) -> Any:
+    """A TCP ``_core.Communicator`` whose ranks meet over an mpi4py communicator: rank 0
+    hosts the store at an address and port agreed over MPI (``port`` overrides the port)."""
+    from . import _core
+
+    host, agreed = tcp_rendezvous(comm, float(timeout))
+    return _core.Communicator.create_tcp(
+        comm.Get_rank(),
+        comm.Get_size(),
+        host,
+        agreed if port is None else int(port),
+        float(timeout),
+        int(segment_bytes),
+        "",
+    )
 
 
 def tcp_rendezvous(comm: Any, timeout: float) -> Tuple[str, int]:

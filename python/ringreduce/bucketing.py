@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from ._arrays import ArrayKind, kind_of
 from ._bucket_plan import (
     MIB,
     ParamSpec,
@@ -41,7 +41,8 @@ from ._bucket_plan import (
     plan_buckets,
 )
 from ._bucket_trace import BucketEvent, Timeline
-from ._buffers import as_array
+from ._bucket_tree import Tree, tree_leaves, tree_rebuild
+from ._buffers import HOST, Buffer, describe
 from .errors import MismatchError
 
 __all__ = ["GradientBucketer", "Handle"]
@@ -49,18 +50,16 @@ __all__ = ["GradientBucketer", "Handle"]
 Handle = int
 """What `GradientBucketer.register` returns: the parameter's registration index."""
 
-Tree = Any
-"""A gradient tree: dicts, lists and tuples (namedtuples too) nesting arrays."""
-
 
 class _Bucket:
     """One flat wire buffer and the step state of the parameters packed into it."""
 
-    def __init__(self, index: int, params: list[int], offsets: list[int], buffer: np.ndarray):
+    def __init__(self, index: int, params: list[int], offsets: list[int], buffer: Any):
         self.index = index
         self.params = params
         self.offsets = offsets
         self.buffer = buffer
+        self.nbytes = describe(buffer).nbytes
         self.reset()
 
     def reset(self) -> None:
@@ -102,6 +101,11 @@ class GradientBucketer:
     is held back until the earlier one launches, because collectives on one communicator
     must be issued in the same order everywhere.
 
+    Buckets live where the gradients do: in host memory for numpy arrays and CPU tensors,
+    on the GPU for CUDA tensors and cupy arrays (reduced there by the device executor,
+    with copies on the caller's current stream). The first gradient handed over decides;
+    every later one must live in the same place.
+
     Not thread-safe: call it from one thread (PyTorch runs CPU backward hooks on the thread
     that called ``backward()``).
     """
@@ -135,6 +139,11 @@ class GradientBucketer:
         self._specs: list[ParamSpec] = []
         self._names: set[str] = set()
         self._buckets: list[_Bucket] | None = None
+        # Where the buckets live, and the operations on their arrays: set by the first
+        # gradient handed over (host memory if wait() comes first).
+        self._kind: ArrayKind | None = None
+        self._like: Any = None
+        self._device = HOST
         # Where each parameter lives: (bucket index, offset in the bucket buffer).
         self._slots: list[tuple[int, int]] = []
         self._timeline = Timeline(self._rank, max_trace_steps)
@@ -193,10 +202,13 @@ class GradientBucketer:
         sizes = [s.numel * w.itemsize for s, w in zip(self._specs, wire)]
         return plan_buckets(sizes, wire, self._first_bucket_mb * MIB, self._bucket_mb * MIB)
 
-    def _finalize(self) -> list[_Bucket]:
-        """Fixes the plan, allocates the bucket buffers and checks the plan across ranks."""
+    def _finalize(self, first: Any = None) -> list[_Bucket]:
+        """Fixes the plan, allocates the bucket buffers where ``first`` (the first gradient
+        handed over, as `_array` returned it) lives, and checks the plan across ranks."""
         if self._buckets is not None:
             return self._buckets
+        if self._kind is None:
+            self._place(np.zeros(0) if first is None else first)
         plan = self._plan_indices()
         if self._world_size > 1:
             settings = {
@@ -216,7 +228,9 @@ class GradientBucketer:
                 offsets.append(total)
                 total += self._specs[i].numel
             dtype = self._wire_dtype(self._specs[params[0]])
-            buckets.append(_Bucket(b, params, offsets, np.zeros(total, dtype=dtype)))
+            assert self._kind is not None
+            buffer = self._kind.zeros(self._like, (total,), dtype)
+            buckets.append(_Bucket(b, params, offsets, buffer))
         self._buckets = buckets
         self._reset_step_state()
         return buckets
@@ -226,40 +240,67 @@ class GradientBucketer:
     def _reset_step_state(self) -> None:
         n = len(self._specs)
         # The array given to ready() for each parameter: wait() writes the result into it.
-        self._given: list[np.ndarray | None] = [None] * n
+        self._given: list[Any] = [None] * n
         self._is_ready = [False] * n
         self._ready_count = 0
         # no_sync() accumulators, in each gradient's own dtype (never the wire dtype, so
         # bfloat16 on the wire does not round every micro-step).
-        self._accum: list[np.ndarray | None] = [None] * n
+        self._accum: list[Any] = [None] * n
         self._next_launch = 0
         self._next_done = 0
         for bucket in self._buckets or ():
             bucket.reset()
 
-    def _view(self, index: int) -> np.ndarray:
+    def _place(self, first: Any) -> None:
+        """Puts the buckets where the array ``first`` lives."""
+        kind = kind_of(first)
+        if kind is None:
+            raise TypeError(
+                f"gradients of type {type(first).__name__} live on a GPU, and ringreduce "
+                "allocates GPU buckets for torch and cupy arrays only"
+            )
+        self._kind = kind
+        self._like = first
+        self._device = describe(first, "grad").device
+
+    def _view(self, index: int) -> Any:
         b, offset = self._slots[index]
         spec = self._specs[index]
-        assert self._buckets is not None
-        return self._buckets[b].buffer[offset : offset + spec.numel].reshape(spec.shape)
+        assert self._buckets is not None and self._kind is not None
+        return self._kind.view(self._buckets[b].buffer, offset, spec.shape)
 
-    def _array(self, index: int, grad: Any) -> np.ndarray:
+    def _array(self, index: int, grad: Any) -> Any:
+        """The gradient as the array the bucket arithmetic works on: a numpy view of host
+        memory, or the device array itself; checked against the registration."""
         spec = self._specs[index]
-        arr = _as_array(grad)
-        if arr.shape != spec.shape:
+        buf: Buffer = describe(grad, "grad")
+        if buf.shape != spec.shape:
             raise ValueError(
-                f"parameter {spec.name!r}: gradient shape {arr.shape} != registered {spec.shape}"
+                f"parameter {spec.name!r}: gradient shape {buf.shape} != registered {spec.shape}"
             )
-        if arr.dtype != spec.dtype:
+        if buf.dtype != spec.dtype.name:
             raise TypeError(
-                f"parameter {spec.name!r}: gradient dtype {arr.dtype} != registered {spec.dtype}"
+                f"parameter {spec.name!r}: gradient dtype {buf.dtype} != registered {spec.dtype}"
             )
-        if not arr.flags.writeable:
+        if buf.readonly:
             raise ValueError(
                 f"parameter {spec.name!r}: gradient is read-only, but wait() "
                 f"writes the reduced gradient back into it"
             )
-        return arr
+        if self._kind is not None and buf.device != self._device:
+            here = "host memory" if self._device == HOST else f"cuda:{self._device}"
+            raise ValueError(
+                f"parameter {spec.name!r}: gradient is in {buf.where}, but the buckets are in "
+                f"{here}, where the first gradient handed over lived; keep them in one place"
+            )
+        if buf.host is not None:
+            return buf.host
+        if not buf.contiguous:
+            raise ValueError(
+                f"parameter {spec.name!r}: a GPU gradient must be contiguous, since wait() "
+                "writes the reduced gradient back into it"
+            )
+        return grad
 
     def _check_handle(self, handle: Handle) -> int:
         if not isinstance(handle, (int, np.integer)) or not 0 <= handle < len(self._specs):
@@ -282,13 +323,14 @@ class GradientBucketer:
         """
         index = self._check_handle(handle)
         arr = self._array(index, grad)
-        buckets = self._finalize()
+        buckets = self._finalize(arr)
+        assert self._kind is not None
         if self._no_sync_depth:
             acc = self._accum[index]
             if acc is None:
-                self._accum[index] = np.array(arr, copy=True)
+                self._accum[index] = self._kind.copy(arr)
             else:
-                np.add(acc, arr, out=acc)
+                self._kind.add_(acc, arr)
             self._given[index] = arr
             return
         if self._is_ready[index]:
@@ -301,7 +343,7 @@ class GradientBucketer:
         source = arr
         acc = self._accum[index]
         if acc is not None:
-            np.add(acc, arr, out=acc)
+            self._kind.add_(acc, arr)
             source = acc
             self._accum[index] = None
         self._fill(index, source)
@@ -318,17 +360,18 @@ class GradientBucketer:
             self._launch_ready_buckets(buckets)
         self._poll(buckets)
 
-    def _fill(self, index: int, source: np.ndarray | None) -> None:
+    def _fill(self, index: int, source: Any) -> None:
         """Copies a gradient into its bucket (zeros for None), scaled for averaging."""
+        assert self._kind is not None
         view = self._view(index)
         if source is None:
-            view.fill(0)
+            self._kind.assign(view, 0)
         elif self._average:
-            # unsafe: the wire dtype may be narrower (bfloat16); the quotient is computed
-            # in the gradient's dtype and rounded once into the bucket.
-            np.divide(source, self._world_size, out=view, casting="unsafe")
+            # The wire dtype may be narrower (bfloat16); the quotient is computed in the
+            # gradient's dtype and rounded once into the bucket.
+            self._kind.divide(view, source, self._world_size)
         else:
-            np.copyto(view, source, casting="unsafe")
+            self._kind.assign(view, source)
 
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launch = time.perf_counter()
@@ -376,9 +419,10 @@ class GradientBucketer:
                 bucket.done = time.perf_counter()
             self._next_done = len(buckets)
             blocked_end = time.perf_counter()
+            assert self._kind is not None
             for index, arr in enumerate(self._given):
                 if arr is not None:
-                    np.copyto(arr, self._view(index), casting="unsafe")
+                    self._kind.assign(arr, self._view(index))
             end = time.perf_counter()
             self._timeline.record_step(
                 [
@@ -386,7 +430,7 @@ class GradientBucketer:
                         self._step,
                         b.index,
                         len(b.params),
-                        b.buffer.nbytes,
+                        b.nbytes,
                         b.first_ready,
                         b.last_ready,
                         b.launch or start,
@@ -460,20 +504,22 @@ class GradientBucketer:
         """
         if self._ready_count and not self._no_sync_depth:
             raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
-        leaves = list(_tree_leaves(tree))
+        leaves = list(tree_leaves(tree))
         arrays = []
         results = []
         for _, leaf in leaves:
-            arr = _as_array(leaf)
-            if not arr.flags.writeable:
-                arr = np.array(arr, copy=True)
+            buf = describe(leaf, "grad")
+            arr: Any = leaf if buf.host is None else buf.host
+            if buf.readonly:
+                arr = np.array(buf.host, copy=True)
                 results.append(arr)
             else:
                 results.append(leaf)
             arrays.append(arr)
         if not self._specs and self._buckets is None:
             for (path, _), arr in zip(leaves, arrays):
-                self.register(path or "<root>", arr.shape, arr.dtype)
+                buf = describe(arr, "grad")
+                self.register(path or "<root>", buf.shape, buf.dtype)
         elif len(leaves) != len(self._specs):
             raise ValueError(
                 f"tree has {len(leaves)} leaves but {len(self._specs)} parameters are registered"
@@ -483,37 +529,4 @@ class GradientBucketer:
         self.wait()
         if self._no_sync_depth:
             return tree
-        return _tree_rebuild(tree, iter(results))
-
-
-def _as_array(x: Any) -> np.ndarray:
-    """A numpy view of a CPU array (numpy, torch incl. bfloat16, DLPack, buffer protocol),
-    with the communicator's own conversion so both accept the same inputs."""
-    return as_array(x, "grad")
-
-
-def _tree_leaves(tree: Tree, path: str = "") -> Iterator[tuple[str, Any]]:
-    """(path, leaf) pairs of a tree, depth first, dict keys in insertion order."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _tree_leaves(value, f"{path}[{key!r}]")
-    elif isinstance(tree, (list, tuple)):
-        for i, value in enumerate(tree):
-            yield from _tree_leaves(value, f"{path}[{i}]")
-    elif tree is not None:
-        yield path, tree
-
-
-def _tree_rebuild(tree: Tree, leaves: Iterator[Any]) -> Tree:
-    """The tree with its leaves replaced, in `_tree_leaves` order, from ``leaves``."""
-    if isinstance(tree, dict):
-        items = [(key, _tree_rebuild(value, leaves)) for key, value in tree.items()]
-        # Other dict subclasses (defaultdict) do not take items in their constructor.
-        return OrderedDict(items) if isinstance(tree, OrderedDict) else dict(items)
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*[_tree_rebuild(v, leaves) for v in tree])
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_tree_rebuild(v, leaves) for v in tree)
-    if tree is None:
-        return None
-    return next(leaves)
+        return tree_rebuild(tree, iter(results))

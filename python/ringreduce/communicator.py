@@ -1,47 +1,40 @@
-"""The Python face of the engine: init(), Communicator and Work."""
+"""The Python face of the engine: Communicator, Work and ReduceOp.
+
+Every collective is written once: its arrays, wherever they live (host memory or a
+GPU), become `Buffer` descriptors (`_buffers.describe`), results are allocated like
+the input by the input's `ArrayKind`, and the call goes to the engine as pointers.
+"""
 
 from __future__ import annotations
 
 import enum
-import os
 import time
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _core, _device
-from ._buffers import (
-    FLOATING,
-    address,
-    as_array,
-    check_output,
-    dtype_code,
-    wrap_like,
-)
-from ._env import launched_by_mpirun, master_address, rank_and_size
+from . import _core
+from ._arrays import array_for, kind_of
+from ._buffers import FLOATING, Buffer, describe, dtype_code
+from ._env import segment_bytes
 from .errors import TimeoutError
 
-__all__ = ["ReduceOp", "Communicator", "Work", "init", "chunk_bounds", "build_info"]
+__all__ = ["ReduceOp", "Communicator", "Work", "chunk_bounds", "build_info"]
 
-# Collective codes shared with csrc/algorithms/collective.h.
-_ALL_REDUCE, _REDUCE_SCATTER, _ALL_GATHER, _BROADCAST, _BARRIER = 1, 2, 3, 4, 5
-
-# Default pipelining unit: large enough to amortize per-segment overhead,
-# small enough that reducing one segment overlaps the arrival of the next.
-_DEFAULT_SEGMENT_BYTES = 1 << 20
+_Collective = _core.Collective
 
 
 class ReduceOp(enum.Enum):
     """Reduction operators. Strings ("sum", "avg", ...) are accepted too."""
 
-    SUM = 0
-    PROD = 1
-    MIN = 2
-    MAX = 3
-    AVG = 4  # floating dtypes only
+    SUM = int(_core.Op.SUM)
+    PROD = int(_core.Op.PROD)
+    MIN = int(_core.Op.MIN)
+    MAX = int(_core.Op.MAX)
+    AVG = int(_core.Op.AVG)  # floating dtypes only
 
 
-def _op_code(op: Union[str, ReduceOp], dtype_name: str) -> int:
+def _op_code(op: Union[str, ReduceOp], dtype_name: str) -> Any:
     if isinstance(op, ReduceOp):
         member = op
     elif isinstance(op, str) and op.upper() in ReduceOp.__members__:
@@ -53,7 +46,7 @@ def _op_code(op: Union[str, ReduceOp], dtype_name: str) -> int:
             f"op: avg is defined for floating dtypes only, not {dtype_name} "
             "(use sum and divide, choosing your own rounding)"
         )
-    return member.value
+    return _core.Op(member.value)
 
 
 def chunk_bounds(n: int, world_size: int, rank: int) -> Tuple[int, int]:
@@ -106,11 +99,10 @@ class Work:
                 if limit is not None and time.monotonic() >= limit:
                     break
             if not finished:
-                exc = TimeoutError(
+                raise TimeoutError(
                     f"rank {self._comm.rank}: {self._handle.description} has not finished "
                     f"after waiting {timeout} s; it is still running"
                 )
-                raise exc
             self._finished = True
             if self._finalize is not None:
                 self._finalize()
@@ -153,23 +145,12 @@ class Communicator:
 
         if not timeout or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        segment = int(os.environ.get("RINGREDUCE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
         if transport == "mpi":
-            comm = cls(_mpi.create_from_mpi4py(mpi4py_comm, float(timeout), segment), "mpi")
+            comm = cls(_mpi.create_from_mpi4py(mpi4py_comm, float(timeout), segment_bytes()), "mpi")
             _mpi.track(comm)
             return comm
         if transport == "tcp":
-            host, port = _mpi.tcp_rendezvous(mpi4py_comm, float(timeout))
-            core = _core.Communicator.create_tcp(
-                mpi4py_comm.Get_rank(),
-                mpi4py_comm.Get_size(),
-                host,
-                port,
-                float(timeout),
-                segment,
-                "",
-            )
-            return cls(core, "tcp")
+            return cls(_mpi.create_tcp(mpi4py_comm, float(timeout), segment_bytes()), "tcp")
         raise ValueError(f"transport must be 'mpi' or 'tcp', got {transport!r}")
 
     # -- properties -------------------------------------------------------
@@ -185,7 +166,7 @@ class Communicator:
 
     @property
     def transport(self) -> str:
-        """ "tcp" or "mpi"."""
+        """What carries the data: "tcp" or "mpi"."""
         return self._transport
 
     @property
@@ -194,31 +175,73 @@ class Communicator:
         return float(self._core.timeout)
 
     def stats(self) -> dict:
-        """Counters: bytes_sent, bytes_received (payload and headers), ops (collectives done)."""
+        """Counters: bytes_sent, bytes_received (payload and headers), ops (collectives
+        done), small_message_ops (all_reduce calls that took the small-message path)."""
         return dict(self._core.stats())
 
-    # -- plumbing ---------------------------------------------------------
+    # -- arguments --------------------------------------------------------
+    def _input(self, x: Any, what: str = "x") -> Buffer:
+        """x's Buffer, of a supported dtype; a contiguous copy when x is not contiguous."""
+        buf = describe(x, what)
+        dtype_code(buf.dtype, what)
+        if not buf.contiguous:
+            if buf.host is None and kind_of(buf.obj) is None:
+                raise ValueError(
+                    f"{what}: the CUDA array is not C-contiguous; pass a contiguous one "
+                    "(ringreduce makes contiguous copies of torch tensors and cupy arrays only)"
+                )
+            kind, arr = array_for(buf, what)
+            buf = describe(kind.contiguous(arr), what)
+        return buf
+
+    def _output(self, out: Any, like: Buffer, shape: Tuple[int, ...]) -> Tuple[Any, Buffer]:
+        """(result, its Buffer): ``out`` checked against what the call writes, or a new
+        array allocated like the input."""
+        if out is None:
+            kind, arr = array_for(like, "out")
+            result = kind.empty(arr, shape)
+            return result, describe(result, "out")
+        buf = describe(out, "out")
+        if buf.device != like.device:
+            raise ValueError(
+                f"out is in {buf.where} but x is in {like.where}; pass both on the same "
+                "device, or both on the host"
+            )
+        if buf.dtype != like.dtype:
+            raise TypeError(f"out: dtype {buf.dtype} does not match the input's {like.dtype}")
+        if buf.shape != tuple(shape):
+            raise ValueError(f"out: shape {buf.shape} does not match the expected {tuple(shape)}")
+        if buf.readonly:
+            raise ValueError("out: the array is read-only")
+        if not buf.contiguous:
+            raise ValueError("out: the array must be C-contiguous (results are written in place)")
+        return out, buf
+
     def _submit(
         self,
-        kind: int,
-        send: np.ndarray,
-        recv: np.ndarray,
-        count: int,
-        code: int,
-        op: int,
+        kind: Any,
+        send: Buffer,
+        recv: Buffer,
+        op: Any,
         root: int,
         result: Any,
         keep: tuple,
         async_op: bool,
         finalize: Optional[Callable[[], None]] = None,
-        device: int = -1,
-        stream: int = 0,
     ) -> Any:
         self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
         handle = self._core.submit(
-            kind, address(send), address(recv), count, code, op, root, device=device, stream=stream
+            kind,
+            send.ptr,
+            recv.ptr,
+            send.size,
+            dtype_code(send.dtype),
+            op,
+            root,
+            device=send.device,
+            stream=send.stream,
         )
-        keep = keep + (send, recv)
+        keep = keep + (send.obj, recv.obj)
         self._inflight.append((handle, keep))
         work = Work(self, handle, result, keep, finalize)
         return work if async_op else work.wait()
@@ -230,26 +253,16 @@ class Communicator:
         """Reduces x over all ranks; every rank gets the result (new array, or ``out``).
 
         ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
-        C-contiguous and writable.
+        C-contiguous and writable, and in the same memory (host or GPU) as x.
         """
-        if _device.involves_device(x, out):
-            return _device.all_reduce(self, x, op, out, async_op)
-        arr = as_array(x, "x")
-        code = dtype_code(arr, "x")
-        opc = _op_code(op, arr.dtype.name)
-        if out is None:
-            src = np.ascontiguousarray(arr)
-            dst = np.empty_like(src)
-            result: Any = wrap_like(x, dst)
-        else:
-            dst = as_array(out, "out")
-            check_output(dst, dtype=arr.dtype, shape=arr.shape)
-            src = arr if (out is x and arr.flags.c_contiguous) else np.ascontiguousarray(arr)
-            _check_no_partial_overlap(src, dst)
-            result = out
-        return self._submit(
-            _ALL_REDUCE, src, dst, src.size, code, opc, 0, result, (x, out), async_op
-        )
+        src = self._input(x)
+        opc = _op_code(op, src.dtype)
+        result, dst = self._output(out, src, src.shape)
+        if src.ptr != dst.ptr and src.ptr < dst.ptr + dst.nbytes and dst.ptr < src.ptr + src.nbytes:
+            raise ValueError(
+                "out overlaps x without being x; pass out=x for in-place, or separate arrays"
+            )
+        return self._submit(_Collective.ALL_REDUCE, src, dst, opc, 0, result, (x, out), async_op)
 
     def reduce_scatter(
         self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
@@ -258,70 +271,51 @@ class Communicator:
 
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
         """
-        if _device.involves_device(x, out):
-            return _device.reduce_scatter(self, x, op, out, async_op)
-        arr = as_array(x, "x")
-        code = dtype_code(arr, "x")
-        opc = _op_code(op, arr.dtype.name)
-        src = np.ascontiguousarray(arr)
+        src = self._input(x)
+        opc = _op_code(op, src.dtype)
         start, stop = chunk_bounds(src.size, self.world_size, self.rank)
-        if out is None:
-            dst = np.empty(stop - start, dtype=arr.dtype)
-            result: Any = wrap_like(x, dst)
-        else:
-            dst = as_array(out, "out")
-            check_output(dst, dtype=arr.dtype, shape=(stop - start,))
-            result = out
+        result, dst = self._output(out, src, (stop - start,))
         return self._submit(
-            _REDUCE_SCATTER, src, dst, src.size, code, opc, 0, result, (x, out), async_op
+            _Collective.REDUCE_SCATTER, src, dst, opc, 0, result, (x, out), async_op
         )
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Gathers x from every rank into an array of shape ``(world_size, *x.shape)``."""
-        if _device.involves_device(x, out):
-            return _device.all_gather(self, x, out, async_op)
-        arr = as_array(x, "x")
-        code = dtype_code(arr, "x")
-        src = np.ascontiguousarray(arr)
-        shape = (self.world_size,) + tuple(arr.shape)
-        if out is None:
-            dst = np.empty(shape, dtype=arr.dtype)
-            result: Any = wrap_like(x, dst)
-        else:
-            dst = as_array(out, "out")
-            check_output(dst, dtype=arr.dtype, shape=shape)
-            result = out
-        return self._submit(_ALL_GATHER, src, dst, src.size, code, 0, 0, result, (x, out), async_op)
+        src = self._input(x)
+        result, dst = self._output(out, src, (self.world_size,) + src.shape)
+        return self._submit(
+            _Collective.ALL_GATHER, src, dst, _core.Op.SUM, 0, result, (x, out), async_op
+        )
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Fills x in place, on every rank, with root's x. Returns x."""
         if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < self.world_size:
             raise ValueError(f"root must be a rank in [0, {self.world_size}), got {root!r}")
-        if _device.involves_device(x):
-            return _device.broadcast(self, x, int(root), async_op)
-        arr = as_array(x, "x")
-        code = dtype_code(arr, "x")
-        if self.rank != root and not arr.flags.writeable:
+        root = int(root)
+        arr = describe(x)
+        dtype_code(arr.dtype)
+        if self.rank != root and arr.readonly:
             raise ValueError("x: the array is read-only, but broadcast writes into it")
         finalize = None
-        if arr.flags.c_contiguous:
-            buf = arr
-        else:
-            # Broadcast into a contiguous copy, then write back in place.
-            buf = np.ascontiguousarray(arr)
+        buf = arr
+        if not arr.contiguous:
+            # Broadcast into a contiguous copy, then write it back into x (on the
+            # caller's stream, for a CUDA array).
+            kind, target = array_for(arr, "x")
+            buf = describe(kind.contiguous(target))
 
             def finalize() -> None:
                 if self.rank != root:
-                    arr[...] = buf
+                    kind.assign(target, buf.obj)
 
         return self._submit(
-            _BROADCAST, buf, buf, buf.size, code, 0, int(root), x, (x,), async_op, finalize
+            _Collective.BROADCAST, buf, buf, _core.Op.SUM, root, x, (x,), async_op, finalize
         )
 
     def barrier(self) -> None:
         """Returns once every rank has called barrier()."""
-        empty = np.empty(0, dtype=np.uint8)
-        self._submit(_BARRIER, empty, empty, 0, 5, 0, 0, None, (), False)
+        nothing = Buffer(None, 0, (0,), "uint8", 1, -1, 0, True, False)
+        self._submit(_Collective.BARRIER, nothing, nothing, _core.Op.SUM, 0, None, (), False)
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
@@ -340,83 +334,3 @@ class Communicator:
             f"<ringreduce.Communicator rank={self.rank} world_size={self.world_size} "
             f"transport={self.transport!r}>"
         )
-
-
-def _check_no_partial_overlap(src: np.ndarray, dst: np.ndarray) -> None:
-    if address(src) != address(dst) and np.may_share_memory(src, dst):
-        raise ValueError(
-            "out overlaps x without being x; pass out=x for in-place, or separate arrays"
-        )
-
-
-def init(
-    transport: str = "auto",
-    *,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
-    timeout: float = 60.0,
-    store_dir: Optional[str] = None,
-) -> Communicator:
-    """Joins the job and returns its communicator.
-
-    rank/world_size default to the launcher's environment (RANK/WORLD_SIZE,
-    OMPI_COMM_WORLD_*, PMI_*, SLURM_*); MASTER_ADDR/MASTER_PORT locate rank 0's
-    rendezvous store (``store_dir``: use a shared directory instead). ``timeout``
-    bounds every wait on a peer, in seconds.
-
-    ``transport``: "tcp", "mpi" (MPI_COMM_WORLD; needs the MPI build), or "auto"
-    (the RINGREDUCE_TRANSPORT variable if set, else "mpi" when launched by mpirun and
-    MPI support loads, else "tcp"). "tcp" under mpirun without MASTER_ADDR meets
-    over MPI (mpi4py): rank 0 picks the address and a free port.
-    """
-    env_transport = os.environ.get("RINGREDUCE_TRANSPORT")
-    if transport == "auto" and env_transport:
-        transport = env_transport
-    if transport not in ("auto", "tcp", "mpi"):
-        raise ValueError(f"transport must be 'auto', 'tcp' or 'mpi', got {transport!r}")
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    segment = int(os.environ.get("RINGREDUCE_SEGMENT_BYTES", _DEFAULT_SEGMENT_BYTES))
-    from . import _mpi  # imports the MPI extension only when MPI is asked for
-
-    if transport == "auto":
-        transport = "mpi" if (launched_by_mpirun() and _mpi.available()) else "tcp"
-    if transport == "mpi":
-        # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
-        core = _mpi.create_world(float(timeout), segment)
-        comm = Communicator(core, "mpi")
-        _mpi.track(comm)
-        mine = (comm.rank, comm.world_size)
-        if any(v is not None and int(v) != m for v, m in zip((rank, world_size), mine)):
-            comm.close()
-            raise ValueError(
-                f"rank={rank}, world_size={world_size} disagree with MPI_COMM_WORLD "
-                f"(rank {comm.rank} of {comm.world_size}); leave them out with transport='mpi'"
-            )
-        return comm
-    r, n = rank_and_size(rank, world_size)
-    if n < 1 or not 0 <= r < n:
-        raise ValueError(f"rank {r} is not in [0, world_size={n})")
-    if (
-        master_addr is None
-        and "MASTER_ADDR" not in os.environ
-        and not store_dir
-        and rank is None
-        and world_size is None
-        and n > 1
-        and launched_by_mpirun()
-        and _mpi.have_mpi4py()
-    ):
-        # Under mpirun without MASTER_ADDR: agree on rank 0's address over MPI.
-        from mpi4py import MPI
-
-        r, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-        host, port = _mpi.tcp_rendezvous(MPI.COMM_WORLD, float(timeout))
-        if master_port is not None:
-            port = int(master_port)
-    else:
-        host, port = master_address(master_addr, master_port)
-    core = _core.Communicator.create_tcp(r, n, host, port, float(timeout), segment, store_dir or "")
-    return Communicator(core, "tcp")

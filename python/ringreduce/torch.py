@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,10 +32,6 @@ __all__ = ["GradSync", "broadcast_parameters"]
 
 def _numpy_view(t: torch.Tensor) -> np.ndarray:
     """A numpy array sharing memory with a CPU tensor (bfloat16 via ml_dtypes)."""
-    if t.device.type != "cpu":
-        raise ValueError(f"only CPU tensors are supported, got one on {t.device}")
-    if t.is_sparse:
-        raise ValueError("sparse gradients are not supported")
     t = t.detach()
     if t.dtype == torch.bfloat16:
         import ml_dtypes
@@ -44,6 +41,19 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bool:
         return t.numpy().view(np.uint8)
     return t.numpy()
+
+
+def _for_ringreduce(t: torch.Tensor) -> Any:
+    """What a tensor is handed to ringreduce as: a numpy view of a CPU tensor, the tensor
+    itself on a GPU (bool as uint8 bytes, which ringreduce moves unchanged)."""
+    if t.is_sparse:
+        raise ValueError("sparse gradients are not supported")
+    if t.device.type == "cpu":
+        return _numpy_view(t)
+    if t.device.type != "cuda":
+        raise ValueError(f"tensors on {t.device} are not supported; use CPU or CUDA tensors")
+    t = t.detach()
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
 class GradSync:
@@ -61,7 +71,8 @@ class GradSync:
     unused on all ranks therefore gets a zero gradient rather than None.
 
     Args:
-        module: the model; CPU parameters of the dtypes the communicator supports.
+        module: the model; CPU or CUDA parameters of the dtypes the communicator supports
+            (all on one device: the buckets live there).
         comm: a ringreduce Communicator.
         bucket_mb, first_bucket_mb, average, comm_dtype: as for `GradientBucketer`.
     """
@@ -86,9 +97,10 @@ class GradSync:
         for name, param in module.named_parameters():
             if not param.requires_grad:
                 continue
-            if param.device.type != "cpu":
+            if param.device.type not in ("cpu", "cuda"):
                 raise ValueError(
-                    f"parameter {name!r} is on {param.device}; only CPU parameters are supported"
+                    f"parameter {name!r} is on {param.device}; CPU and CUDA parameters are "
+                    "supported"
                 )
             handle = self._bucketer.register(name, tuple(param.shape), as_dtype(param.dtype))
             self._params.append((handle, param))
@@ -108,7 +120,7 @@ class GradSync:
             if self._no_sync or param.grad is None:
                 return
             self._fired[i] = True
-            self._bucketer.ready(handle, _numpy_view(param.grad))
+            self._bucketer.ready(handle, _for_ringreduce(param.grad))
 
         return hook
 
@@ -134,7 +146,7 @@ class GradSync:
                     param.grad = torch.zeros_like(param, memory_format=torch.contiguous_format)
                 else:
                     param.grad.zero_()
-                self._bucketer.ready(handle, _numpy_view(param.grad))
+                self._bucketer.ready(handle, _for_ringreduce(param.grad))
         self._fired = [False] * len(self._params)
         self._bucketer.wait()
 
@@ -174,9 +186,9 @@ def broadcast_parameters(module: torch.nn.Module, comm: Any, root: int = 0) -> N
     """
     tensors = [t for _, t in module.named_parameters()] + [t for _, t in module.named_buffers()]
     with torch.no_grad():
-        views = [_numpy_view(t) for t in tensors]
+        views = [_for_ringreduce(t) for t in tensors]
         # Issued back to back and then waited on: collectives complete in issue order,
         # so the small ones pipeline instead of paying one round trip each.
-        works = [comm.broadcast(v, root=root, async_op=True) for v in views if v.size]
+        works = [comm.broadcast(v, root=root, async_op=True) for v in views if math.prod(v.shape)]
         for work in works:
             work.wait()

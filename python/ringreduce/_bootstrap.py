@@ -1,0 +1,87 @@
+"""Joining a job: `init()` and the choice of transport.
+
+Where rank, world size and the rendezvous come from is read here, once, from the
+arguments and the launcher's environment (`_env`), and handed to the engine as
+values.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from . import _core, _mpi
+from ._env import launched_by_mpirun, master_address, rank_and_size, segment_bytes
+from .communicator import Communicator
+
+__all__ = ["init"]
+
+
+def init(
+    transport: str = "auto",
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    timeout: float = 60.0,
+    store_dir: Optional[str] = None,
+) -> Communicator:
+    """Joins the job and returns its communicator.
+
+    rank/world_size default to the launcher's environment (RANK/WORLD_SIZE,
+    OMPI_COMM_WORLD_*, PMI_*, SLURM_*); MASTER_ADDR/MASTER_PORT locate rank 0's
+    rendezvous store (``store_dir``: use a shared directory instead). ``timeout``
+    bounds every wait on a peer, in seconds.
+
+    ``transport``: "tcp", "mpi" (MPI_COMM_WORLD; needs the MPI build), or "auto"
+    (the RINGREDUCE_TRANSPORT variable if set, else "mpi" when launched by mpirun and
+    MPI support loads, else "tcp"). "tcp" under mpirun without MASTER_ADDR meets
+    over MPI (mpi4py): rank 0 picks the address and a free port.
+    """
+    env_transport = os.environ.get("RINGREDUCE_TRANSPORT")
+    if transport == "auto" and env_transport:
+        transport = env_transport
+    if transport not in ("auto", "tcp", "mpi"):
+        raise ValueError(f"transport must be 'auto', 'tcp' or 'mpi', got {transport!r}")
+    if not timeout or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    segment = segment_bytes()
+
+    if transport == "auto":
+        transport = "mpi" if (launched_by_mpirun() and _mpi.available()) else "tcp"
+    if transport == "mpi":
+        # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
+        core = _mpi.create_world(float(timeout), segment)
+        comm = Communicator(core, "mpi")
+        _mpi.track(comm)
+        mine = (comm.rank, comm.world_size)
+        if any(v is not None and int(v) != m for v, m in zip((rank, world_size), mine)):
+            comm.close()
+            raise ValueError(
+                f"rank={rank}, world_size={world_size} disagree with MPI_COMM_WORLD "
+                f"(rank {comm.rank} of {comm.world_size}); leave them out with transport='mpi'"
+            )
+        return comm
+    r, n = rank_and_size(rank, world_size)
+    if n < 1 or not 0 <= r < n:
+        raise ValueError(f"rank {r} is not in [0, world_size={n})")
+    if (
+        master_addr is None
+        and "MASTER_ADDR" not in os.environ
+        and not store_dir
+        and rank is None
+        and world_size is None
+        and n > 1
+        and launched_by_mpirun()
+        and _mpi.have_mpi4py()
+    ):
+        # Under mpirun without MASTER_ADDR: agree on rank 0's address over MPI.
+        from mpi4py import MPI
+
+        return Communicator(
+            _mpi.create_tcp(MPI.COMM_WORLD, float(timeout), segment, master_port), "tcp"
+        )
+    host, port = master_address(master_addr, master_port)
+    core = _core.Communicator.create_tcp(r, n, host, port, float(timeout), segment, store_dir or "")
+    return Communicator(core, "tcp")

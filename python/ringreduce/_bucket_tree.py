@@ -1,0 +1,40 @@
+"""Gradient trees (dicts, lists and tuples nesting arrays, as JAX and hand-written models
+return them): walking their leaves in a fixed order and rebuilding them."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["Tree", "tree_leaves", "tree_rebuild"]
+
+Tree = Any
+"""A gradient tree: dicts, lists and tuples (namedtuples too) nesting arrays."""
+
+
+def tree_leaves(tree: Tree, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, leaf) pairs of a tree, depth first, dict keys in insertion order."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from tree_leaves(value, f"{path}[{key!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from tree_leaves(value, f"{path}[{i}]")
+    elif tree is not None:
+        yield path, tree
+
+
+def tree_rebuild(tree: Tree, leaves: Iterator[Any]) -> Tree:
+    """The tree with its leaves replaced, in `tree_leaves` order, from ``leaves``."""
+    if isinstance(tree, dict):
+        items = [(key, tree_rebuild(value, leaves)) for key, value in tree.items()]
+        # Other dict subclasses (defaultdict) do not take items in their constructor.
+        return OrderedDict(items) if isinstance(tree, OrderedDict) else dict(items)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*[tree_rebuild(v, leaves) for v in tree])
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_rebuild(v, leaves) for v in tree)
+    if tree is None:
+        return None
+    return next(leaves)

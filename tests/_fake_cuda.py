@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import types
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
+
+from ringreduce._arrays import ArrayKind, register_kind, unregister_kind
 
 # The engine's private switch: its Device becomes the CPU emulation
 # (csrc/engine/fake_device.cc), which treats "device" pointers as host memory.
@@ -56,3 +59,57 @@ class FakeCudaArray:
 def fake(array: np.ndarray, **kwargs: Any) -> FakeCudaArray:
     """Shorthand for FakeCudaArray(array)."""
     return FakeCudaArray(array, **kwargs)
+
+
+class FakeKind(ArrayKind):
+    """ringreduce's array operations on FakeCudaArray, done by numpy on the host memory
+    behind it, as torch or cupy would do them on a GPU. Counts the arrays it allocates."""
+
+    name = "fake-cuda"
+
+    def __init__(self) -> None:
+        self.allocated = 0
+
+    @staticmethod
+    def _np(x: Any) -> Any:
+        return x.array if isinstance(x, FakeCudaArray) else x
+
+    def _new(self, like: FakeCudaArray, arr: np.ndarray) -> FakeCudaArray:
+        self.allocated += 1
+        return FakeCudaArray(arr, device=like.device.id)
+
+    def empty(self, like, shape, dtype=None):
+        return self._new(like, np.empty(shape, dtype=like.dtype if dtype is None else dtype))
+
+    def zeros(self, like, shape, dtype=None):
+        return self._new(like, np.zeros(shape, dtype=like.dtype if dtype is None else dtype))
+
+    def contiguous(self, x):
+        return self._new(x, np.ascontiguousarray(x.array))
+
+    def assign(self, dst, src):
+        np.copyto(dst.array, self._np(src), casting="unsafe")
+
+    def divide(self, dst, src, divisor):
+        np.divide(self._np(src), divisor, out=dst.array, casting="unsafe")
+
+    def add_(self, acc, x):
+        np.add(acc.array, self._np(x), out=acc.array)
+
+    def copy(self, x):
+        return self._new(x, x.array.copy())
+
+    def view(self, flat, offset, shape):
+        n = int(np.prod(shape, dtype=np.int64))
+        return FakeCudaArray(flat.array[offset : offset + n].reshape(shape), device=flat.device.id)
+
+
+@contextlib.contextmanager
+def fake_kind() -> Iterator[FakeKind]:
+    """Registers a FakeKind with ringreduce for the duration of the block."""
+    kind = FakeKind()
+    register_kind(lambda x: isinstance(x, FakeCudaArray), kind)
+    try:
+        yield kind
+    finally:
+        unregister_kind(kind)

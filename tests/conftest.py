@@ -18,13 +18,18 @@ _groups: dict = {}
 def group_factory():
     """group_factory(n) -> a RankGroup of n ranks, created once per session."""
 
-    def get(n: int, segment_bytes: int = 0, small_bytes: int = -1) -> RankGroup:
-        """segment_bytes/small_bytes set RINGREDUCE_SEGMENT_BYTES/_SMALL_BYTES (0/-1: default)."""
-        key = (n, segment_bytes, small_bytes)
+    def get(
+        n: int, segment_bytes: int = 0, small_bytes: int = -1, fake_device: bool = False
+    ) -> RankGroup:
+        """segment_bytes/small_bytes set RINGREDUCE_SEGMENT_BYTES/_SMALL_BYTES (0/-1: default);
+        fake_device makes the engine's Device the CPU emulation (tests/_fake_cuda.py)."""
+        key = (n, segment_bytes, small_bytes, fake_device)
         if key not in _groups:
             env = {"RINGREDUCE_SEGMENT_BYTES": str(segment_bytes)} if segment_bytes else {}
             if small_bytes >= 0:
                 env["RINGREDUCE_SMALL_BYTES"] = str(small_bytes)
+            if fake_device:
+                env["RINGREDUCE_TEST_FAKE_DEVICE"] = "1"
             _groups[key] = RankGroup(n, env=env)
         return _groups[key]
 

@@ -255,34 +255,49 @@ def test_ranks_may_close_while_neighbours_finish(n):
         assert [o[1] for o in outcomes] == [True] * n, [o[2] for o in outcomes]
 
 
-def _gil_released_while_waiting(comm):
+def _gil_released_while_waiting(comm, signal_path):
+    """Rank 1 joins the all_reduce only after a Python thread of rank 0 has run while
+    rank 0's main thread was blocked in the engine's wait. If that wait held the GIL, the
+    thread could not run, rank 1 would never join, and rank 0 would time out."""
+    import os
+    import sys
     import threading
     import time
 
     if comm.rank == 1:
-        time.sleep(0.5)  # rank 0 blocks in all_reduce meanwhile
-        comm.all_reduce(np.ones(4))
-        return None
-    ticks = [0]
-    stop = threading.Event()
-
-    def count():
-        while not stop.is_set():
-            ticks[0] += 1
+        deadline = time.monotonic() + 60
+        while not os.path.exists(signal_path):
+            if time.monotonic() > deadline:
+                return "rank 0 never signalled"
             time.sleep(0.001)
+        comm.all_reduce(np.ones(4))
+        return "joined"
+    go = threading.Event()
 
-    t = threading.Thread(target=count)
-    t.start()
-    comm.all_reduce(np.ones(4))  # blocks about 0.5 s
-    stop.set()
-    t.join()
-    return ticks[0]
+    def signal() -> None:
+        go.wait()
+        with open(signal_path, "w"):
+            pass
+
+    helper = threading.Thread(target=signal)
+    helper.start()
+    # Make the interpreter hand the GIL over only when a thread releases it, so the
+    # helper cannot slip in between go.set() and the wait below.
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        work = comm.all_reduce(np.ones(4), async_op=True)
+        go.set()
+        work._handle.wait(-1.0)  # the engine's blocking wait, in one piece
+    finally:
+        sys.setswitchinterval(previous)
+    helper.join()
+    return "completed"
 
 
-def test_gil_is_released_while_a_collective_waits(group_factory):
-    ticks, _ = group_factory(2).run(_gil_released_while_waiting)
-    # A thread holding the GIL for 0.5 s would allow no ticks at all.
-    assert ticks > 50
+def test_gil_is_released_while_a_collective_waits(group_factory, tmp_path):
+    signal = str(tmp_path / "rank0-thread-ran")
+    assert group_factory(2).run(_gil_released_while_waiting, signal) == ["completed", "joined"]
 
 
 def _algorithm_counts(comm, count):

@@ -281,3 +281,35 @@ def test_torch_cuda_all_reduce_two_ranks_one_gpu(gpu_pair):
 @needs_torch_cuda
 def test_torch_caller_stream_is_waited_for(gpu_pair):
     assert gpu_pair.run(_torch_caller_stream_is_waited_for) == [True, True]
+
+
+def _grad_sync_on_cuda_equals_cpu(comm):
+    # The same model trained with GradSync on the CPU and on the GPU: the buckets of the
+    # GPU run live on the device and are reduced by the device executor.
+    import torch
+
+    torch.cuda.set_device(0)
+    results = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+        ).to(device=device, dtype=torch.float64)
+        sync = rr.torch.GradSync(model, comm, bucket_mb=1e-4, first_bucket_mb=1e-4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            g = torch.Generator().manual_seed(100 * step + comm.rank)
+            x = torch.randn(4, 8, generator=g, dtype=torch.float64).to(device)
+            y = torch.randn(4, 2, generator=g, dtype=torch.float64).to(device)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            sync.wait()
+            opt.step()
+            opt.zero_grad()
+        sync.remove()
+        results[device] = [p.detach().cpu() for p in model.parameters()]
+    return max(float((a - b).abs().max()) for a, b in zip(results["cpu"], results["cuda"]))
+
+
+@needs_torch_cuda
+def test_grad_sync_with_cuda_parameters(gpu_pair):
+    assert all(diff < 1e-12 for diff in gpu_pair.run(_grad_sync_on_cuda_equals_cpu))

@@ -17,6 +17,16 @@ def _all_reduce_count(comm, counts):
     comm.all_reduce(np.ones(counts[comm.rank], dtype=np.float32))
 
 
+def _timed(comm, fn, *args):
+    """Runs fn(comm, *args) and returns (its error, seconds until the error)."""
+    start = time.monotonic()
+    try:
+        fn(comm, *args)
+    except rr.RingReduceError as exc:
+        return exc, time.monotonic() - start
+    return None, time.monotonic() - start
+
+
 def _all_reduce_dtype(comm, dtypes):
     comm.all_reduce(np.ones(10, dtype=dtypes[comm.rank]))
 
@@ -49,16 +59,27 @@ def _error_then_retry(comm, counts):
     return "no error", "", False
 
 
-def _sleepy(comm, late_rank, sleep_s):
+def _absent_rank(comm, late_rank, directory):
+    """The late rank never calls the collective: it waits until every other rank has
+    its error (each leaves a file saying so), then returns."""
+    done = os.path.join(directory, "done{}")
     if comm.rank == late_rank:
-        time.sleep(sleep_s)
-        return "slept"
-    start = time.monotonic()
+        deadline = time.monotonic() + 120
+        while not all(
+            os.path.exists(done.format(r)) for r in range(comm.world_size) if r != late_rank
+        ):
+            if time.monotonic() > deadline:
+                return "the others never finished"
+            time.sleep(0.01)
+        return "absent"
     try:
         comm.all_reduce(np.ones(1000, dtype=np.float32))
+        outcome = "no error"
     except rr.RingReduceError as exc:
-        return type(exc).__name__, exc.peer, str(exc), time.monotonic() - start
-    return "no error"
+        outcome = type(exc).__name__, exc.peer, str(exc)
+    with open(done.format(comm.rank), "w"):
+        pass
+    return outcome
 
 
 def _all_reduce_loop_until_error(comm, seconds):
@@ -87,10 +108,6 @@ def _close_early(comm, quitter):
     return _all_reduce_loop_until_error(comm, 30)
 
 
-def _outcome_classes(outcomes):
-    return [o[1] if o[0] == "ok" else (o[0], o[2]) for o in outcomes]
-
-
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize(
     "fn, args",
@@ -110,16 +127,15 @@ def test_mismatch_raises_on_every_rank(n, fn, args):
         "ops": ["sum"] * last + ["max"],
         None: None,
     }[args]
-    start = time.monotonic()
-    outcomes = run_ranks(n, fn, *([arg] if arg is not None else []), init_timeout=20)
-    elapsed = time.monotonic() - start
-    assert all(o[0] == "err" for o in outcomes), _outcome_classes(outcomes)
+    outcomes = run_ranks(n, _timed, fn, *([arg] if arg is not None else []), init_timeout=60)
+    assert all(o[0] == "ok" for o in outcomes), [o[2] for o in outcomes]
     # The rank that saw the mismatch raises MismatchError; the others learn of
-    # it through the store and raise MismatchError too, naming the culprits.
-    for o in outcomes:
-        assert isinstance(o[1], rr.MismatchError), o[2]
-        assert "mismatch between rank" in str(o[1])
-    assert elapsed < 15, "errors must come promptly, not after the timeout"
+    # it through the store and raise MismatchError too, naming the culprits,
+    # long before the 60 s timeout would have ended their waits.
+    for _, (error, seconds), _ in outcomes:
+        assert isinstance(error, rr.MismatchError), error
+        assert "mismatch between rank" in str(error)
+        assert seconds < 30, f"the error took {seconds:.1f} s: it came from the timeout"
 
 
 def test_mismatch_message_names_both_calls():
@@ -142,27 +158,27 @@ def test_communicator_refuses_calls_after_an_error():
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_rank_that_never_arrives_times_out_naming_it(n):
+def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path):
+    # Every rank names the absent one, even the ranks that waited on a waiting
+    # neighbour: the ranks follow the chain of waits to its end.
     late = n - 1
-    outcomes = run_ranks(n, _sleepy, late, 6.0, init_timeout=1.5, timeout=60)
+    outcomes = run_ranks(n, _absent_rank, late, str(tmp_path), init_timeout=1.5, timeout=120)
     for rank, (status, value, tb) in enumerate(outcomes):
         assert status == "ok", tb
         if rank == late:
+            assert value == "absent"
             continue
-        kind, peer, message, elapsed = value
+        kind, peer, message = value
         assert kind == "TimeoutError", message
         assert peer == late, message
         assert f"rank {late} did not start all_reduce" in message
-        assert elapsed < 5.5, f"took {elapsed:.1f} s with a 1.5 s timeout"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_killed_rank_gives_peer_error_on_every_survivor(n):
     victim = 1
-    with RankGroup(n, timeout=30) as group:
-        start = time.monotonic()
-        outcomes = group.outcomes(_kill_self_later, victim, 0.5, timeout=60)
-    assert time.monotonic() - start < 20
+    with RankGroup(n, timeout=60) as group:
+        outcomes = group.outcomes(_kill_self_later, victim, 0.5, timeout=120)
     for rank, (status, value, tb) in enumerate(outcomes):
         if rank == victim:
             assert status == "dead"
@@ -171,8 +187,8 @@ def test_killed_rank_gives_peer_error_on_every_survivor(n):
         kind, peer, message, elapsed = value
         assert kind == "PeerError", message
         assert peer == victim, message
-        # Detected from the socket, far sooner than the 30 s timeout.
-        assert elapsed < 10
+        # Detected from the socket, not at the 60 s timeout.
+        assert elapsed < 30
 
 
 def test_peer_that_closes_gives_peer_error():
@@ -205,7 +221,7 @@ def test_rendezvous_timeout_when_nobody_hosts_the_store():
             master_port=free_port(),
             timeout=1.0,
         )
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # the 1 s timeout ended the wait, not the default
 
 
 def _store_host_fails_and_exits(comm, counts):

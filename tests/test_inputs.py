@@ -151,7 +151,26 @@ def test_build_info():
     assert isinstance(info["mpi"], bool) and isinstance(info["cuda"], bool)
 
 
-def test_reduce_op_enum_and_strings(solo):
-    x = np.array([3.0, -1.0])
-    assert np.array_equal(solo.all_reduce(x, op=rr.ReduceOp.MAX), x)
-    assert np.array_equal(solo.all_reduce(x, op="MIN"), x)
+def _ops_by_enum_and_string(comm):
+    # Each rank's values differ, so min, max and the sum tell the ops apart.
+    n, r = comm.world_size, comm.rank
+    x = np.array([3.0 + r, -1.0 - 2 * r, float(r * r)])
+    got = [
+        comm.all_reduce(x, op=rr.ReduceOp.MAX),
+        comm.all_reduce(x, op="MIN"),
+        comm.all_reduce(x, op="Sum"),
+        comm.all_reduce(x, op=rr.ReduceOp.AVG),
+    ]
+    ranks = np.arange(n, dtype=np.float64)
+    want = [
+        np.array([3.0 + n - 1, -1.0, (n - 1) ** 2]),
+        np.array([3.0, -1.0 - 2 * (n - 1), 0.0]),
+        np.array([3.0 * n + ranks.sum(), -n - 2 * ranks.sum(), (ranks**2).sum()]),
+    ]
+    want.append(want[2] / n)
+    return all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_op_enum_and_strings(group_factory, n):
+    assert group_factory(n).run(_ops_by_enum_and_string) == [True] * n

@@ -12,21 +12,26 @@ This file runs two ways, following mpi4py's own test suite:
   test together and stay in step.
 - in a plain ``pytest`` run, where the rank-side tests skip and
   ``test_suite_under_mpirun`` launches the mpirun runs above as subprocesses
-  with a timeout; a few single-process checks (build, import without MPI,
-  thread level) run here too.
+  with a timeout. The checks of the build and of MPI initialization that run
+  outside mpirun are in test_mpi_build.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
+from _mpi_support import (
+    HAVE_MPI4PY,
+    MPI_BUILT,
+    TRANSPORTS,
+    UNDER_MPIRUN,
+    mpirun,
+    needs_mpirun,
+    outside,
+)
 from test_collectives import (
     _all_gather,
     _all_reduce_exact,
@@ -39,29 +44,15 @@ from test_collectives import (
 )
 
 import ringreduce as rr
-from ringreduce._env import launched_by_mpirun
 
 from _data import DTYPES, contribution, expected, same_bits
 
 pytestmark = pytest.mark.mpi
 
-UNDER_MPIRUN = launched_by_mpirun()
-try:
-    import mpi4py  # noqa: F401  (imports no MPI; mpi4py.MPI initializes it)
-
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-HAVE_MPIRUN = shutil.which("mpirun") is not None
-MPI_BUILT = bool(rr.build_info()["mpi"])
-TRANSPORTS = ["mpi", "tcp"] if MPI_BUILT else ["tcp"]
-
 on_ranks = pytest.mark.skipif(
     not (UNDER_MPIRUN and HAVE_MPI4PY),
     reason="rank-side: runs under mpirun (see test_suite_under_mpirun)",
 )
-outside = pytest.mark.skipif(UNDER_MPIRUN, reason="launches mpirun itself")
-
 if UNDER_MPIRUN and HAVE_MPI4PY:
     from mpi4py import MPI
 
@@ -270,31 +261,26 @@ def test_count_mismatch_raises_mismatch_on_every_rank(transport):
 @on_ranks
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_rank_that_never_arrives_times_out_naming_it(transport):
+    # The late rank never calls all_reduce: it goes straight to the final gather,
+    # which completes once the others have their errors. Every other rank names
+    # it, including those that waited on a waiting neighbour (they follow the
+    # chain of waits to its end).
     c = _fresh(transport, 1.5)
     late = c.world_size - 1
-    outcome = "slept"
-    if c.rank == late:
-        time.sleep(4.0)
-    else:
-        start = time.monotonic()
+    outcome = "absent"
+    if c.rank != late:
         try:
             c.all_reduce(np.ones(1000, dtype=np.float32))
             outcome = "no error"
         except rr.RingReduceError as exc:
-            outcome = (type(exc).__name__, exc.peer, time.monotonic() - start, str(exc))
+            outcome = (type(exc).__name__, exc.peer, str(exc))
     outcomes = _gather(outcome)
     c.close()
     for rank, o in enumerate(outcomes):
         if rank == late:
             continue
-        kind, peer, elapsed, message = o
-        assert kind == "TimeoutError" and elapsed < 4.0, outcomes
-        if transport == "tcp" and c.world_size > 2:
-            # Over TCP, a rank that waited on a waiting neighbour can time out
-            # at the same instant and be the one reported first (its report
-            # reaches the store first), so only the kind is certain there.
-            continue
-        assert peer == late, outcomes
+        kind, peer, message = o
+        assert kind == "TimeoutError" and peer == late, outcomes
         assert f"rank {late} did not start all_reduce" in message, outcomes
 
 
@@ -324,7 +310,7 @@ def test_peer_that_closes_early_is_named(transport):
     want = "PeerError" if transport == "tcp" else "TimeoutError"
     for rank, o in enumerate(outcomes):
         if rank != quitter:
-            assert o[0] == want and o[1] == quitter and o[2] < 8, outcomes
+            assert o[0] == want and o[1] == quitter and o[2] < 30, outcomes
 
 
 @on_ranks
@@ -341,168 +327,17 @@ def test_from_mpi_times_out_when_a_rank_never_joins():
         except rr.TimeoutError as exc:
             outcome = ("TimeoutError", time.monotonic() - start, "joined" in str(exc))
     outcomes = _gather(outcome)
-    assert all(o[0] == "TimeoutError" and o[1] < 4 and o[2] for o in outcomes[1:]), outcomes
+    # The 1 s timeout ended the wait (not the pytest timeout), naming the cause.
+    assert all(o[0] == "TimeoutError" and o[1] < 30 and o[2] for o in outcomes[1:]), outcomes
 
 
 # ---- outside mpirun ---------------------------------------------------------
 
 
-def _mpirun_env() -> dict:
-    env = dict(os.environ)
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        # More ranks than cores: Open MPI 4 and 5 spell it differently.
-        OMPI_MCA_rmaps_base_oversubscribe="1",
-        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("RINGREDUCE_TRANSPORT", None)
-    return env
-
-
-def _mpirun(np_: int, argv: list, timeout: float) -> str:
-    """Runs ``mpirun -np np_ python argv...`` from the repository root; returns its output."""
-    cmd = ["mpirun", "-np", str(np_), sys.executable, *argv]
-    try:
-        r = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=_mpirun_env(),
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"mpirun -np {np_} hung; output so far:\n{exc.stdout}\n{exc.stderr}")
-    tail = (r.stdout + r.stderr)[-6000:]
-    assert r.returncode == 0, f"mpirun -np {np_} failed:\n{tail}"
-    return r.stdout
-
-
-needs_mpirun = pytest.mark.skipif(
-    not (HAVE_MPIRUN and HAVE_MPI4PY), reason="needs mpirun and mpi4py"
-)
-
-
 @outside
 @needs_mpirun
 @pytest.mark.parametrize("np_", [2, 3])
-def test_suite_under_mpirun(np_):
+def test_suite_undermpirun(np_):
     argv = ["-m", "mpi4py", "-m", "pytest", os.path.abspath(__file__), "-q", "-x"]
-    out = _mpirun(np_, [*argv, "-p", "no:cacheprovider", "--timeout=240"], timeout=400)
+    out = mpirun(np_, [*argv, "-p", "no:cacheprovider", "--timeout=240"], timeout=400)
     assert " passed" in out and " failed" not in out, out[-6000:]
-
-
-@outside
-@needs_mpirun
-@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
-def test_serialized_thread_level_with_two_communicators():
-    # Below MPI_THREAD_MULTIPLE each worker thread takes a process-wide lock
-    # around its MPI calls; two communicators' collectives interleave safely.
-    code = (
-        "import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
-        "from mpi4py import MPI\n"
-        "import numpy as np, ringreduce as rr\n"
-        "assert MPI.Query_thread() == MPI.THREAD_SERIALIZED\n"
-        "w = MPI.COMM_WORLD\n"
-        "a, b = rr.Communicator.from_mpi(w), rr.Communicator.from_mpi(w)\n"
-        "works = [(c.all_reduce(np.full(50_001, k, np.float64), async_op=True), k * s)\n"
-        "         for k in range(20) for c, s in ((a, w.size), (b, w.size))]\n"
-        "assert all(np.all(wk.wait() == want) for wk, want in works)\n"
-        "a.close(); b.close(); print('ok', w.rank)\n"
-    )
-    assert _mpirun(2, ["-c", code], timeout=120).count("ok") == 2
-
-
-@outside
-@needs_mpirun
-@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
-def test_init_mpi_without_mpi4py():
-    # ringreduce initializes MPI itself (MPI_THREAD_MULTIPLE), closes its
-    # communicators and finalizes at exit: mpirun sees a clean job.
-    code = (
-        "import sys; sys.modules['mpi4py'] = None\n"
-        "import numpy as np, ringreduce as rr\n"
-        "c = rr.init(timeout=20)\n"
-        "assert c.transport == 'mpi', c.transport\n"
-        "print('sum', c.all_reduce(np.full(3, c.rank + 1.0)).tolist())\n"
-    )
-    assert _mpirun(2, ["-c", code], timeout=120).count("sum [3.0, 3.0, 3.0]") == 2
-
-
-def _python(code: str, env: dict = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-@outside
-def test_core_does_not_link_libmpi():
-    # _core must import where libmpi is absent: only _core_mpi may need it.
-    from ringreduce import _core
-
-    readelf = shutil.which("readelf")
-    if readelf is None:
-        pytest.skip("needs readelf")
-    needed = subprocess.run([readelf, "-d", _core.__file__], capture_output=True, text=True).stdout
-    assert "NEEDED" in needed
-    assert "libmpi" not in needed
-
-
-@outside
-def test_tcp_works_when_the_mpi_module_cannot_load():
-    # As on a machine without libmpi: _core_mpi fails to import. Under an
-    # mpirun-like environment, "auto" falls back to TCP and "mpi" says why not.
-    code = (
-        "import sys; sys.modules['ringreduce._core_mpi'] = None\n"
-        "import numpy as np, ringreduce as rr\n"
-        "c = rr.init(timeout=10)\n"
-        "assert c.transport == 'tcp', c.transport\n"
-        "assert c.all_reduce(np.ones(3)).tolist() == [1.0, 1.0, 1.0]\n"
-        "c.close()\n"
-        "try:\n"
-        "    rr.init('mpi')\n"
-        "except rr.RingReduceError as exc:\n"
-        "    print('refused:', exc)\n"
-    )
-    env = dict(os.environ, OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1")
-    env.pop("RINGREDUCE_TRANSPORT", None)
-    r = _python(code, env)
-    assert r.returncode == 0, r.stderr
-    assert "refused:" in r.stdout and "transport='tcp'" in r.stdout, r.stdout
-
-
-@outside
-def test_build_info_reports_the_mpi_module():
-    built = importlib.util.find_spec("ringreduce._core_mpi") is not None
-    info = rr.build_info()
-    assert info["mpi"] == built
-    assert ("mpi" in info["transports"]) == built
-
-
-@outside
-@pytest.mark.skipif(not (HAVE_MPI4PY and MPI_BUILT), reason="needs mpi4py and the MPI transport")
-def test_thread_level_below_serialized_is_refused():
-    # A singleton MPI process (no mpirun) initialized with MPI_THREAD_SINGLE.
-    code = (
-        "import mpi4py; mpi4py.rc.thread_level = 'single'\n"
-        "from mpi4py import MPI\n"
-        "import ringreduce as rr\n"
-        "try:\n"
-        "    rr.Communicator.from_mpi(MPI.COMM_WORLD)\n"
-        "except rr.RingReduceError as exc:\n"
-        "    print('refused:', exc)\n"
-    )
-    env = _mpirun_env()
-    for key in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))]:
-        env.pop(key)
-    r = _python(code, env)
-    assert r.returncode == 0, r.stderr
-    assert "refused:" in r.stdout and "MPI_THREAD_SERIALIZED" in r.stdout, r.stdout

@@ -7,7 +7,12 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Tree", "tree_leaves", "tree_rebuild"]
+import numpy as np
+
+from ._arrays import kind_of
+from ._buffers import describe
+
+__all__ = ["Tree", "tree_leaves", "tree_rebuild", "writable_leaves"]
 
 Tree = Any
 """A gradient tree: dicts, lists and tuples (namedtuples too) nesting arrays."""
@@ -38,3 +43,29 @@ def tree_rebuild(tree: Tree, leaves: Iterator[Any]) -> Tree:
     if tree is None:
         return None
     return next(leaves)
+
+
+def writable_leaves(tree: Tree) -> tuple[list[tuple[str, Any]], list[Any], list[Any]]:
+    """The leaves of a tree as a bucketer takes them: (path, leaf) pairs; the arrays to
+    hand over, into which the results are written (a numpy view of each host leaf, the
+    leaf itself on a GPU, a copy of each read-only leaf); and the leaves to return (the
+    caller's own objects, or those copies)."""
+    leaves = list(tree_leaves(tree))
+    arrays: list[Any] = []
+    results: list[Any] = []
+    for _, leaf in leaves:
+        buf = describe(leaf, "grad")
+        arr: Any = leaf if buf.host is None else buf.host
+        if buf.readonly:
+            kind = kind_of(leaf)
+            if buf.host is not None:
+                arr = np.array(buf.host, copy=True)
+            elif kind is not None:
+                arr = kind.copy(leaf)
+            else:
+                raise TypeError(f"a read-only {type(leaf).__name__} leaf cannot be copied")
+            results.append(arr)
+        else:
+            results.append(leaf)
+        arrays.append(arr)
+    return leaves, arrays, results

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import ArrayKind, kind_of
+from ._bucket_memory import BucketMemory
 from ._bucket_plan import (
     MIB,
     ParamSpec,
@@ -41,8 +41,8 @@ from ._bucket_plan import (
     plan_buckets,
 )
 from ._bucket_trace import BucketEvent, Timeline
-from ._bucket_tree import Tree, tree_leaves, tree_rebuild
-from ._buffers import HOST, Buffer, describe
+from ._bucket_tree import Tree, tree_rebuild, writable_leaves
+from ._buffers import describe
 from .errors import MismatchError
 
 __all__ = ["GradientBucketer", "Handle"]
@@ -133,17 +133,17 @@ class GradientBucketer:
         self._bucket_mb = float(bucket_mb)
         self._first_bucket_mb = float(first_bucket_mb)
         self._average = bool(average)
+        # Averaging divides while copying into the bucket, before the sum (as DDP does).
+        self._divisor = self._world_size if self._average else 1
         self._comm_dtype = None if comm_dtype is None else as_dtype(comm_dtype)
         if self._comm_dtype is not None and not is_floating(self._comm_dtype):
             raise TypeError(f"comm_dtype must be a floating-point dtype, got {comm_dtype!r}")
         self._specs: list[ParamSpec] = []
         self._names: set[str] = set()
         self._buckets: list[_Bucket] | None = None
-        # Where the buckets live, and the operations on their arrays: set by the first
-        # gradient handed over (host memory if wait() comes first).
-        self._kind: ArrayKind | None = None
-        self._like: Any = None
-        self._device = HOST
+        # Where the buckets live, decided by the first gradient handed over (host memory
+        # if wait() comes first), and the array work between gradients and buckets.
+        self._memory = BucketMemory()
         # Where each parameter lives: (bucket index, offset in the bucket buffer).
         self._slots: list[tuple[int, int]] = []
         self._timeline = Timeline(self._rank, max_trace_steps)
@@ -207,8 +207,8 @@ class GradientBucketer:
         handed over, as `_array` returned it) lives, and checks the plan across ranks."""
         if self._buckets is not None:
             return self._buckets
-        if self._kind is None:
-            self._place(np.zeros(0) if first is None else first)
+        if not self._memory.placed:
+            self._memory.place(np.zeros(0) if first is None else first)
         plan = self._plan_indices()
         if self._world_size > 1:
             settings = {
@@ -228,9 +228,7 @@ class GradientBucketer:
                 offsets.append(total)
                 total += self._specs[i].numel
             dtype = self._wire_dtype(self._specs[params[0]])
-            assert self._kind is not None
-            buffer = self._kind.zeros(self._like, (total,), dtype)
-            buckets.append(_Bucket(b, params, offsets, buffer))
+            buckets.append(_Bucket(b, params, offsets, self._memory.bucket(total, dtype)))
         self._buckets = buckets
         self._reset_step_state()
         return buckets
@@ -251,56 +249,10 @@ class GradientBucketer:
         for bucket in self._buckets or ():
             bucket.reset()
 
-    def _place(self, first: Any) -> None:
-        """Puts the buckets where the array ``first`` lives."""
-        kind = kind_of(first)
-        if kind is None:
-            raise TypeError(
-                f"gradients of type {type(first).__name__} live on a GPU, and ringreduce "
-                "allocates GPU buckets for torch and cupy arrays only"
-            )
-        self._kind = kind
-        self._like = first
-        self._device = describe(first, "grad").device
-
     def _view(self, index: int) -> Any:
         b, offset = self._slots[index]
-        spec = self._specs[index]
-        assert self._buckets is not None and self._kind is not None
-        return self._kind.view(self._buckets[b].buffer, offset, spec.shape)
-
-    def _array(self, index: int, grad: Any) -> Any:
-        """The gradient as the array the bucket arithmetic works on: a numpy view of host
-        memory, or the device array itself; checked against the registration."""
-        spec = self._specs[index]
-        buf: Buffer = describe(grad, "grad")
-        if buf.shape != spec.shape:
-            raise ValueError(
-                f"parameter {spec.name!r}: gradient shape {buf.shape} != registered {spec.shape}"
-            )
-        if buf.dtype != spec.dtype.name:
-            raise TypeError(
-                f"parameter {spec.name!r}: gradient dtype {buf.dtype} != registered {spec.dtype}"
-            )
-        if buf.readonly:
-            raise ValueError(
-                f"parameter {spec.name!r}: gradient is read-only, but wait() "
-                f"writes the reduced gradient back into it"
-            )
-        if self._kind is not None and buf.device != self._device:
-            here = "host memory" if self._device == HOST else f"cuda:{self._device}"
-            raise ValueError(
-                f"parameter {spec.name!r}: gradient is in {buf.where}, but the buckets are in "
-                f"{here}, where the first gradient handed over lived; keep them in one place"
-            )
-        if buf.host is not None:
-            return buf.host
-        if not buf.contiguous:
-            raise ValueError(
-                f"parameter {spec.name!r}: a GPU gradient must be contiguous, since wait() "
-                "writes the reduced gradient back into it"
-            )
-        return grad
+        assert self._buckets is not None
+        return self._memory.view(self._buckets[b].buffer, offset, self._specs[index].shape)
 
     def _check_handle(self, handle: Handle) -> int:
         if not isinstance(handle, (int, np.integer)) or not 0 <= handle < len(self._specs):
@@ -322,15 +274,10 @@ class GradientBucketer:
         twice for one parameter in a synchronised step raises ValueError.
         """
         index = self._check_handle(handle)
-        arr = self._array(index, grad)
+        arr = self._memory.gradient(self._specs[index], grad)
         buckets = self._finalize(arr)
-        assert self._kind is not None
         if self._no_sync_depth:
-            acc = self._accum[index]
-            if acc is None:
-                self._accum[index] = self._kind.copy(arr)
-            else:
-                self._kind.add_(acc, arr)
+            self._accum[index] = self._memory.accumulate(self._accum[index], arr)
             self._given[index] = arr
             return
         if self._is_ready[index]:
@@ -341,12 +288,10 @@ class GradientBucketer:
                 f"complete"
             )
         source = arr
-        acc = self._accum[index]
-        if acc is not None:
-            self._kind.add_(acc, arr)
-            source = acc
+        if self._accum[index] is not None:
+            source = self._memory.accumulate(self._accum[index], arr)
             self._accum[index] = None
-        self._fill(index, source)
+        self._memory.fill(self._view(index), source, self._divisor)
         self._is_ready[index] = True
         self._ready_count += 1
         self._given[index] = arr
@@ -359,19 +304,6 @@ class GradientBucketer:
         if bucket.pending == 0:
             self._launch_ready_buckets(buckets)
         self._poll(buckets)
-
-    def _fill(self, index: int, source: Any) -> None:
-        """Copies a gradient into its bucket (zeros for None), scaled for averaging."""
-        assert self._kind is not None
-        view = self._view(index)
-        if source is None:
-            self._kind.assign(view, 0)
-        elif self._average:
-            # The wire dtype may be narrower (bfloat16); the quotient is computed in the
-            # gradient's dtype and rounded once into the bucket.
-            self._kind.divide(view, source, self._world_size)
-        else:
-            self._kind.assign(view, source)
 
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launch = time.perf_counter()
@@ -410,7 +342,7 @@ class GradientBucketer:
             for bucket in buckets[self._next_launch :]:
                 for index in bucket.params:
                     if not self._is_ready[index]:
-                        self._fill(index, self._accum[index])
+                        self._memory.fill(self._view(index), self._accum[index], self._divisor)
                 bucket.pending = 0
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
@@ -419,10 +351,9 @@ class GradientBucketer:
                 bucket.done = time.perf_counter()
             self._next_done = len(buckets)
             blocked_end = time.perf_counter()
-            assert self._kind is not None
             for index, arr in enumerate(self._given):
                 if arr is not None:
-                    self._kind.assign(arr, self._view(index))
+                    self._memory.write_back(arr, self._view(index))
             end = time.perf_counter()
             self._timeline.record_step(
                 [
@@ -504,18 +435,7 @@ class GradientBucketer:
         """
         if self._ready_count and not self._no_sync_depth:
             raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
-        leaves = list(tree_leaves(tree))
-        arrays = []
-        results = []
-        for _, leaf in leaves:
-            buf = describe(leaf, "grad")
-            arr: Any = leaf if buf.host is None else buf.host
-            if buf.readonly:
-                arr = np.array(buf.host, copy=True)
-                results.append(arr)
-            else:
-                results.append(leaf)
-            arrays.append(arr)
+        leaves, arrays, results = writable_leaves(tree)
         if not self._specs and self._buckets is None:
             for (path, _), arr in zip(leaves, arrays):
                 buf = describe(arr, "grad")

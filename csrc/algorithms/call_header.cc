@@ -31,7 +31,8 @@ std::string describe_header(const CallHeader& h) {
   args.dtype = static_cast<DataType>(h.dtype);
   args.op = static_cast<ReduceOp>(h.op);
   args.root = h.root;
-  const char* path = h.algorithm == static_cast<uint8_t>(Algorithm::kSmall) ? " (small-message path)" : "";
+  const char* path =
+      h.algorithm == static_cast<uint8_t>(Algorithm::kSmall) ? " (small-message path)" : "";
   return describe_call(args) + path + " as call #" + std::to_string(h.seq);
 }
 
@@ -56,8 +57,8 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, A
     // The left neighbour never started this call: that is the useful fact.
     throw TimeoutError("rank " + std::to_string(left) + " did not start " + describe_call(args) +
                            " (call #" + std::to_string(ctx.seq) + ") within " +
-                           format_seconds(ctx.timeout_seconds) +
-                           " s; rank " + std::to_string(rank) + " waited for it",
+                           format_seconds(ctx.timeout_seconds) + " s; rank " +
+                           std::to_string(rank) + " waited for it",
                        left);
   }
   const CallHeader& mine = *storage;
@@ -71,12 +72,12 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, A
                         left);
   }
   if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
-      theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq || theirs.count != mine.count ||
-      theirs.root != mine.root) {
+      theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq ||
+      theirs.count != mine.count || theirs.root != mine.root) {
     throw MismatchError("collective mismatch between rank " + std::to_string(left) + " and rank " +
-                            std::to_string(rank) + ": rank " + std::to_string(left) +
-                            " called " + describe_header(theirs) + ", rank " +
-                            std::to_string(rank) + " called " + describe_header(mine),
+                            std::to_string(rank) + ": rank " + std::to_string(left) + " called " +
+                            describe_header(theirs) + ", rank " + std::to_string(rank) +
+                            " called " + describe_header(mine),
                         left);
   }
   return sent;

@@ -10,11 +10,16 @@ namespace rr {
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -92,9 +97,15 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
     case CollectiveKind::kReduceScatter:
       ring_reduce_scatter(x, ring, args, piece_elems(args, segment_bytes));
       break;
-    case CollectiveKind::kAllGather: ring_all_gather(x, ring, args); break;
-    case CollectiveKind::kBroadcast: ring_broadcast(x, ring, args); break;
-    case CollectiveKind::kBarrier: ring_barrier(x, ring); break;
+    case CollectiveKind::kAllGather:
+      ring_all_gather(x, ring, args);
+      break;
+    case CollectiveKind::kBroadcast:
+      ring_broadcast(x, ring, args);
+      break;
+    case CollectiveKind::kBarrier:
+      ring_barrier(x, ring);
+      break;
   }
 }
 
@@ -107,8 +118,10 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
     header_sent = exchange_call_headers(ctx, args, algorithm, header);
   }
   const Ring ring{ctx.transport.rank(), ctx.transport.size()};
-  const ExecutorSetup setup{ctx.transport, ctx.timeout_seconds, ctx.segment_bytes, args.dtype,
-                            args.op, scratch_bytes(ring, args, algorithm, ctx.segment_bytes)};
+  const ExecutorSetup setup{
+      ctx.transport,     ctx.timeout_seconds,
+      ctx.segment_bytes, args.dtype,
+      args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes)};
   if (args.device >= 0) {
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes);

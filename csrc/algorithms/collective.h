@@ -50,9 +50,9 @@ std::string describe_call(const CollectiveArgs& args);
 // to its peers and settings, and the memory it reuses from call to call.
 struct RingContext {
   Transport& transport;
-  double timeout_seconds;   // each wait gives up after this long without completing
-  size_t segment_bytes;     // the message size of every step (1 B .. 1 GiB)
-  uint64_t seq;             // the call's number on this communicator, from 1
+  double timeout_seconds;      // each wait gives up after this long without completing
+  size_t segment_bytes;        // the message size of every step (1 B .. 1 GiB)
+  uint64_t seq;                // the call's number on this communicator, from 1
   std::vector<char>& scratch;  // host scratch, reused between calls; grown on demand
   // all_reduce of at most this many bytes takes the small-message path.
   size_t small_bytes = 0;

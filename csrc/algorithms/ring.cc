@@ -23,9 +23,8 @@ using PartialSums = std::function<char*(int step, size_t begin)>;
 // The reduce-scatter phase over round `round` (pieces of `piece_elems` of
 // every chunk). Afterwards partial(size-2, ...) holds this rank's piece of
 // its own chunk, fully reduced.
-void reduce_scatter_phase(Executor& x, const Ring& ring, const char* src, size_t count,
-                          size_t elem, size_t round, size_t piece_elems,
-                          const PartialSums& partial) {
+void reduce_scatter_phase(Executor& x, const Ring& ring, const char* src, size_t count, size_t elem,
+                          size_t round, size_t piece_elems, const PartialSums& partial) {
   for (int step = 0; step < ring.size - 1; ++step) {
     const RingStep s = reduce_scatter_step(ring.rank, ring.size, step);
     const auto [send_begin, send_end] =

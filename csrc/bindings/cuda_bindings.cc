@@ -208,8 +208,8 @@ void register_cuda(py::module_& m, py::module_& t) {
         "name, compute_capability, multiprocessors and total_memory of a device.");
   m.def("cuda_pointer_device", &pointer_device, py::arg("ptr"),
         "The CUDA device that owns a device pointer; ValueError for host memory.");
-  t.def("cuda_reduce", &reduce_sync, py::arg("dtype"), py::arg("op"), py::arg("out"),
-        py::arg("a"), py::arg("b"), py::arg("n"), py::arg("stream") = 0,
+  t.def("cuda_reduce", &reduce_sync, py::arg("dtype"), py::arg("op"), py::arg("out"), py::arg("a"),
+        py::arg("b"), py::arg("n"), py::arg("stream") = 0,
         "out = a op b on CUDA device pointers with the CUDA kernels, on `stream` (0: the legacy "
         "default stream) of the device that owns them; returns once the kernel has finished.");
   t.def("cuda_divide", &divide_sync, py::arg("dtype"), py::arg("data"), py::arg("n"),
@@ -241,8 +241,8 @@ void register_cuda(py::module_& m, py::module_& t) {
   for (const char* name : {"cuda_device_properties", "cuda_pointer_device"}) {
     m.def(name, unavailable);
   }
-  for (const char* name : {"cuda_reduce", "cuda_divide", "cuda_malloc", "cuda_free",
-                           "cuda_memcpy", "cuda_time_reduce", "cuda_time_copy"}) {
+  for (const char* name : {"cuda_reduce", "cuda_divide", "cuda_malloc", "cuda_free", "cuda_memcpy",
+                           "cuda_time_reduce", "cuda_time_copy"}) {
     t.def(name, unavailable);
   }
 }

@@ -95,7 +95,8 @@ void register_testing(py::module_& t) {
   t.def(
       "reduce_local",
       [](int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, size_t n) {
-        rr::cpu_reduce_fn(rr::dtype_from_code(dtype), rr::op_from_code(op))(as_ptr(out), as_ptr(a), as_ptr(b), n);
+        rr::cpu_reduce_fn(rr::dtype_from_code(dtype), rr::op_from_code(op))(as_ptr(out), as_ptr(a),
+                                                                            as_ptr(b), n);
       },
       py::arg("dtype"), py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"),
       "out = a op b on raw buffers with the CPU kernels.");

@@ -71,7 +71,7 @@ bool is_timeout(std::exception_ptr error) {
 // its end, the wait on a rank that is not itself waiting. All ranks then
 // report that one record, so they all name the same culprit.
 Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& mine,
-                          double timeout) {
+                         double timeout) {
   const std::string first_key = prefix + "first_error";
   auto timeout_key = [&prefix](int rank) { return prefix + "timeout/" + std::to_string(rank); };
   store.set(timeout_key(mine.rank), mine.encode());
@@ -145,8 +145,8 @@ std::shared_ptr<Work> Communicator::submit(const CollectiveArgs& args) {
                 broken_);
   }
   ++submitted_;
-  auto work = std::make_shared<Work>(describe_call(args) + " (call #" +
-                                     std::to_string(submitted_) + ")");
+  auto work =
+      std::make_shared<Work>(describe_call(args) + " (call #" + std::to_string(submitted_) + ")");
   queue_.push_back({args, work, std::move(mark)});
   cv_.notify_all();
   return work;

@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "algorithms/collective.h"
-#include "executor/device.h"
 #include "engine/work.h"
+#include "executor/device.h"
 #include "rendezvous/store.h"
 #include "transport/transport.h"
 

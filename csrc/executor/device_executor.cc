@@ -130,8 +130,8 @@ void DeviceExecutor::land(size_t j) {
   // only by later work on the same lane, which runs after this kernel.
   device_.copy(Lane::kToDevice, slot.device, slot.host, bytes);
   device_.record(Lane::kToDevice, slot_event(kRecvLanded, j));
-  device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, dst, plan_.reduce_with + j * segment_bytes_,
-                 slot.device, bytes / elem_);
+  device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, dst,
+                 plan_.reduce_with + j * segment_bytes_, slot.device, bytes / elem_);
 }
 
 void DeviceExecutor::finish() {

@@ -48,8 +48,9 @@ void HostExecutor::step(const StepPlan& plan) {
   auto post_ahead = [&] {
     for (; next < recv_segments && posted.size() < ahead; ++next) {
       const size_t len = segment_length(plan.recv_bytes, segment_, next);
-      posted.push_back(reducing ? transport_.irecv_view(plan.recv_from, len)
-                                : transport_.irecv(plan.recv_from, plan.recv + next * segment_, len));
+      posted.push_back(reducing
+                           ? transport_.irecv_view(plan.recv_from, len)
+                           : transport_.irecv(plan.recv_from, plan.recv + next * segment_, len));
     }
   };
   post_ahead();

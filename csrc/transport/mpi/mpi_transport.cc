@@ -74,7 +74,7 @@ struct MpiTransport::Op : Request {
   size_t bytes;
   bool sending;
   bool done_ = false;
-  std::unique_ptr<std::vector<char>> slot;
+  ViewPool::Slot slot;
 };
 
 struct MpiTransport::Link {
@@ -83,7 +83,7 @@ struct MpiTransport::Link {
   std::deque<std::shared_ptr<Op>> unposted;
   int sends_in_flight = 0;
   // Buffers of released views, reused by the next irecv_view.
-  std::vector<std::unique_ptr<std::vector<char>>> spare;
+  ViewPool views;
 };
 
 MpiTransport::MpiTransport(std::shared_ptr<MpiChannel> channel) : channel_(std::move(channel)) {
@@ -155,15 +155,7 @@ RequestPtr MpiTransport::irecv(int peer, void* data, size_t bytes) {
 
 RequestPtr MpiTransport::irecv_view(int peer, size_t bytes) {
   check_peer(peer);
-  std::vector<std::unique_ptr<std::vector<char>>>& spare = link(peer).spare;
-  std::unique_ptr<std::vector<char>> slot;
-  if (spare.empty()) {
-    slot = std::make_unique<std::vector<char>>();
-  } else {
-    slot = std::move(spare.back());
-    spare.pop_back();
-  }
-  if (slot->size() < bytes) slot->resize(bytes);
+  ViewPool::Slot slot = link(peer).views.take(bytes);
   auto op = std::make_shared<Op>(peer, slot->data(), bytes, false);
   op->slot = std::move(slot);
   return post_recv(std::move(op));
@@ -173,7 +165,7 @@ void MpiTransport::release(Request& view) {
   auto& op = static_cast<Op&>(view);
   if (!op.slot) return;
   if (!op.done_) throw Error("mpi transport: a view was released before its message arrived");
-  link(op.peer_).spare.push_back(std::move(op.slot));
+  link(op.peer_).views.give_back(std::move(op.slot));
 }
 
 RequestPtr MpiTransport::post_recv(std::shared_ptr<Op> op) {
@@ -231,9 +223,8 @@ bool MpiTransport::progress() {
       const char* what = op.sending ? "MPI_Isend" : "MPI_Irecv";
       if (status.MPI_ERROR == MPI_ERR_TRUNCATE) {
         throw Error("mpi transport: rank " + std::to_string(op.peer_) +
-                    " sent a message larger than the " + std::to_string(op.bytes) +
-                    " bytes rank " + std::to_string(rank()) +
-                    " expected (the ranks cut a step differently)");
+                    " sent a message larger than the " + std::to_string(op.bytes) + " bytes rank " +
+                    std::to_string(rank()) + " expected (the ranks cut a step differently)");
       }
       try {
         MpiChannel::check(status.MPI_ERROR, what);

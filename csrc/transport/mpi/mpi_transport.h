@@ -21,6 +21,7 @@
 
 #include "transport/mpi/mpi_channel.h"
 #include "transport/transport.h"
+#include "transport/view_pool.h"
 
 namespace rr {
 

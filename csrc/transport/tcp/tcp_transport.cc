@@ -30,7 +30,7 @@ struct TcpTransport::Op : Request {
   size_t left;
   size_t total;
   bool sending;
-  std::unique_ptr<std::vector<char>> slot;
+  ViewPool::Slot slot;
 };
 
 // One direction of one connection, with its FIFO of posted operations.
@@ -46,7 +46,7 @@ struct TcpTransport::Link {
   // Bytes moved on this link so far: how wait() tells progress from a stall.
   uint64_t moved = 0;
   // Buffers of released views, reused by the next irecv_view.
-  std::vector<std::unique_ptr<std::vector<char>>> spare;
+  ViewPool views;
 };
 
 namespace {
@@ -118,7 +118,8 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
 
   // Connect first: the kernel completes the handshake from the listener's
   // backlog even before the neighbour calls accept(), so this cannot deadlock.
-  auto [host, port] = split_host_port(store.get(prefix + "addr/" + std::to_string(right), deadline));
+  auto [host, port] =
+      split_host_port(store.get(prefix + "addr/" + std::to_string(right), deadline));
   Fd out = connect_tcp(host, port, deadline, peer_name(right));
   Hello hello{kHelloMagic, rank, session};
   send_exact(out.get(), &hello, sizeof hello, deadline, right, peer_name(right));
@@ -175,15 +176,7 @@ RequestPtr TcpTransport::irecv(int peer, void* data, size_t bytes) {
 // A socket has no memory of its own to lend: a view is a buffer of ours that
 // the message is read into, kept for the next view once released.
 RequestPtr TcpTransport::irecv_view(int peer, size_t bytes) {
-  std::vector<std::unique_ptr<std::vector<char>>>& spare = link_to(peer, false).spare;
-  std::unique_ptr<std::vector<char>> slot;
-  if (spare.empty()) {
-    slot = std::make_unique<std::vector<char>>();
-  } else {
-    slot = std::move(spare.back());
-    spare.pop_back();
-  }
-  if (slot->size() < bytes) slot->resize(bytes);
+  ViewPool::Slot slot = link_to(peer, false).views.take(bytes);
   auto op = std::make_shared<Op>(peer, slot->data(), bytes, false);
   op->slot = std::move(slot);
   return post(std::move(op));
@@ -195,14 +188,15 @@ void TcpTransport::release(Request& view) {
   if (!op.done()) {
     throw Error("tcp transport: a view was released before its message arrived");
   }
-  link_to(op.peer_, false).spare.push_back(std::move(op.slot));
+  link_to(op.peer_, false).views.give_back(std::move(op.slot));
 }
 
 void TcpTransport::progress(Link& link) {
   while (!link.queue.empty()) {
     Op& op = *link.queue.front();
-    ssize_t k = link.sending ? ::send(link.fd.get(), op.cursor, op.left, MSG_NOSIGNAL | MSG_DONTWAIT)
-                             : ::recv(link.fd.get(), op.cursor, op.left, MSG_DONTWAIT);
+    ssize_t k = link.sending
+                    ? ::send(link.fd.get(), op.cursor, op.left, MSG_NOSIGNAL | MSG_DONTWAIT)
+                    : ::recv(link.fd.get(), op.cursor, op.left, MSG_DONTWAIT);
     if (k > 0) {
       op.cursor += k;
       op.left -= static_cast<size_t>(k);
@@ -220,9 +214,9 @@ void TcpTransport::progress(Link& link) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    throw PeerError(errno_message("connection to rank " + std::to_string(link.peer) + " failed",
-                                  errno),
-                    link.peer);
+    throw PeerError(
+        errno_message("connection to rank " + std::to_string(link.peer) + " failed", errno),
+        link.peer);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "common/socket.h"
 #include "rendezvous/store.h"
 #include "transport/transport.h"
+#include "transport/view_pool.h"
 
 namespace rr {
 

@@ -124,17 +124,30 @@ def as_array(x: Any, what: str = "x") -> np.ndarray:
 # ---- host memory -------------------------------------------------------------
 
 
+# numpy computes dtype.name anew on every access (microseconds, per call):
+# remember it per dtype instead.
+_dtype_names: Dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = dtype.name
+    return name
+
+
 def _from_numpy(arr: np.ndarray, owner: Any) -> Buffer:
+    flags = arr.flags
     return Buffer(
         obj=owner,
-        ptr=int(arr.__array_interface__["data"][0]),
-        shape=tuple(arr.shape),
-        dtype=arr.dtype.name,
-        itemsize=arr.dtype.itemsize,
+        ptr=arr.ctypes.data,
+        shape=arr.shape,
+        dtype=_dtype_name(arr.dtype),
+        itemsize=arr.itemsize,
         device=HOST,
         stream=0,
-        contiguous=bool(arr.flags.c_contiguous),
-        readonly=not arr.flags.writeable,
+        contiguous=flags.c_contiguous,
+        readonly=not flags.writeable,
         host=arr,
     )
 

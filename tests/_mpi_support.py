@@ -21,7 +21,7 @@ except ImportError:
     HAVE_MPI4PY = False
 HAVE_MPIRUN = shutil.which("mpirun") is not None
 MPI_BUILT = bool(rr.build_info()["mpi"])
-TRANSPORTS = ["mpi", "tcp"] if MPI_BUILT else ["tcp"]
+TRANSPORTS = ["mpi", "tcp", "shm"] if MPI_BUILT else ["tcp", "shm"]
 
 outside = pytest.mark.skipif(UNDER_MPIRUN, reason="launches mpirun itself")
 

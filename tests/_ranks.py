@@ -38,13 +38,29 @@ class RankFailure(AssertionError):
         self.outcomes = outcomes
 
 
+# What RankGroup(transport=...) asks ringreduce for: the transport argument of
+# init(), and how many emulated hosts the ranks are split over (0: no split).
+TRANSPORTS = {
+    "tcp": ("tcp", 0),
+    "shm": ("shm", 0),
+    # Two emulated hosts (RINGREDUCE_HOST_ID): shared memory inside each, TCP
+    # between them, in one communicator.
+    "shm+tcp": ("auto", 2),
+    # Shared memory only, asked for across two emulated hosts: an error.
+    "shm-split": ("shm", 2),
+}
+
+
 def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
     os.environ.update(init_kwargs.pop("env", {}))
+    transport, hosts = TRANSPORTS[init_kwargs.pop("transport", "tcp")]
+    if hosts:
+        os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank * hosts // size}"
     import ringreduce as rr
 
     try:
         comm = rr.init(
-            "tcp",
+            transport,
             rank=rank,
             world_size=size,
             master_addr="127.0.0.1",
@@ -73,7 +89,8 @@ def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
 
 
 class RankGroup:
-    """n rank processes sharing one communicator."""
+    """n rank processes sharing one communicator. ``transport`` (a key of TRANSPORTS,
+    default "tcp") says which links carry the data."""
 
     def __init__(self, n: int, *, timeout: float = 60.0, **init_kwargs: Any):
         self.n = n

@@ -166,66 +166,69 @@ def _big_all_reduce(comm, count):
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_all_reduce_exact_every_op_and_size(group_factory, n, dtype):
-    results = group_factory(n).run(_all_reduce_exact, dtype)
+def test_all_reduce_exact_every_op_and_size(group_factory, links, n, dtype):
+    results = group_factory(n, transport=links).run(_all_reduce_exact, dtype)
     assert results == [[]] * n
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_all_reduce_random_floats_within_bound(group_factory, n, dtype):
-    ratios = group_factory(n).run(_all_reduce_random, dtype, 10_007, 1234)
+def test_all_reduce_random_floats_within_bound(group_factory, links, n, dtype):
+    ratios = group_factory(n, transport=links).run(_all_reduce_random, dtype, 10_007, 1234)
     assert max(ratios) <= 1.0, f"error / bound = {ratios}"
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "int64"])
-def test_reduce_scatter_blocks_follow_chunk_bounds(group_factory, n, dtype):
-    assert group_factory(n).run(_reduce_scatter, dtype) == [[]] * n
+def test_reduce_scatter_blocks_follow_chunk_bounds(group_factory, links, n, dtype):
+    assert group_factory(n, transport=links).run(_reduce_scatter, dtype) == [[]] * n
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "uint8"])
-def test_all_gather_shape_and_order(group_factory, n, dtype):
-    assert group_factory(n).run(_all_gather, dtype) == [[]] * n
+def test_all_gather_shape_and_order(group_factory, links, n, dtype):
+    assert group_factory(n, transport=links).run(_all_gather, dtype) == [[]] * n
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
-def test_broadcast_from_every_root(group_factory, n):
-    assert group_factory(n).run(_broadcast_every_root) == [[]] * n
+def test_broadcast_from_every_root(group_factory, links, n):
+    assert group_factory(n, transport=links).run(_broadcast_every_root) == [[]] * n
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
-def test_barrier(group_factory, n):
-    assert group_factory(n).run(_barrier_and_stats) == [3] * n
+def test_barrier(group_factory, links, n):
+    assert group_factory(n, transport=links).run(_barrier_and_stats) == [3] * n
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_async_collectives_complete_in_order(group_factory, n):
-    assert group_factory(n).run(_async_in_order) == [True] * n
+def test_async_collectives_complete_in_order(group_factory, links, n):
+    assert group_factory(n, transport=links).run(_async_in_order) == [True] * n
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
-def test_all_reduce_sends_2_n_minus_1_over_n_bytes(group_factory, n):
+def test_all_reduce_sends_2_n_minus_1_over_n_bytes(group_factory, links, n):
     nbytes = 4 << 20
     ideal = 2 * (n - 1) / n * nbytes
-    for sent, received in group_factory(n).run(_bytes_on_wire, nbytes):
+    for sent, received in group_factory(n, transport=links).run(_bytes_on_wire, nbytes):
         # Chunks differ by at most one element; headers add 32 bytes per call.
         assert ideal - 8 <= sent <= ideal * 1.01
         assert ideal - 8 <= received <= ideal * 1.01
 
 
-def test_all_reduce_256_megabytes(group_factory):
-    assert group_factory(2).run(_big_all_reduce, 64 << 20, timeout=300) == [True, True]
+def test_all_reduce_256_megabytes(group_factory, links):
+    assert group_factory(2, transport=links).run(_big_all_reduce, 64 << 20, timeout=300) == [
+        True,
+        True,
+    ]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("dtype", ["float16", "int32", "float64"])
-def test_tiny_segments_pipeline_correctly(group_factory, n, dtype):
+def test_tiny_segments_pipeline_correctly(group_factory, links, n, dtype):
     # 40-byte segments: every chunk is cut into many segments, so the
     # double-buffered receive/reduce pipeline runs on odd sizes. The ring is
     # forced at every size (no small-message path).
-    group = group_factory(n, segment_bytes=40, small_bytes=0)
+    group = group_factory(n, segment_bytes=40, small_bytes=0, transport=links)
     assert group.run(_all_reduce_exact, dtype) == [[]] * n
     assert group.run(_reduce_scatter, dtype) == [[]] * n
     assert group.run(_broadcast_every_root) == [[]] * n
@@ -247,11 +250,11 @@ def _reduce_then_close_at_once(comm, rounds):
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-def test_ranks_may_close_while_neighbours_finish(n):
+def test_ranks_may_close_while_neighbours_finish(n, links):
     from _ranks import run_ranks
 
     for _ in range(3):
-        outcomes = run_ranks(n, _reduce_then_close_at_once, 20)
+        outcomes = run_ranks(n, _reduce_then_close_at_once, 20, transport=links)
         assert [o[1] for o in outcomes] == [True] * n, [o[2] for o in outcomes]
 
 
@@ -309,17 +312,17 @@ def _algorithm_counts(comm, count):
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "uint8"])
 @pytest.mark.parametrize("path", ["ring", "small"])
-def test_all_reduce_exact_on_each_path(group_factory, n, dtype, path):
+def test_all_reduce_exact_on_each_path(group_factory, links, n, dtype, path):
     # Force one algorithm at every size: the ring (threshold 0) or the
     # small-message path (threshold far above every test size).
-    group = group_factory(n, small_bytes=0 if path == "ring" else 1 << 30)
+    group = group_factory(n, small_bytes=0 if path == "ring" else 1 << 30, transport=links)
     assert group.run(_all_reduce_exact, dtype) == [[]] * n
     # stats() says which path ran.
     assert group.run(_algorithm_counts, 1000) == [1 if path == "small" else 0] * n
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_default_threshold_picks_small_path_only_for_small_messages(group_factory, n):
-    group = group_factory(n)
+def test_default_threshold_picks_small_path_only_for_small_messages(group_factory, links, n):
+    group = group_factory(n, transport=links)
     assert group.run(_algorithm_counts, 16) == [1] * n  # 64 bytes
     assert group.run(_algorithm_counts, 1 << 20) == [0] * n  # 4 MB

@@ -119,7 +119,7 @@ def _close_early(comm, quitter):
     ],
     ids=["count", "dtype", "op", "collective"],
 )
-def test_mismatch_raises_on_every_rank(n, fn, args):
+def test_mismatch_raises_on_every_rank(n, fn, args, links):
     last = n - 1
     arg = {
         "counts": [10] * last + [12],
@@ -127,7 +127,9 @@ def test_mismatch_raises_on_every_rank(n, fn, args):
         "ops": ["sum"] * last + ["max"],
         None: None,
     }[args]
-    outcomes = run_ranks(n, _timed, fn, *([arg] if arg is not None else []), init_timeout=60)
+    outcomes = run_ranks(
+        n, _timed, fn, *([arg] if arg is not None else []), init_timeout=60, transport=links
+    )
     assert all(o[0] == "ok" for o in outcomes), [o[2] for o in outcomes]
     # The rank that saw the mismatch raises MismatchError; the others learn of
     # it through the store and raise MismatchError too, naming the culprits,
@@ -158,11 +160,13 @@ def test_communicator_refuses_calls_after_an_error():
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path):
+def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path, links):
     # Every rank names the absent one, even the ranks that waited on a waiting
     # neighbour: the ranks follow the chain of waits to its end.
     late = n - 1
-    outcomes = run_ranks(n, _absent_rank, late, str(tmp_path), init_timeout=1.5, timeout=120)
+    outcomes = run_ranks(
+        n, _absent_rank, late, str(tmp_path), init_timeout=1.5, timeout=120, transport=links
+    )
     for rank, (status, value, tb) in enumerate(outcomes):
         assert status == "ok", tb
         if rank == late:
@@ -175,9 +179,9 @@ def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_killed_rank_gives_peer_error_on_every_survivor(n):
+def test_killed_rank_gives_peer_error_on_every_survivor(n, links):
     victim = 1
-    with RankGroup(n, timeout=60) as group:
+    with RankGroup(n, timeout=60, transport=links) as group:
         outcomes = group.outcomes(_kill_self_later, victim, 0.5, timeout=120)
     for rank, (status, value, tb) in enumerate(outcomes):
         if rank == victim:
@@ -187,12 +191,12 @@ def test_killed_rank_gives_peer_error_on_every_survivor(n):
         kind, peer, message, elapsed = value
         assert kind == "PeerError", message
         assert peer == victim, message
-        # Detected from the socket, not at the 60 s timeout.
+        # Detected from the socket, or the process ending, not at the 60 s timeout.
         assert elapsed < 30
 
 
-def test_peer_that_closes_gives_peer_error():
-    outcomes = run_ranks(3, _close_early, 2, init_timeout=30)
+def test_peer_that_closes_gives_error_naming_it(links):
+    outcomes = run_ranks(3, _close_early, 2, init_timeout=30, transport=links)
     assert outcomes[2][1] == "closed"
     for status, value, tb in outcomes[:2]:
         assert status == "ok", tb
@@ -236,10 +240,10 @@ def _store_host_fails_and_exits(comm, counts):
 
 
 @pytest.mark.parametrize("n", [3, 4])
-def test_failure_report_survives_the_store_host_exiting(n):
+def test_failure_report_survives_the_store_host_exiting(n, links):
     # Rank 0 receives from the last rank, so it is the one that sees the mismatch.
     counts = [10] * (n - 1) + [11]
-    outcomes = run_ranks(n, _store_host_fails_and_exits, counts, init_timeout=20)
+    outcomes = run_ranks(n, _store_host_fails_and_exits, counts, init_timeout=20, transport=links)
     assert outcomes[0][0] == "dead"
     for status, value, tb in outcomes[1:]:
         assert status == "ok", tb

@@ -111,13 +111,41 @@ def comm(request):
 
 @on_ranks
 def test_init_picks_transport():
+    # Every rank of these runs is on this host: "auto" puts them all on shared memory.
     auto = rr.init(timeout=30)
     try:
-        assert auto.transport == ("mpi" if MPI_BUILT else "tcp")
+        assert auto.transport == "shm"
         assert (auto.rank, auto.world_size) == (WORLD.Get_rank(), WORLD.Get_size())
+        assert (auto.local_rank, auto.local_world_size) == (auto.rank, auto.world_size)
         _agree([] if np.all(auto.all_reduce(np.ones(3)) == auto.world_size) else ["sum"])
     finally:
         auto.close()
+
+
+@on_ranks
+def test_auto_between_emulated_hosts():
+    # Two ranks per emulated host: shared memory inside a host, the network
+    # transport between hosts, one communicator.
+    os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{WORLD.Get_rank() // 2}"
+    try:
+        c = rr.init(timeout=30)
+    finally:
+        del os.environ["RINGREDUCE_HOST_ID"]
+    n, r = c.world_size, c.rank
+    # A rank alone on its host has no shared memory; one host for all needs no network.
+    mine = min(2, n - 2 * (r // 2))
+    want = "shm" if n <= 2 else ("shm+mpi" if mine == 2 else "mpi")
+    if not MPI_BUILT:
+        want = want.replace("mpi", "tcp")
+    failures = [] if c.transport == want else [f"transport {c.transport}, not {want}"]
+    if (c.local_rank, c.local_world_size) != (r % 2, mine):
+        failures.append(f"local rank {c.local_rank} of {c.local_world_size}")
+    for count in (1, 7, 4099, 300_001):
+        x = contribution(r, count, "float32", "sum")
+        if not same_bits(c.all_reduce(x), expected(n, count, "float32", "sum")):
+            failures.append(f"all_reduce count={count}")
+    c.close()
+    _agree(failures)
 
 
 @on_ranks
@@ -287,9 +315,10 @@ def test_rank_that_never_arrives_times_out_naming_it(transport):
 @on_ranks
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_peer_that_closes_early_is_named(transport):
-    # Over TCP the closed sockets say so at once (PeerError). MPI has no
-    # connection to break: a normal close tells nobody, so the others learn it
-    # at their deadline (TimeoutError), still naming the rank.
+    # Over TCP the closed sockets say so at once, over shared memory the
+    # closed flag (PeerError). MPI has no connection to break: a normal close
+    # tells nobody, so the others learn it at their deadline (TimeoutError),
+    # still naming the rank.
     c = _fresh(transport, 2.0)
     quitter = c.world_size - 1
     outcome = "closed"
@@ -307,7 +336,7 @@ def test_peer_that_closes_early_is_named(transport):
             outcome = (type(exc).__name__, exc.peer, time.monotonic() - start, str(exc))
     outcomes = _gather(outcome)
     c.close()
-    want = "PeerError" if transport == "tcp" else "TimeoutError"
+    want = "TimeoutError" if transport == "mpi" else "PeerError"
     for rank, o in enumerate(outcomes):
         if rank != quitter:
             assert o[0] == want and o[1] == quitter and o[2] < 30, outcomes

@@ -48,7 +48,7 @@ def test_init_mpi_without_mpi4py():
     code = (
         "import sys; sys.modules['mpi4py'] = None\n"
         "import numpy as np, ringreduce as rr\n"
-        "c = rr.init(timeout=20)\n"
+        "c = rr.init('mpi', timeout=20)\n"
         "assert c.transport == 'mpi', c.transport\n"
         "print('sum', c.all_reduce(np.full(3, c.rank + 1.0)).tolist())\n"
     )
@@ -82,11 +82,16 @@ def test_core_does_not_link_libmpi():
 @outside
 def test_tcp_works_when_the_mpi_module_cannot_load():
     # As on a machine without libmpi: _core_mpi fails to import. Under an
-    # mpirun-like environment, "auto" falls back to TCP and "mpi" says why not.
+    # mpirun-like environment, "auto" falls back to the socket bootstrap (here a
+    # world of one on this host, so shared memory), "tcp" works, and "mpi" says
+    # why not.
     code = (
         "import sys; sys.modules['ringreduce._core_mpi'] = None\n"
         "import numpy as np, ringreduce as rr\n"
         "c = rr.init(timeout=10)\n"
+        "assert c.transport == 'shm', c.transport\n"
+        "c.close()\n"
+        "c = rr.init('tcp', timeout=10)\n"
         "assert c.transport == 'tcp', c.transport\n"
         "assert c.all_reduce(np.ones(3)).tolist() == [1.0, 1.0, 1.0]\n"
         "c.close()\n"

@@ -48,7 +48,7 @@ def test_core_stub_lists_every_binding():
     stub = _stub_names(os.path.join(STUB_DIR, "_core.pyi"))
     defined = {n for n in dir(_core) if n not in _IMPLICIT}
     assert defined == stub[""] - {"_Testing"}
-    for cls in ("Communicator", "Work", "DType", "Op", "Collective"):
+    for cls in ("Communicator", "Work", "Options", "DType", "Op", "Collective"):
         assert _public(getattr(_core, cls)) <= stub[cls] | {"name", "value"}, cls
         assert stub[cls] - {"__init__", "__int__", "__index__", "__members__"} <= _public(
             getattr(_core, cls)
@@ -64,4 +64,5 @@ def test_core_mpi_stub_lists_every_binding():
     except ImportError as exc:
         pytest.skip(f"the MPI module does not load here: {exc}")
     stub = _stub_names(os.path.join(STUB_DIR, "_core_mpi.pyi"))
-    assert {n for n in dir(core_mpi) if n not in _IMPLICIT} == stub[""] - {"Communicator", "Tuple"}
+    imported = {"Communicator", "Options", "Tuple"}
+    assert {n for n in dir(core_mpi) if n not in _IMPLICIT} == stub[""] - imported

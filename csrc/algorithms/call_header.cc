@@ -32,7 +32,9 @@ std::string describe_header(const CallHeader& h) {
   args.op = static_cast<ReduceOp>(h.op);
   args.root = h.root;
   const char* path =
-      h.algorithm == static_cast<uint8_t>(Algorithm::kSmall) ? " (small-message path)" : "";
+      h.algorithm == static_cast<uint8_t>(Algorithm::kSmall)    ? " (small-message path)"
+      : h.algorithm == static_cast<uint8_t>(Algorithm::kDirect) ? " (direct small-message path)"
+                                                                : "";
   return describe_call(args) + path + " as call #" + std::to_string(h.seq);
 }
 

@@ -53,14 +53,28 @@ size_t piece_elems(const CollectiveArgs& args, size_t segment_bytes) {
 
 }  // namespace
 
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kSmall:
+      return "small";
+    case Algorithm::kDirect:
+      return "direct";
+  }
+  return "?";
+}
+
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
-  // Small messages are bound by latency, not bandwidth: N-1 steps beat
-  // 2(N-1), even though each step carries the whole vector. The choice must
+  // Small messages are bound by latency, not bandwidth: fewer dependent steps
+  // beat fewer bytes. Where every peer is reached directly (shared memory),
+  // one step of N-1 messages; else N-1 steps around the ring. The choice must
   // not depend on where the buffers live: host and GPU ranks meet in one call.
   const size_t bytes = args.count * dtype_size(args.dtype);
   const bool small = args.kind == CollectiveKind::kAllReduce && ctx.transport.size() > 1 &&
                      bytes <= ctx.small_bytes;
-  return small ? Algorithm::kSmall : Algorithm::kRing;
+  if (!small) return Algorithm::kRing;
+  return ctx.reaches_all ? Algorithm::kDirect : Algorithm::kSmall;
 }
 
 std::string describe_call(const CollectiveArgs& args) {
@@ -73,8 +87,8 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
   const size_t elem = dtype_size(args.dtype);
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      // The small path gathers every rank's (small) vector before reducing.
-      return algorithm == Algorithm::kSmall ? ring.size * args.count * elem : 0;
+      // The latency paths gather every rank's (small) vector before reducing.
+      return algorithm == Algorithm::kRing ? 0 : ring.size * args.count * elem;
     case CollectiveKind::kReduceScatter:
       return ring.size > 2 ? 2 * piece_elems(args, segment_bytes) * elem : 0;
     case CollectiveKind::kBarrier:
@@ -88,10 +102,16 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
                   size_t segment_bytes) {
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
-      if (algorithm == Algorithm::kSmall) {
-        small_all_reduce(x, ring, args);
-      } else {
-        ring_all_reduce(x, ring, args);
+      switch (algorithm) {
+        case Algorithm::kRing:
+          ring_all_reduce(x, ring, args);
+          break;
+        case Algorithm::kSmall:
+          small_all_reduce(x, ring, args);
+          break;
+        case Algorithm::kDirect:
+          direct_all_reduce(x, ring, args);
+          break;
       }
       break;
     case CollectiveKind::kReduceScatter:
@@ -132,7 +152,8 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
     x.finish();
   }
   // The header went out ahead of the data on the same link; `header` must
-  // outlive its send.
+  // outlive its send. (The direct algorithm needs no headers of its own from
+  // every rank: the ring of checks already makes all ranks agree.)
   if (header_sent) ctx.transport.wait(*header_sent, ctx.deadline());
 }
 

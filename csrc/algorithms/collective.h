@@ -54,21 +54,29 @@ struct RingContext {
   size_t segment_bytes;        // the message size of every step (1 B .. 1 GiB)
   uint64_t seq;                // the call's number on this communicator, from 1
   std::vector<char>& scratch;  // host scratch, reused between calls; grown on demand
-  // all_reduce of at most this many bytes takes the small-message path.
+  // all_reduce of at most this many bytes takes a latency path: kDirect when
+  // the transport reaches every peer (shared memory), else kSmall.
   size_t small_bytes = 0;
+  bool reaches_all = false;
   // For args.device >= 0: that device, and the caller's stream at submission.
   Device* device = nullptr;
   const StreamMark* device_mark = nullptr;
+  // Asked while waits run, when the caller can be interrupted (see Deadline).
+  const Interrupt* interrupt = nullptr;
 
-  Deadline deadline() const { return Deadline::after(timeout_seconds); }
+  Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };
 
 // How an all_reduce is run. Part of the call header, so ranks that would
 // choose differently (a different RINGREDUCE_SMALL_BYTES) get MismatchError.
 enum class Algorithm : uint8_t {
-  kRing = 0,   // reduce-scatter + all-gather: 2(N-1)/N x S bytes, 2(N-1) steps
-  kSmall = 1,  // all-gather whole vectors, reduce locally: (N-1) x S bytes, N-1 steps
+  kRing = 0,    // reduce-scatter + all-gather: 2(N-1)/N x S bytes, 2(N-1) steps
+  kSmall = 1,   // all-gather whole vectors around the ring, reduce locally: N-1 steps
+  kDirect = 2,  // every rank sends its vector to every other at once: 1 step
 };
+constexpr int kAlgorithms = 3;
+const char* algorithm_name(Algorithm algorithm);
+
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);
 
 // Runs one collective to completion on the calling thread: the call header,

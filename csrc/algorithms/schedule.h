@@ -41,6 +41,7 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
 // The schedules, one per collective (and algorithm).
 void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);
 void small_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);
+void direct_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);
 void ring_reduce_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args,
                          size_t piece_elems);
 void ring_all_gather(Executor& x, const Ring& ring, const CollectiveArgs& args);

@@ -1,14 +1,16 @@
 // pybind11 module ringreduce._core: a thin, pointer-level layer. The Python
 // package validates arrays and passes raw addresses; every wait here releases
-// the GIL so other Python threads run while a collective is in flight.
+// the GIL so other Python threads run while a collective is in flight. This
+// file holds the module, its error translation, enums and testing hooks;
+// communicator_bindings.cc the communicator.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "algorithms/collective.h"
 #include "algorithms/ring_schedule.h"
 #include "bindings/codes.h"
 #include "common/error.h"
 #include "config.h"
-#include "engine/communicator.h"
 #include "reduce/cpu_kernels.h"
 
 namespace py = pybind11;
@@ -16,6 +18,8 @@ namespace py = pybind11;
 // CUDA helpers (cuda_bindings.cc); they report unavailability in a build
 // without CUDA. `testing` receives the hooks only tests and benchmarks use.
 void register_cuda(py::module_& m, py::module_& testing);
+// Options, Communicator and Work (communicator_bindings.cc).
+void register_communicator(py::module_& m);
 
 namespace {
 
@@ -30,6 +34,9 @@ void raise_python(const char* name, const char* message, int peer) {
 void translate(std::exception_ptr p) {
   try {
     if (p) std::rethrow_exception(p);
+  } catch (const rr::Interrupted& e) {
+    // The signal handler's exception (KeyboardInterrupt) is already set.
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
   } catch (const rr::MismatchError& e) {
     raise_python("MismatchError", e.what(), e.peer());
   } catch (const rr::TimeoutError& e) {
@@ -115,55 +122,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "ringreduce C++ engine (internal; use the ringreduce package)";
   py::register_exception_translator(&translate);
 
-  py::class_<rr::Work, std::shared_ptr<rr::Work>>(m, "Work")
-      .def("wait", &rr::Work::wait, py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
-           "Waits at most `seconds` (negative: until the collective ends); True when finished.")
-      .def("done", &rr::Work::done)
-      .def_property_readonly("description", &rr::Work::description);
-
   register_enums(m);
-
-  py::class_<rr::Communicator>(m, "Communicator")
-      .def_static("create_tcp", &rr::create_tcp_communicator, py::arg("rank"),
-                  py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
-                  py::arg("timeout"), py::arg("segment_bytes"), py::arg("store_dir"),
-                  py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("rank", &rr::Communicator::rank)
-      .def_property_readonly("world_size", &rr::Communicator::size)
-      .def_property_readonly("transport", &rr::Communicator::transport_name)
-      .def_property_readonly("timeout", &rr::Communicator::timeout)
-      .def(
-          "submit",
-          [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
-             size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
-             uintptr_t stream) {
-            rr::CollectiveArgs args;
-            args.kind = kind;
-            args.send = as_ptr(send);
-            args.recv = as_ptr(recv);
-            args.count = count;
-            args.dtype = dtype;
-            args.op = op;
-            args.root = root;
-            args.device = device;
-            args.stream = stream;
-            return self.submit(args);
-          },
-          py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
-          py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
-          "Queues a collective on raw addresses. device >= 0: they are memory of that CUDA "
-          "device, and the collective starts after the work queued so far on `stream` (a "
-          "cudaStream_t; 0 is the legacy default stream).")
-      .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const rr::Communicator& self) {
-        rr::CommStats s = self.stats();
-        py::dict d;
-        d["bytes_sent"] = s.bytes_sent;
-        d["bytes_received"] = s.bytes_received;
-        d["ops"] = s.ops;
-        d["small_message_ops"] = s.small_message_ops;
-        return d;
-      });
+  register_communicator(m);
 
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
   m.def("build_info", [] {
@@ -173,6 +133,7 @@ PYBIND11_MODULE(_core, m) {
     d["cuda"] = RR_WITH_CUDA != 0;
     py::list transports;
     transports.append("tcp");
+    transports.append("shm");
     if (RR_WITH_MPI) transports.append("mpi");
     d["transports"] = transports;
     d["cpu_kernels"] = rr::cpu_kernel_isa();

@@ -38,13 +38,13 @@ bool is_initialized() {
 void register_mpi(py::module_& m) {
   m.def(
       "create",
-      [](uintptr_t comm_address, double timeout, size_t segment_bytes) {
-        return rr::create_mpi_communicator(comm_at(comm_address), timeout, segment_bytes);
+      [](uintptr_t comm_address, const rr::Options& options) {
+        return rr::create_mpi_communicator(comm_at(comm_address), options);
       },
-      py::arg("comm_address"), py::arg("timeout"), py::arg("segment_bytes"),
-      py::call_guard<py::gil_scoped_release>(),
+      py::arg("comm_address"), py::arg("options"), py::call_guard<py::gil_scoped_release>(),
       "A _core.Communicator over the MPI communicator stored at comm_address "
-      "(0: MPI_COMM_WORLD). Collective over that communicator.");
+      "(0: MPI_COMM_WORLD). Collective over that communicator. options.transport: 'mpi' or "
+      "'auto' (shared memory between ranks of one host).");
   m.def(
       "initialize",
       [] {

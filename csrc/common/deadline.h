@@ -18,16 +18,45 @@ inline std::string format_seconds(double seconds) {
   return buf;
 }
 
+// Asks, while a wait goes on, whether the caller wants to stop (a Python
+// caller pressed Ctrl-C): check() throws to abandon the wait. Called at most
+// every `every` while some wait is running.
+class Interrupt {
+ public:
+  explicit Interrupt(std::chrono::milliseconds every) : every_(every) {}
+  virtual ~Interrupt() = default;
+  virtual void check() const = 0;
+
+  void poll() const {
+    const Clock::time_point now = Clock::now();
+    if (now < next_) return;
+    next_ = now + every_;
+    check();
+  }
+
+ private:
+  std::chrono::milliseconds every_;
+  mutable Clock::time_point next_{};
+};
+
 class Deadline {
  public:
-  static Deadline after(double seconds) {
+  static Deadline after(double seconds, const Interrupt* interrupt = nullptr) {
     Deadline d;
-    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(seconds));
+    d.at_ = Clock::now() +
+            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     d.seconds_ = seconds;
+    d.interrupt_ = interrupt;
     return d;
   }
-  bool expired() const { return Clock::now() >= at_; }
+  // A deadline of the same length from now (the window of a wait restarts
+  // when the wait makes progress), asking the same Interrupt.
+  Deadline renewed() const { return after(seconds_, interrupt_); }
+  // Also where a running wait lets its Interrupt (if any) stop it.
+  bool expired() const {
+    if (interrupt_ != nullptr) interrupt_->poll();
+    return Clock::now() >= at_;
+  }
   // Milliseconds left, clamped to [0, cap_ms]: the argument for poll().
   int poll_ms(int cap_ms) const {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
@@ -39,6 +68,7 @@ class Deadline {
  private:
   Clock::time_point at_{};
   double seconds_ = 0;
+  const Interrupt* interrupt_ = nullptr;
 };
 
 }  // namespace rr

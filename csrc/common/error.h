@@ -44,6 +44,13 @@ class MismatchError : public Error {
   int peer_;
 };
 
+// A wait abandoned because the caller asked (Ctrl-C in Python): the bindings
+// raise the caller's own exception (KeyboardInterrupt) in its place.
+class Interrupted : public Error {
+ public:
+  explicit Interrupted(const std::string& what) : Error(what) {}
+};
+
 // Bad arguments detected locally, before any communication (Python ValueError).
 class InvalidArgument : public Error {
  public:

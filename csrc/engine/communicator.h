@@ -1,12 +1,16 @@
-// The communicator: owns a transport and the rendezvous store, and runs the
-// collectives submitted to it one after another on its own worker thread.
+// The communicator: owns a transport and the rendezvous store, and runs
+// collectives one at a time, in the order they were issued.
 //
-// Because one thread runs every collective in submission order, calls on one
-// communicator complete in the order they were issued, and an async call makes
-// progress while the caller computes. After the first failure the
-// communicator is broken: the failure is reported to the store (so other ranks
-// can name the rank that failed first), the transport is torn down so peers
-// fail fast, and every later call is refused with the original error.
+// A blocking call on an idle communicator runs on the caller's thread: no
+// hand-off to another thread, whose wake-up costs more than a small
+// collective. Async calls, and calls issued while others are queued, run on
+// the communicator's worker thread in issue order, so an async call makes
+// progress while the caller computes, and calls complete in issue order.
+//
+// After the first failure the communicator is broken: the failure is
+// reported to the store (engine/failure_report.h), the transport is torn
+// down so peers fail fast, and every later call is refused with the original
+// error.
 #pragma once
 
 #include <condition_variable>
@@ -16,8 +20,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "algorithms/collective.h"
+#include "engine/options.h"
 #include "engine/work.h"
 #include "executor/device.h"
 #include "rendezvous/store.h"
@@ -29,26 +35,41 @@ struct CommStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t ops = 0;
-  uint64_t small_message_ops = 0;  // all_reduce calls that took the small-message path
+  // all_reduce calls by algorithm (indexed by Algorithm)
+  uint64_t all_reduce_by_algorithm[kAlgorithms] = {};
+};
+
+// Where this rank sits among the ranks of its host.
+struct Placement {
+  int local_rank = 0;
+  int local_size = 1;
 };
 
 class Communicator {
  public:
   Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transport> transport,
-               double timeout_seconds, size_t segment_bytes, std::string store_prefix);
+               const Options& options, Placement placement, std::string store_prefix);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  int local_rank() const { return placement_.local_rank; }
+  int local_size() const { return placement_.local_size; }
   const char* transport_name() const { return transport_name_; }
-  double timeout() const { return timeout_; }
+  double timeout() const { return options_.timeout_seconds; }
 
-  // Queues a collective. The buffers must stay valid until the Work finishes.
-  // Throws at once if the communicator is closed or broken, or if the buffers
-  // are on a CUDA device (args.device) that cannot be used.
+  // Queues a collective for the worker thread. The buffers must stay valid
+  // until the Work finishes. Throws at once if the communicator is closed or
+  // broken, or if the buffers are on a CUDA device (args.device) that cannot
+  // be used.
   std::shared_ptr<Work> submit(const CollectiveArgs& args);
+
+  // Runs a collective to completion: on the calling thread when nothing is
+  // queued or running, else after the queued ones. `interrupt` (may be null)
+  // is asked while it waits, and may abandon the call.
+  void run(const CollectiveArgs& args, const Interrupt* interrupt);
 
   // Finishes the queued work, then closes every connection. Idempotent.
   void close();
@@ -60,43 +81,43 @@ class Communicator {
     CollectiveArgs args;
     std::shared_ptr<Work> work;
     std::shared_ptr<StreamMark> mark;  // the caller's stream at submit, for device buffers
+    uint64_t seq = 0;
   };
 
   // The Device serving CUDA device `id`, made on first use.
   Device& device(int id);
-  void run();
-  std::exception_ptr on_failure(std::exception_ptr error, const Item& item);
+  void refuse_if_unusable() const;  // mu_ held
+  std::string describe(const CollectiveArgs& args, uint64_t seq) const;
+  void worker();
+  // Runs one collective (the caller has made it the only one running).
+  void execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
+               const Interrupt* interrupt);
+  std::exception_ptr on_failure(std::exception_ptr error, const std::string& description);
 
   int rank_;
   int size_;
   const char* transport_name_;
-  double timeout_;
-  size_t segment_bytes_;
-  size_t small_bytes_;  // RINGREDUCE_SMALL_BYTES: all_reduce up to this size skips the ring
+  Options options_;
+  Placement placement_;
+  size_t small_bytes_;  // all_reduce up to this size skips the ring, at this world size
+  bool reaches_all_;    // the transport reaches every peer, not only ring neighbours
   std::string prefix_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;
+  std::vector<char> scratch_;  // host scratch of the running collective
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
+  bool busy_ = false;  // a collective is running (on the worker or inline)
   bool closing_ = false;
   bool closed_ = false;
-  std::string broken_;  // the first error's message, once broken
-  uint64_t submitted_ = 0;
+  std::string broken_;   // the first error's message, once broken
+  uint64_t issued_ = 0;  // collectives issued so far: the next one's number minus one
   CommStats stats_;
   std::mutex devices_mu_;  // apart from mu_: making a Device can take a while
   std::map<int, std::unique_ptr<Device>> devices_;
   std::thread worker_;
 };
-
-// Builds a TCP communicator: a TCP store on master_addr:master_port hosted by
-// rank 0 (or a file store in `store_dir` when it is not empty), then the ring
-// connections.
-std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
-                                                      const std::string& master_addr,
-                                                      int master_port, double timeout_seconds,
-                                                      size_t segment_bytes,
-                                                      const std::string& store_dir);
 
 }  // namespace rr

@@ -8,14 +8,15 @@
 #include <memory>
 
 #include "engine/communicator.h"
+#include "engine/options.h"
 
 namespace rr {
 
 // Collective over `comm`: every rank of it must call this, and waits for the
-// others are bounded by `timeout_seconds`. MPI must be initialized with at
-// least MPI_THREAD_SERIALIZED, since collectives run on the communicator's
-// worker thread.
-std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, double timeout_seconds,
-                                                      size_t segment_bytes);
+// others are bounded by options.timeout_seconds. MPI must be initialized with
+// at least MPI_THREAD_SERIALIZED, since collectives may run on the
+// communicator's worker thread. options.transport "auto" puts ranks of one
+// host on shared memory and the rest on MPI ("shm+mpi").
+std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Options& options);
 
 }  // namespace rr

@@ -1,5 +1,3 @@
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "common/error.h"
@@ -9,10 +7,6 @@
 namespace rr {
 
 std::unique_ptr<Device> make_device(int device) {
-  // A private switch for the tests of the staged pipeline: they run on CI
-  // machines without a GPU, with host memory standing in for device memory.
-  const char* fake = std::getenv("RINGREDUCE_TEST_FAKE_DEVICE");
-  if (fake != nullptr && std::strcmp(fake, "1") == 0) return make_fake_device();
 #if RR_WITH_CUDA
   return make_cuda_device(device);
 #else

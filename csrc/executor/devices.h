@@ -9,12 +9,13 @@
 namespace rr {
 
 // The Device for CUDA device `device`: CUDA streams and events in a build with
-// CUDA; the CPU emulation below when RINGREDUCE_TEST_FAKE_DEVICE=1 (tests).
-// Throws InvalidArgument when neither can serve it, so the call fails on the
-// calling rank before any communication.
+// CUDA. Throws InvalidArgument without, so the call fails on the calling rank
+// before any communication.
 std::unique_ptr<Device> make_device(int device);
 
-// The CPU emulation of a device (fake_device.cc), built always. "Device"
+// The CPU emulation of a device (fake_device.cc), built always; the
+// communicator uses it for every device when its options say so (tests,
+// RINGREDUCE_TEST_FAKE_DEVICE=1). "Device"
 // memory is host memory and every operation is a memcpy or a CPU kernel, run
 // as late as the events allow, so a missing wait shows up as wrong data.
 std::unique_ptr<Device> make_fake_device();

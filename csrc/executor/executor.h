@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/dtype.h"
@@ -40,9 +41,10 @@ struct ExecutorSetup {
   size_t segment_bytes;    // the message size, before rounding to whole elements
   DataType dtype;
   ReduceOp op;
-  size_t scratch_bytes;  // what the schedule needs from scratch()
+  size_t scratch_bytes;                  // what the schedule needs from scratch()
+  const Interrupt* interrupt = nullptr;  // asked while waits run (see Deadline)
 
-  Deadline deadline() const { return Deadline::after(timeout_seconds); }
+  Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };
 
 // One step from this rank's point of view: send one region to `send_to`
@@ -73,6 +75,12 @@ class Executor {
   virtual char* scratch() = 0;
 
   virtual void step(const StepPlan& plan) = 0;
+  // Several steps with different peers at once (none reducing or
+  // forwarding): their sends and receives may all be in flight together. By
+  // default they run one after the other, which gives the same result.
+  virtual void exchange(const std::vector<StepPlan>& plans) {
+    for (const StepPlan& plan : plans) step(plan);
+  }
 
   // Local operations on the collective's memory, over whole elements of the
   // collective's dtype, with its reduction op.

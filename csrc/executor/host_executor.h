@@ -22,6 +22,7 @@ class HostExecutor final : public Executor {
 
   char* scratch() override { return scratch_; }
   void step(const StepPlan& plan) override;
+  void exchange(const std::vector<StepPlan>& plans) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, size_t n) override;
   void divide(void* data, size_t n, int divisor) override;
@@ -35,6 +36,7 @@ class HostExecutor final : public Executor {
   size_t segment_;
   char* scratch_;
   std::vector<RequestPtr> sends_;  // reused between steps
+  std::vector<RequestPtr> recvs_;
 };
 
 }  // namespace rr

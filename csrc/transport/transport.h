@@ -19,6 +19,7 @@
 // receive. Every wait has a deadline.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -76,10 +77,25 @@ class Transport {
   // After a throw the transport is unusable.
   virtual void wait(Request& request, const Deadline& deadline) = 0;
 
-  // Tears down every connection so that peers blocked on us fail fast instead
-  // of waiting for their deadline. Safe to call more than once, and from the
-  // error path.
+  // For a transport made of others (one per kind of link, routed.h), which
+  // drives all of them while it waits on one:
+  //  - progress() moves whatever can move now, without blocking; true if
+  //    anything moved;
+  //  - wait_for() waits like wait(), but at most `slice`, and returns whether
+  //    the request completed; it throws for failures it sees (a dead peer),
+  //    never for time: the caller keeps the deadline.
+  virtual bool progress() = 0;
+  virtual bool wait_for(Request& request, std::chrono::microseconds slice) = 0;
+  // True when this transport carries messages both to and from `peer`.
+  virtual bool reaches(int peer) const = 0;
+
+  // After a failure: tears down every connection, and tells the peers, so
+  // that peers blocked on us fail fast instead of waiting for their deadline.
+  // Safe to call more than once, and from the error path.
   virtual void abort() noexcept = 0;
+  // The normal end, when the peers ran the same collectives: tears down
+  // without telling anyone of a failure. Idempotent.
+  virtual void close() noexcept { abort(); }
 
   virtual TransportStats stats() const = 0;
 };

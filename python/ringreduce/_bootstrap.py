@@ -11,7 +11,7 @@ import os
 from typing import Optional
 
 from . import _core, _mpi
-from ._env import launched_by_mpirun, master_address, rank_and_size, segment_bytes
+from ._env import engine_options, launched_by_mpirun, master_address, rank_and_size
 from .communicator import Communicator
 
 __all__ = ["init"]
@@ -34,26 +34,32 @@ def init(
     rendezvous store (``store_dir``: use a shared directory instead). ``timeout``
     bounds every wait on a peer, in seconds.
 
-    ``transport``: "tcp", "mpi" (MPI_COMM_WORLD; needs the MPI build), or "auto"
-    (the RINGREDUCE_TRANSPORT variable if set, else "mpi" when launched by mpirun and
-    MPI support loads, else "tcp"). "tcp" under mpirun without MASTER_ADDR meets
-    over MPI (mpi4py): rank 0 picks the address and a free port.
+    ``transport`` says which links carry the data:
+
+    - "auto" (default; the RINGREDUCE_TRANSPORT variable overrides it): shared memory
+      between the ranks of one host, and between hosts MPI when launched by mpirun
+      and MPI support loads, else TCP. ``comm.transport`` then reads "shm",
+      "shm+tcp", "shm+mpi", "tcp" or "mpi".
+    - "tcp", "mpi" (MPI_COMM_WORLD; needs the MPI build): every link.
+    - "shm": shared memory only; every rank must be on this host.
+
+    Under mpirun without MASTER_ADDR, the socket-based transports meet over MPI
+    (mpi4py): rank 0 picks the address and a free port.
     """
     env_transport = os.environ.get("RINGREDUCE_TRANSPORT")
     if transport == "auto" and env_transport:
         transport = env_transport
-    if transport not in ("auto", "tcp", "mpi"):
-        raise ValueError(f"transport must be 'auto', 'tcp' or 'mpi', got {transport!r}")
+    if transport not in ("auto", "tcp", "mpi", "shm"):
+        raise ValueError(f"transport must be 'auto', 'tcp', 'mpi' or 'shm', got {transport!r}")
     if not timeout or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    segment = segment_bytes()
 
-    if transport == "auto":
-        transport = "mpi" if (launched_by_mpirun() and _mpi.available()) else "tcp"
-    if transport == "mpi":
+    over_mpi = transport == "mpi" or (
+        transport == "auto" and launched_by_mpirun() and _mpi.available()
+    )
+    if over_mpi:
         # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
-        core = _mpi.create_world(float(timeout), segment)
-        comm = Communicator(core, "mpi")
+        comm = Communicator(_mpi.create_world(engine_options(transport, timeout)))
         _mpi.track(comm)
         mine = (comm.rank, comm.world_size)
         if any(v is not None and int(v) != m for v, m in zip((rank, world_size), mine)):
@@ -63,6 +69,7 @@ def init(
                 f"(rank {comm.rank} of {comm.world_size}); leave them out with transport='mpi'"
             )
         return comm
+    options = engine_options(transport, timeout)
     r, n = rank_and_size(rank, world_size)
     if n < 1 or not 0 <= r < n:
         raise ValueError(f"rank {r} is not in [0, world_size={n})")
@@ -79,9 +86,6 @@ def init(
         # Under mpirun without MASTER_ADDR: agree on rank 0's address over MPI.
         from mpi4py import MPI
 
-        return Communicator(
-            _mpi.create_tcp(MPI.COMM_WORLD, float(timeout), segment, master_port), "tcp"
-        )
+        return Communicator(_mpi.create_tcp(MPI.COMM_WORLD, options, master_port))
     host, port = master_address(master_addr, master_port)
-    core = _core.Communicator.create_tcp(r, n, host, port, float(timeout), segment, store_dir or "")
-    return Communicator(core, "tcp")
+    return Communicator(_core.Communicator.create_tcp(r, n, host, port, store_dir or "", options))

@@ -56,6 +56,19 @@ class Collective:
     @property
     def value(self) -> int: ...
 
+class Options:
+    """A communicator's settings (see csrc/engine/options.h)."""
+
+    timeout_seconds: float
+    segment_bytes: int
+    small_bytes: int
+    transport: str
+    host_id: str
+    spin_us: int
+    socket_addr: str
+    fake_device: bool
+    def __init__(self) -> None: ...
+
 class Work:
     @property
     def description(self) -> str: ...
@@ -69,14 +82,17 @@ class Communicator:
         world_size: int,
         master_addr: str,
         master_port: int,
-        timeout: float,
-        segment_bytes: int,
         store_dir: str,
+        options: Options,
     ) -> Communicator: ...
     @property
     def rank(self) -> int: ...
     @property
     def world_size(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def local_world_size(self) -> int: ...
     @property
     def transport(self) -> str: ...
     @property
@@ -93,8 +109,21 @@ class Communicator:
         device: int = -1,
         stream: int = 0,
     ) -> Work: ...
+    def run(
+        self,
+        kind: Collective,
+        send: int,
+        recv: int,
+        count: int,
+        dtype: DType,
+        op: Op,
+        root: int,
+        device: int = -1,
+        stream: int = 0,
+    ) -> None: ...
+    def all_reduce_numpy(self, x: Any, out: Any, op: Any) -> Any: ...
     def close(self) -> None: ...
-    def stats(self) -> Dict[str, int]: ...
+    def stats(self) -> Dict[str, Any]: ...
 
 def chunk_bounds(count: int, parts: int, index: int) -> Tuple[int, int]: ...
 def build_info() -> Dict[str, Union[str, bool, List[str]]]: ...
@@ -132,7 +161,9 @@ class _Testing:
     @staticmethod
     def cuda_memcpy(dst: int, src: int, nbytes: int) -> None: ...
     @staticmethod
-    def cuda_time_reduce(dtype: int, op: int, out: int, a: int, b: int, n: int, iters: int) -> float: ...
+    def cuda_time_reduce(
+        dtype: int, op: int, out: int, a: int, b: int, n: int, iters: int
+    ) -> float: ...
     @staticmethod
     def cuda_time_copy(dst: int, src: int, nbytes: int, iters: int) -> float: ...
 

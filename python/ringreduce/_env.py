@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 # (rank variable, size variable), in the order they are trusted.
 _LAUNCHERS = (
@@ -71,3 +71,34 @@ def segment_bytes() -> int:
             f"got {text!r}"
         )
     return value
+
+
+def _int_env(name: str, default: int, low: int = 0) -> int:
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ValueError(f"{name} must be a whole number >= {low}, got {text!r}")
+    return value
+
+
+def engine_options(transport: str, timeout: float) -> Any:
+    """The engine's settings for a new communicator: ``transport`` and ``timeout`` as
+    given, the rest from the RINGREDUCE_* environment, read here once."""
+    from . import _core
+
+    options = _core.Options()
+    options.transport = transport
+    options.timeout_seconds = float(timeout)
+    options.segment_bytes = segment_bytes()
+    options.small_bytes = _int_env("RINGREDUCE_SMALL_BYTES", 64 << 10)
+    options.spin_us = _int_env("RINGREDUCE_SPIN_US", 50)
+    options.host_id = os.environ.get("RINGREDUCE_HOST_ID", "")
+    options.socket_addr = os.environ.get("RINGREDUCE_SOCKET_ADDR", "")
+    # Tests only: the engine's CPU stand-in for CUDA devices.
+    options.fake_device = os.environ.get("RINGREDUCE_TEST_FAKE_DEVICE") == "1"
+    return options

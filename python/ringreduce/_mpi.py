@@ -84,8 +84,10 @@ def _check_same_library(mod: ModuleType, MPI: Any) -> None:
         )
 
 
-def create_from_mpi4py(comm: Any, timeout: float, segment_bytes: int) -> Any:
-    """A ``_core.Communicator`` over an mpi4py intracommunicator (collective over comm)."""
+def create_from_mpi4py(comm: Any, options: Any) -> Any:
+    """A ``_core.Communicator`` over an mpi4py intracommunicator (collective over comm);
+    ``options`` is a ``_core.Options`` (transport "mpi", or "auto" for shared memory
+    between the ranks of each host)."""
     mod = load()
     from mpi4py import MPI
 
@@ -96,7 +98,7 @@ def create_from_mpi4py(comm: Any, timeout: float, segment_bytes: int) -> Any:
     if comm.Is_inter():
         raise ValueError("comm: an intercommunicator; ringreduce needs an intracommunicator")
     _check_same_library(mod, MPI)
-    return mod.create(MPI._addressof(comm), float(timeout), int(segment_bytes))
+    return mod.create(MPI._addressof(comm), options)
 
 
 def _finalize_at_exit(mod: ModuleType) -> None:
@@ -112,7 +114,7 @@ def _close_live() -> None:
             pass
 
 
-def create_world(timeout: float, segment_bytes: int) -> Any:
+def create_world(options: Any) -> Any:
     """A ``_core.Communicator`` over MPI_COMM_WORLD, for ``init("mpi")``.
 
     Through mpi4py when it is installed, so that the program's own mpi4py calls
@@ -124,10 +126,10 @@ def create_world(timeout: float, segment_bytes: int) -> Any:
     if have_mpi4py():
         from mpi4py import MPI
 
-        return create_from_mpi4py(MPI.COMM_WORLD, timeout, segment_bytes)
+        return create_from_mpi4py(MPI.COMM_WORLD, options)
     if mod.initialize():
         atexit.register(_finalize_at_exit, mod)
-    return mod.create(0, float(timeout), int(segment_bytes))
+    return mod.create(0, options)
 
 
 def track(communicator: Any) -> None:
@@ -165,20 +167,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def create_tcp(comm: Any, timeout: float, segment_bytes: int, port: Any = None) -> Any:
-    """A TCP ``_core.Communicator`` whose ranks meet over an mpi4py communicator: rank 0
-    hosts the store at an address and port agreed over MPI (``port`` overrides the port)."""
+def create_tcp(comm: Any, options: Any, port: Any = None) -> Any:
+    """A ``_core.Communicator`` whose ranks meet over an mpi4py communicator and then talk
+    over sockets (``options.transport`` "tcp", or "auto"/"shm" for shared memory on each
+    host): rank 0 hosts the store at an address and port agreed over MPI (``port``
+    overrides the port)."""
     from . import _core
 
-    host, agreed = tcp_rendezvous(comm, float(timeout))
+    host, agreed = tcp_rendezvous(comm, float(options.timeout_seconds))
     return _core.Communicator.create_tcp(
         comm.Get_rank(),
         comm.Get_size(),
         host,
         agreed if port is None else int(port),
-        float(timeout),
-        int(segment_bytes),
         "",
+        options,
     )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from . import _core
 from ._arrays import array_for, kind_of
 from ._buffers import FLOATING, Buffer, describe, dtype_code
-from ._env import segment_bytes
+from ._env import engine_options
 from .errors import TimeoutError
 
 __all__ = ["ReduceOp", "Communicator", "Work", "chunk_bounds", "build_info"]
@@ -121,9 +121,8 @@ class Work:
 class Communicator:
     """A group of ranks that run collectives together. Create with ``ringreduce.init()``."""
 
-    def __init__(self, core: Any, transport: str):
+    def __init__(self, core: Any):
         self._core = core
-        self._transport = transport
         # Arrays of async calls whose Work the caller may have dropped: the
         # engine still writes into them, so they must stay alive until done.
         self._inflight: List[Tuple[Any, tuple]] = []
@@ -136,22 +135,24 @@ class Communicator:
 
         The result's ranks and world size are those of ``mpi4py_comm``. Collective:
         every rank of ``mpi4py_comm`` must call it. Our traffic runs on a private
-        duplicate, so it never matches the program's own messages. With
-        ``transport="tcp"`` the MPI communicator only serves to meet (rank 0
-        hosts the TCP store) and the collectives run over TCP sockets.
+        duplicate, so it never matches the program's own messages. ``transport="auto"``
+        puts the ranks of one host on shared memory and the rest on MPI. With
+        ``transport="tcp"`` (or "shm") the MPI communicator only serves to meet (rank 0
+        hosts the TCP store) and the collectives run over sockets (or shared memory).
         ``timeout`` bounds every wait on a peer, in seconds.
         """
         from . import _mpi
 
         if not timeout or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if transport == "mpi":
-            comm = cls(_mpi.create_from_mpi4py(mpi4py_comm, float(timeout), segment_bytes()), "mpi")
+        if transport not in ("mpi", "tcp", "shm", "auto"):
+            raise ValueError(f"transport must be 'mpi', 'tcp', 'shm' or 'auto', got {transport!r}")
+        options = engine_options(transport, timeout)
+        if transport in ("mpi", "auto"):
+            comm = cls(_mpi.create_from_mpi4py(mpi4py_comm, options))
             _mpi.track(comm)
             return comm
-        if transport == "tcp":
-            return cls(_mpi.create_tcp(mpi4py_comm, float(timeout), segment_bytes()), "tcp")
-        raise ValueError(f"transport must be 'mpi' or 'tcp', got {transport!r}")
+        return cls(_mpi.create_tcp(mpi4py_comm, options))
 
     # -- properties -------------------------------------------------------
     @property
@@ -165,9 +166,19 @@ class Communicator:
         return int(self._core.world_size)
 
     @property
+    def local_rank(self) -> int:
+        """This process's place among the ranks of its host, 0 <= local_rank < local_world_size."""
+        return int(self._core.local_rank)
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of ranks on this process's host."""
+        return int(self._core.local_world_size)
+
+    @property
     def transport(self) -> str:
-        """What carries the data: "tcp" or "mpi"."""
-        return self._transport
+        """What carries the data: "tcp", "mpi", "shm", "shm+tcp" or "shm+mpi"."""
+        return str(self._core.transport)
 
     @property
     def timeout(self) -> float:
@@ -229,22 +240,22 @@ class Communicator:
         async_op: bool,
         finalize: Optional[Callable[[], None]] = None,
     ) -> Any:
+        code = dtype_code(send.dtype)
+        if not async_op:
+            # On this thread when nothing is queued: no hand-off to the worker.
+            self._core.run(
+                kind, send.ptr, recv.ptr, send.size, code, op, root, send.device, send.stream
+            )
+            if finalize is not None:
+                finalize()
+            return result
         self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
         handle = self._core.submit(
-            kind,
-            send.ptr,
-            recv.ptr,
-            send.size,
-            dtype_code(send.dtype),
-            op,
-            root,
-            device=send.device,
-            stream=send.stream,
+            kind, send.ptr, recv.ptr, send.size, code, op, root, send.device, send.stream
         )
         keep = keep + (send.obj, recv.obj)
         self._inflight.append((handle, keep))
-        work = Work(self, handle, result, keep, finalize)
-        return work if async_op else work.wait()
+        return Work(self, handle, result, keep, finalize)
 
     # -- collectives ------------------------------------------------------
     def all_reduce(
@@ -255,6 +266,11 @@ class Communicator:
         ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
         C-contiguous and writable, and in the same memory (host or GPU) as x.
         """
+        if not async_op and type(x) is np.ndarray:
+            # The common case, checked and run in C++; None when it needs this path.
+            result = self._core.all_reduce_numpy(x, out, op)
+            if result is not None:
+                return result
         src = self._input(x)
         opc = _op_code(op, src.dtype)
         result, dst = self._output(out, src, src.shape)

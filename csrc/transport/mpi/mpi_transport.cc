@@ -274,7 +274,7 @@ void MpiTransport::wait(Request& request, const Deadline& deadline) {
       if (request.done()) break;
       if (stats_.bytes_sent + stats_.bytes_received != bytes_moved) {
         bytes_moved = stats_.bytes_sent + stats_.bytes_received;
-        window = Deadline::after(deadline.seconds());
+        window = deadline.renewed();
       }
       if (peer_aborted) {
         if (grace.expired()) fail_peer_aborted(request);
@@ -312,6 +312,29 @@ void MpiTransport::last_call(Request& request, const Deadline& deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   fail_timeout(request, deadline);
+}
+
+bool MpiTransport::wait_for(Request& request, std::chrono::microseconds slice) {
+  try {
+    const Deadline until = Deadline::after(static_cast<double>(slice.count()) * 1e-6);
+    Backoff backoff;
+    while (!request.done()) {
+      const bool moved = progress();
+      if (request.done() || until.expired()) break;
+      if (backoff.should_poll_control()) {
+        channel_->poll();
+        if (channel_->announced(request.peer(), MpiChannel::Notice::kAbort)) {
+          fail_peer_aborted(request);
+        }
+      }
+      backoff.pause(moved);
+    }
+    return request.done();
+  } catch (...) {
+    failed_ = true;
+    channel_->mark_failed();
+    throw;
+  }
 }
 
 void MpiTransport::fail_timeout(const Request& request, const Deadline& deadline) {

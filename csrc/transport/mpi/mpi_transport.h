@@ -39,6 +39,9 @@ class MpiTransport : public Transport {
   RequestPtr irecv_view(int peer, size_t bytes) override;
   void release(Request& view) override;
   void wait(Request& request, const Deadline& deadline) override;
+  bool progress() override;
+  bool wait_for(Request& request, std::chrono::microseconds slice) override;
+  bool reaches(int peer) const override { return peer >= 0 && peer < size() && peer != rank(); }
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
 
@@ -50,7 +53,6 @@ class MpiTransport : public Transport {
   Link& link(int peer);
   RequestPtr post_recv(std::shared_ptr<Op> op);
   void post_sends(Link& out);
-  bool progress();
   void complete(Op& op, const MPI_Status& status);
   bool idle() const;
   void last_call(Request& request, const Deadline& deadline);

@@ -84,18 +84,16 @@ std::string local_ip_towards(const std::string& host) {
   return ip;
 }
 
-TcpTransport::TcpTransport(int rank, int size) : rank_(rank), size_(size) {
-  if (const char* us = std::getenv("RINGREDUCE_SPIN_US")) {
-    spin_ = std::chrono::microseconds(std::atoi(us));
-  }
-}
+TcpTransport::TcpTransport(int rank, int size, std::chrono::microseconds spin)
+    : rank_(rank), size_(size), spin_(spin) {}
 TcpTransport::~TcpTransport() = default;
 
 std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
                                                          int rank, int size,
                                                          const std::string& advertise_host,
+                                                         std::chrono::microseconds spin,
                                                          const Deadline& deadline) {
-  std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size));
+  std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, spin));
   if (size == 1) return t;
 
   // Every rank learns one session number from rank 0, so a stale connection
@@ -261,11 +259,11 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
   Deadline window = deadline;
   uint64_t moved = link_awaited ? link_awaited->moved : 0;
   while (!request.done()) {
-    for (auto& link : links_) progress(*link);
+    progress();
     if (request.done()) break;
     if (link_awaited->moved != moved) {
       moved = link_awaited->moved;
-      window = Deadline::after(deadline.seconds());
+      window = deadline.renewed();
     }
     if (window.expired()) fail_timeout(request, window);
     if (Clock::now() < spin_until) {
@@ -274,6 +272,33 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
       poll_links(window);
     }
   }
+}
+
+bool TcpTransport::progress() {
+  uint64_t before = stats_.bytes_sent + stats_.bytes_received;
+  for (auto& link : links_) progress(*link);
+  return stats_.bytes_sent + stats_.bytes_received != before;
+}
+
+bool TcpTransport::wait_for(Request& request, std::chrono::microseconds slice) {
+  const Deadline until = Deadline::after(static_cast<double>(slice.count()) * 1e-6);
+  while (!request.done()) {
+    progress();
+    if (request.done() || until.expired()) break;
+    poll_links(until);
+  }
+  return request.done();
+}
+
+// Both ways: we only send to the right neighbour and receive from the left,
+// so at three ranks or more no peer is reached both ways.
+bool TcpTransport::reaches(int peer) const {
+  bool to = false;
+  bool from = false;
+  for (const auto& link : links_) {
+    if (link->peer == peer) (link->sending ? to : from) = true;
+  }
+  return to && from;
 }
 
 void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline) {

@@ -28,9 +28,11 @@ class TcpTransport : public Transport {
   // Publishes this rank's listening address in `store` under `prefix`, then
   // connects to the right neighbour and accepts the left one, retrying until
   // the deadline. `advertise_host` is the address other ranks can reach us at.
+  // `spin` is how long wait() retries before it blocks in poll().
   static std::unique_ptr<TcpTransport> connect_ring(Store& store, const std::string& prefix,
                                                     int rank, int size,
                                                     const std::string& advertise_host,
+                                                    std::chrono::microseconds spin,
                                                     const Deadline& deadline);
   ~TcpTransport() override;
 
@@ -43,6 +45,9 @@ class TcpTransport : public Transport {
   RequestPtr irecv_view(int peer, size_t bytes) override;
   void release(Request& view) override;
   void wait(Request& request, const Deadline& deadline) override;
+  bool progress() override;
+  bool wait_for(Request& request, std::chrono::microseconds slice) override;
+  bool reaches(int peer) const override;
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
 
@@ -50,7 +55,7 @@ class TcpTransport : public Transport {
   struct Op;
   struct Link;
 
-  TcpTransport(int rank, int size);
+  TcpTransport(int rank, int size, std::chrono::microseconds spin);
   Link& link_to(int peer, bool sending);
   RequestPtr post(std::shared_ptr<Op> op);
   void progress(Link& link);
@@ -62,7 +67,7 @@ class TcpTransport : public Transport {
   std::vector<std::unique_ptr<Link>> links_;
   TransportStats stats_;
   // How long wait() retries (yielding) before it blocks in poll().
-  Clock::duration spin_ = std::chrono::microseconds(50);
+  Clock::duration spin_;
 };
 
 // The address of the local interface that routes to `host` (no packet is sent).

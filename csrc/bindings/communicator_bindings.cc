@@ -1,0 +1,238 @@
+// The communicator as ringreduce._core sees it: Options, Communicator, Work.
+//
+// Two ways in. submit()/run() take raw addresses from the Python package,
+// which has checked the arrays. all_reduce_numpy() is the fast path for the
+// most common call, numpy arrays in host memory: it reads them here with the
+// numpy C API and runs the collective without a round of Python checks; any
+// case it does not take on it hands back (returns None) to the general path,
+// so errors are always raised by one code, in Python.
+//
+// Blocking calls run on the calling thread with the GIL released; while they
+// wait, a PythonInterrupt takes the GIL every 100 ms to let Python handle
+// signals, so Ctrl-C ends a wait on a stuck peer with KeyboardInterrupt.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "engine/bootstrap.h"
+#include "engine/communicator.h"
+
+namespace py = pybind11;
+
+namespace {
+
+class PythonInterrupt final : public rr::Interrupt {
+ public:
+  PythonInterrupt() : Interrupt(std::chrono::milliseconds(100)) {}
+  // Runs Python's signal handlers; if one raised (KeyboardInterrupt), leaves
+  // that error set for the bindings to re-raise and abandons the wait.
+  void check() const override {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw rr::Interrupted("interrupted by a signal");
+  }
+};
+
+void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+rr::CollectiveArgs make_args(rr::CollectiveKind kind, uintptr_t send, uintptr_t recv, size_t count,
+                             rr::DataType dtype, rr::ReduceOp op, int root, int device,
+                             uintptr_t stream) {
+  rr::CollectiveArgs args;
+  args.kind = kind;
+  args.send = as_ptr(send);
+  args.recv = as_ptr(recv);
+  args.count = count;
+  args.dtype = dtype;
+  args.op = op;
+  args.root = root;
+  args.device = device;
+  args.stream = stream;
+  return args;
+}
+
+// The engine's dtype of a numpy dtype in native byte order, or false.
+bool engine_dtype(const py::dtype& dt, rr::DataType* out) {
+  const char order = dt.byteorder();
+  if (order != '=' && order != '|') return false;
+  const char kind = dt.kind();
+  const py::ssize_t size = dt.itemsize();
+  if (kind == 'f') {
+    if (size == 2)
+      *out = rr::DataType::kFloat16;
+    else if (size == 4)
+      *out = rr::DataType::kFloat32;
+    else if (size == 8)
+      *out = rr::DataType::kFloat64;
+    else
+      return false;
+    return true;
+  }
+  if (kind == 'i') {
+    if (size == 1)
+      *out = rr::DataType::kInt8;
+    else if (size == 4)
+      *out = rr::DataType::kInt32;
+    else if (size == 8)
+      *out = rr::DataType::kInt64;
+    else
+      return false;
+    return true;
+  }
+  if (kind == 'u' && size == 1) {
+    *out = rr::DataType::kUInt8;
+    return true;
+  }
+  return false;
+}
+
+// The op named by a Python str, or false (anything else takes the general path).
+bool engine_op(py::handle op, rr::ReduceOp* out) {
+  if (!PyUnicode_Check(op.ptr())) return false;
+  const char* name = PyUnicode_AsUTF8(op.ptr());
+  if (name == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  static const struct {
+    const char* name;
+    rr::ReduceOp op;
+  } kOps[] = {{"sum", rr::ReduceOp::kSum},
+              {"prod", rr::ReduceOp::kProd},
+              {"min", rr::ReduceOp::kMin},
+              {"max", rr::ReduceOp::kMax},
+              {"avg", rr::ReduceOp::kAvg}};
+  for (const auto& o : kOps) {
+    if (std::strcmp(name, o.name) == 0) {
+      *out = o.op;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
+// all_reduce of numpy arrays in host memory, when nothing about them needs
+// the general path's care: returns the result, or None to decline.
+py::object all_reduce_numpy(rr::Communicator& self, py::handle x_obj, py::handle out_obj,
+                            py::handle op_obj) {
+  if (!py::isinstance<py::array>(x_obj)) return py::none();
+  auto x = py::reinterpret_borrow<py::array>(x_obj);
+  rr::DataType dtype;
+  rr::ReduceOp op;
+  if (!c_contiguous(x) || !engine_dtype(x.dtype(), &dtype) || !engine_op(op_obj, &op)) {
+    return py::none();
+  }
+  if (op == rr::ReduceOp::kAvg && !rr::is_floating(dtype)) return py::none();
+  py::array out;
+  if (out_obj.is_none()) {
+    out = py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  } else {
+    if (!py::isinstance<py::array>(out_obj)) return py::none();
+    out = py::reinterpret_borrow<py::array>(out_obj);
+    if (!out.dtype().is(x.dtype()) && !out.dtype().equal(x.dtype())) return py::none();
+    if (out.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), out.shape())) {
+      return py::none();
+    }
+    if (!c_contiguous(out) || !out.writeable()) return py::none();
+    const char* a = static_cast<const char*>(x.data());
+    const char* b = static_cast<const char*>(out.data());
+    const auto n = static_cast<size_t>(x.nbytes());
+    if (a != b && a < b + n && b < a + n) return py::none();  // partial overlap: an error
+  }
+  const rr::CollectiveArgs args =
+      make_args(rr::CollectiveKind::kAllReduce, reinterpret_cast<uintptr_t>(x.data()),
+                reinterpret_cast<uintptr_t>(out.mutable_data()), static_cast<size_t>(x.size()),
+                dtype, op, 0, -1, 0);
+  {
+    PythonInterrupt interrupt;
+    py::gil_scoped_release release;
+    self.run(args, &interrupt);
+  }
+  return std::move(out);
+}
+
+py::dict stats(const rr::Communicator& self) {
+  const rr::CommStats s = self.stats();
+  py::dict d;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_received"] = s.bytes_received;
+  d["ops"] = s.ops;
+  py::dict algorithms;
+  for (int a = 0; a < rr::kAlgorithms; ++a) {
+    algorithms[rr::algorithm_name(static_cast<rr::Algorithm>(a))] = s.all_reduce_by_algorithm[a];
+  }
+  d["all_reduce_algorithms"] = algorithms;
+  // all_reduce calls that skipped the ring (either latency path).
+  d["small_message_ops"] = s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kSmall)] +
+                           s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kDirect)];
+  return d;
+}
+
+}  // namespace
+
+void register_communicator(py::module_& m) {
+  py::class_<rr::Options>(m, "Options", "A communicator's settings (see engine/options.h).")
+      .def(py::init<>())
+      .def_readwrite("timeout_seconds", &rr::Options::timeout_seconds)
+      .def_readwrite("segment_bytes", &rr::Options::segment_bytes)
+      .def_readwrite("small_bytes", &rr::Options::small_bytes)
+      .def_readwrite("transport", &rr::Options::transport)
+      .def_readwrite("host_id", &rr::Options::host_id)
+      .def_readwrite("spin_us", &rr::Options::spin_us)
+      .def_readwrite("socket_addr", &rr::Options::socket_addr)
+      .def_readwrite("fake_device", &rr::Options::fake_device);
+
+  py::class_<rr::Work, std::shared_ptr<rr::Work>>(m, "Work")
+      .def("wait", &rr::Work::wait, py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+           "Waits at most `seconds` (negative: until the collective ends); True when finished.")
+      .def("done", &rr::Work::done)
+      .def_property_readonly("description", &rr::Work::description);
+
+  py::class_<rr::Communicator>(m, "Communicator")
+      .def_static("create_tcp", &rr::create_tcp_communicator, py::arg("rank"),
+                  py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
+                  py::arg("store_dir"), py::arg("options"),
+                  py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &rr::Communicator::rank)
+      .def_property_readonly("world_size", &rr::Communicator::size)
+      .def_property_readonly("local_rank", &rr::Communicator::local_rank)
+      .def_property_readonly("local_world_size", &rr::Communicator::local_size)
+      .def_property_readonly("transport", &rr::Communicator::transport_name)
+      .def_property_readonly("timeout", &rr::Communicator::timeout)
+      .def(
+          "submit",
+          [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
+             size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
+             uintptr_t stream) {
+            return self.submit(make_args(kind, send, recv, count, dtype, op, root, device, stream));
+          },
+          py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
+          "Queues a collective on raw addresses for the worker thread. device >= 0: they are "
+          "memory of that CUDA device, and the collective starts after the work queued so far "
+          "on `stream` (a cudaStream_t; 0 is the legacy default stream).")
+      .def(
+          "run",
+          [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
+             size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
+             uintptr_t stream) {
+            const rr::CollectiveArgs args =
+                make_args(kind, send, recv, count, dtype, op, root, device, stream);
+            PythonInterrupt interrupt;
+            py::gil_scoped_release release;
+            self.run(args, &interrupt);
+          },
+          py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
+          "Runs a collective on raw addresses to completion: on this thread when nothing is "
+          "queued. Ctrl-C abandons it (KeyboardInterrupt) and breaks the communicator.")
+      .def("all_reduce_numpy", &all_reduce_numpy, py::arg("x"), py::arg("out"), py::arg("op"),
+           "Fast path of all_reduce for host numpy arrays: the result, or None when the "
+           "general path must handle the call.")
+      .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
+      .def("stats", &stats);
+}

@@ -1,0 +1,92 @@
+#include "engine/bootstrap.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/host_id.h"
+#include "transport/routed.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace rr {
+
+std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int rank, int size,
+                                    const std::string& host_id, const Deadline& deadline) {
+  const std::string mine = host_id.empty() ? host_identity() : host_id;
+  store.set(prefix + "host/" + std::to_string(rank), mine);
+  std::vector<int> local;
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs =
+        r == rank ? mine : store.get(prefix + "host/" + std::to_string(r), deadline);
+    if (theirs == mine) local.push_back(r);
+  }
+  return local;
+}
+
+std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
+                                         int size, const Options& options,
+                                         const NetworkFactory& network, Placement* placement,
+                                         const Deadline& deadline) {
+  const std::string& kind = options.transport;
+  std::vector<int> local{rank};
+  if (size > 1) local = ranks_on_this_host(store, prefix, rank, size, options.host_id, deadline);
+  placement->local_size = static_cast<int>(local.size());
+  placement->local_rank =
+      static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  if (kind != "auto" && kind != "shm") return network();
+  const bool one_host = static_cast<int>(local.size()) == size;
+  if (kind == "shm" && !one_host) {
+    int elsewhere = 0;
+    while (std::find(local.begin(), local.end(), elsewhere) != local.end()) ++elsewhere;
+    throw InvalidArgument("transport='shm' needs every rank on one host, but rank " +
+                          std::to_string(elsewhere) + " is on another host than rank " +
+                          std::to_string(rank) + "; use transport='auto'");
+  }
+  if (!one_host && local.size() == 1) return network();  // nobody here to share memory with
+  ShmSettings settings;
+  settings.spin = std::chrono::microseconds(options.spin_us);
+  auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline);
+  if (one_host) return shm;
+  std::vector<std::unique_ptr<Transport>> parts;
+  parts.push_back(std::move(shm));
+  parts.push_back(network());
+  const std::string name = std::string("shm+") + parts.back()->name();
+  return std::make_unique<RoutedTransport>(std::move(parts), name);
+}
+
+std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
+                                                      const std::string& master_addr,
+                                                      int master_port, const std::string& store_dir,
+                                                      const Options& options) {
+  if (size < 1) throw InvalidArgument("world_size must be >= 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgument("rank must be in [0, " + std::to_string(size) + "), got " +
+                          std::to_string(rank));
+  }
+  if (options.timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  const Deadline deadline = Deadline::after(options.timeout_seconds);
+  std::unique_ptr<Store> store;
+  std::string advertise;
+  if (size == 1) {
+    store = make_local_store();  // nobody to meet: no port, no files
+  } else if (!store_dir.empty()) {
+    store = make_file_store(store_dir);
+    advertise = master_addr.empty() ? "127.0.0.1" : local_ip_towards(master_addr);
+  } else {
+    store = make_tcp_store(master_addr, master_port, rank == 0, deadline, options.timeout_seconds);
+    advertise = local_ip_towards(master_addr);
+  }
+  if (!options.socket_addr.empty()) advertise = options.socket_addr;
+  const std::string prefix = "rr/";
+  Store& meeting = *store;
+  const NetworkFactory tcp = [&] {
+    return TcpTransport::connect_ring(meeting, prefix, rank, size, advertise,
+                                      std::chrono::microseconds(options.spin_us), deadline);
+  };
+  Placement placement;
+  auto transport = connect_links(*store, prefix, rank, size, options, tcp, &placement, deadline);
+  return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
+                                        prefix);
+}
+
+}  // namespace rr

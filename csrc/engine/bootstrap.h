@@ -1,0 +1,44 @@
+// Creating a communicator: meeting the other ranks through a store, learning
+// which of them share this host, and connecting a transport to each: shared
+// memory on the host, the network transport (TCP or MPI) to other hosts, as
+// Options::transport asks.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/options.h"
+#include "rendezvous/store.h"
+#include "transport/transport.h"
+
+namespace rr {
+
+// Makes the transport between hosts once every rank is ready to connect.
+using NetworkFactory = std::function<std::unique_ptr<Transport>()>;
+
+// Every rank's host (Options::host_id or host_identity()), exchanged through
+// the store: the ranks on ours, ascending, and our place among them.
+std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int rank, int size,
+                                    const std::string& host_id, const Deadline& deadline);
+
+// Builds the communicator's transport: "shm" (every rank on this host, else
+// InvalidArgument naming a rank elsewhere), the network transport alone
+// ("tcp"/"mpi"), or "auto": shared memory between the ranks of each host and
+// the network between hosts, named like "shm+tcp" (plain "shm" when one host
+// has every rank, plain "tcp" on a rank alone on its host). Fills `placement`.
+std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
+                                         int size, const Options& options,
+                                         const NetworkFactory& network, Placement* placement,
+                                         const Deadline& deadline);
+
+// A communicator whose ranks meet at a TCP store on master_addr:master_port
+// hosted by rank 0 (or a file store in `store_dir` when it is not empty).
+std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
+                                                      const std::string& master_addr,
+                                                      int master_port, const std::string& store_dir,
+                                                      const Options& options);
+
+}  // namespace rr

@@ -1,0 +1,29 @@
+// What a rank does when a collective fails, so that every rank names the
+// rank that failed first: it publishes its reason in the rendezvous store
+// before it tears down its links (a neighbour that sees them go down then
+// finds the reason there), follows chains of timeouts to the rank at their
+// end, and raises the first failure's class and culprit.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "rendezvous/store.h"
+#include "transport/transport.h"
+
+namespace rr {
+
+struct FailureOutcome {
+  std::exception_ptr error;  // what to raise on this rank
+  std::string message;       // why the communicator is broken, for later calls
+};
+
+// `error` is what this rank saw while running `description` (e.g.
+// "all_reduce(count=10, float32, sum) (call #3)"). Publishes it, aborts
+// `transport`, and returns the error to raise: ours, or the first failure's
+// if another rank failed before us.
+FailureOutcome report_failure(Store& store, const std::string& prefix, Transport& transport,
+                              int rank, double timeout, std::exception_ptr error,
+                              const std::string& description);
+
+}  // namespace rr

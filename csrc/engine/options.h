@@ -1,0 +1,26 @@
+// A communicator's settings, read once at the edge (ringreduce.init reads the
+// arguments and the RINGREDUCE_* environment) and passed down as values.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace rr {
+
+struct Options {
+  double timeout_seconds = 60.0;   // every wait gives up after this long without progress
+  size_t segment_bytes = 1 << 20;  // the message size of every step (RINGREDUCE_SEGMENT_BYTES)
+  // all_reduce up to this many bytes at 2 ranks (scaled by 2/N) skips the
+  // ring for a latency path (RINGREDUCE_SMALL_BYTES).
+  size_t small_bytes = 64 << 10;
+  // Which links: "tcp" or "mpi" (every link), "shm" (every rank on one host),
+  // "auto" (shared memory between ranks of one host, the network transport
+  // between hosts).
+  std::string transport = "auto";
+  std::string host_id;       // which host this is; empty: host_identity()
+  long spin_us = 50;         // spinning before a wait sleeps (RINGREDUCE_SPIN_US)
+  std::string socket_addr;   // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
+  bool fake_device = false;  // tests: the CPU stand-in for CUDA devices
+};
+
+}  // namespace rr

@@ -1,0 +1,115 @@
+#include "transport/routed.h"
+
+#include "common/error.h"
+
+namespace rr {
+namespace {
+
+// How long a wait stays on the awaited request's part before it gives the
+// other parts a turn.
+constexpr std::chrono::microseconds kSlice{1000};
+
+}  // namespace
+
+RoutedTransport::RoutedTransport(std::vector<std::unique_ptr<Transport>> parts, std::string name)
+    : parts_(std::move(parts)), name_(std::move(name)) {
+  const int n = parts_.front()->size();
+  route_.assign(static_cast<size_t>(n), nullptr);
+  for (int peer = 0; peer < n; ++peer) {
+    // The network transport, last, takes whoever the others do not reach
+    // (a ring transport connects only the neighbours it needs, one way each).
+    route_[static_cast<size_t>(peer)] = parts_.back().get();
+    for (auto& part : parts_) {
+      if (part->reaches(peer)) {
+        route_[static_cast<size_t>(peer)] = part.get();
+        break;
+      }
+    }
+  }
+}
+
+RoutedTransport::~RoutedTransport() = default;
+
+Transport& RoutedTransport::part_for(int peer) {
+  Transport* part = peer >= 0 && peer < size() ? route_[static_cast<size_t>(peer)] : nullptr;
+  if (part == nullptr) {
+    throw Error(name_ + " transport: rank " + std::to_string(rank()) + " has no link to rank " +
+                std::to_string(peer));
+  }
+  return *part;
+}
+
+RequestPtr RoutedTransport::isend(int peer, const void* data, size_t bytes) {
+  return part_for(peer).isend(peer, data, bytes);
+}
+
+RequestPtr RoutedTransport::irecv(int peer, void* data, size_t bytes) {
+  return part_for(peer).irecv(peer, data, bytes);
+}
+
+RequestPtr RoutedTransport::irecv_view(int peer, size_t bytes) {
+  return part_for(peer).irecv_view(peer, bytes);
+}
+
+void RoutedTransport::release(Request& view) { part_for(view.peer()).release(view); }
+
+bool RoutedTransport::reaches(int peer) const {
+  return peer >= 0 && peer < size() && route_[static_cast<size_t>(peer)]->reaches(peer);
+}
+
+bool RoutedTransport::progress() {
+  bool moved = false;
+  for (auto& part : parts_) moved |= part->progress();
+  return moved;
+}
+
+bool RoutedTransport::wait_for(Request& request, std::chrono::microseconds slice) {
+  Transport& owner = part_for(request.peer());
+  for (auto& part : parts_) {
+    if (part.get() != &owner) part->progress();
+  }
+  return owner.wait_for(request, slice);
+}
+
+void RoutedTransport::wait(Request& request, const Deadline& deadline) {
+  if (request.done()) return;
+  Transport& owner = part_for(request.peer());
+  if (parts_.size() == 1) return owner.wait(request, deadline);
+  // The deadline bounds time without progress on the awaited part, as the
+  // parts' own waits do for their links.
+  Deadline window = deadline;
+  TransportStats seen = owner.stats();
+  while (!wait_for(request, kSlice)) {
+    const TransportStats now = owner.stats();
+    if (now.bytes_sent != seen.bytes_sent || now.bytes_received != seen.bytes_received) {
+      seen = now;
+      window = deadline.renewed();
+    }
+    if (window.expired()) {
+      throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) +
+                             " s waiting on rank " + std::to_string(request.peer()) + " over " +
+                             owner.name(),
+                         request.peer());
+    }
+  }
+}
+
+void RoutedTransport::abort() noexcept {
+  for (auto& part : parts_) part->abort();
+}
+
+void RoutedTransport::close() noexcept {
+  for (auto& part : parts_) part->close();
+}
+
+TransportStats RoutedTransport::stats() const {
+  TransportStats total;
+  for (const auto& part : parts_) {
+    const TransportStats s = part->stats();
+    total.bytes_sent += s.bytes_sent;
+    total.bytes_received += s.bytes_received;
+  }
+  return total;
+}
+
+}  // namespace rr

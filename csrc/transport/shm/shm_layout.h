@@ -1,0 +1,106 @@
+// The memory ranks on one host share: each rank's *home* segment, mapped by
+// every other rank of its host.
+//
+// A home segment holds the rank's doorbell (which its peers ring when they
+// publish something for it) and one *inbox* per peer on the host: a ring of
+// message slots that only that peer writes and only this rank reads.
+//
+//   Header | inbox[local 0] | inbox[local 1] | ... | inbox[local L-1]
+//   inbox  = InboxControl | slot 0 | slot 1 | ... | slot S-1
+//   slot   = SlotHeader | data (slot_bytes)
+//
+// A message occupies one slot, either with its bytes inline (copied in by the
+// sender, read out by the receiver, or reduced straight from the slot), or,
+// for large messages where the kernel allows it, as the address of the
+// sender's own buffer, which the receiver copies with one process_vm_readv
+// (cross-memory attach): one copy instead of two. An inline message larger
+// than a slot takes several slots, in order, the last one marked.
+//
+// `head` (written by the sender) counts the messages published, `tail`
+// (written by the receiver) those released; a slot is free once tail has
+// passed it. Both are monotonic 64-bit counters, so they never wrap.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/futex.h"
+
+namespace rr {
+namespace shm {
+
+constexpr uint64_t kMagic = 0x3130484D53485252ull;  // "RRHSHM01"
+// Ranks of one host that can share memory with each other.
+constexpr int kMaxLocal = 1024;
+
+enum class SlotMode : uint32_t {
+  kInline = 1,  // the bytes follow the header
+  kRemote = 2,  // `remote` is the address of the bytes in the sender's process
+};
+
+struct alignas(64) Header {
+  uint64_t magic;
+  // An address in the owner's process whose 8 bytes hold kMagic: peers probe
+  // it with process_vm_readv to learn whether the kernel lets them read ours.
+  uint64_t probe;
+  int32_t pid;
+  uint32_t local_size;
+  uint32_t slots;
+  uint32_t reserved;
+  uint64_t slot_bytes;
+  uint64_t inbox_bytes;
+  // Set when the owner gives up on the communicator after a failure, or
+  // closes it, so that peers still waiting on it fail at once instead of at
+  // their deadline.
+  std::atomic<uint32_t> aborted;
+  std::atomic<uint32_t> closed;
+  alignas(64) Doorbell doorbell;
+  // cma_from[l] = 1: the owner can read the memory of local rank l, so l may
+  // send it large messages by address.
+  alignas(64) std::atomic<uint8_t> cma_from[kMaxLocal];
+};
+
+struct alignas(64) InboxControl {
+  alignas(64) std::atomic<uint64_t> head;  // messages published (sender)
+  alignas(64) std::atomic<uint64_t> tail;  // messages released (receiver)
+};
+
+struct alignas(64) SlotHeader {
+  uint64_t bytes;  // inline: bytes in this slot; remote: bytes of the message
+  SlotMode mode;
+  uint32_t last;  // inline: the message's last slot
+  uint64_t remote;
+};
+
+inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+inline size_t slot_stride(size_t slot_bytes) {
+  return round_up(sizeof(SlotHeader) + slot_bytes, 64);
+}
+
+inline size_t inbox_bytes(size_t slots, size_t slot_bytes) {
+  return sizeof(InboxControl) + slots * slot_stride(slot_bytes);
+}
+
+inline size_t segment_bytes(int local_size, size_t slots, size_t slot_bytes) {
+  return round_up(sizeof(Header), 64) +
+         static_cast<size_t>(local_size) * inbox_bytes(slots, slot_bytes);
+}
+
+// The inbox in `base` (a home segment) written by local rank `sender`.
+inline InboxControl* inbox(char* base, int sender) {
+  const auto* h = reinterpret_cast<const Header*>(base);
+  return reinterpret_cast<InboxControl*>(base + round_up(sizeof(Header), 64) +
+                                         static_cast<size_t>(sender) * h->inbox_bytes);
+}
+
+inline SlotHeader* slot(InboxControl* box, const Header& h, uint64_t index) {
+  char* first = reinterpret_cast<char*>(box) + sizeof(InboxControl);
+  return reinterpret_cast<SlotHeader*>(first + (index % h.slots) * slot_stride(h.slot_bytes));
+}
+
+inline char* slot_data(SlotHeader* s) { return reinterpret_cast<char*>(s) + sizeof(SlotHeader); }
+
+}  // namespace shm
+}  // namespace rr

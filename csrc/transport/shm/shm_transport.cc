@@ -1,0 +1,552 @@
+#include "transport/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "common/error.h"
+
+namespace rr {
+namespace {
+
+// How long one sleep on the doorbell lasts at most: also how often a wait
+// looks at whether the awaited peer is still alive.
+constexpr std::chrono::microseconds kSleepSlice{100000};
+// While spinning, liveness is looked at every this many rounds.
+constexpr unsigned kSpinsPerLivenessCheck = 4096;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+int pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// Reads `bytes` at `remote` in process `pid` into `local`; false when the
+// kernel refuses (no permission), errno set.
+bool read_remote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
+  char* out = static_cast<char*>(local);
+  size_t done = 0;
+  while (done < bytes) {
+    iovec l{out + done, bytes - done};
+    iovec r{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) {
+      errno = EFAULT;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
+
+}  // namespace
+
+// A send or a receive. A receive into a view either points into its inbox
+// slot (`slot_index`, released by release()) or owns a bounce buffer.
+struct ShmTransport::Op : Request {
+  Op(int peer, char* data, size_t bytes, bool sending)
+      : peer_(peer), data(data), bytes(bytes), sending(sending) {}
+  bool done() const override { return done_; }
+  int peer() const override { return peer_; }
+  const char* view() const override { return is_view && done_ ? view_ptr : nullptr; }
+
+  int peer_;
+  char* data;
+  size_t bytes;
+  bool sending;
+  bool done_ = false;
+  size_t moved = 0;  // inline fragments: bytes copied so far
+  // Sends by address: the message's index in the peer's inbox; done once
+  // the receiver has released it.
+  uint64_t index = 0;
+  bool is_view = false;
+  const char* view_ptr = nullptr;
+  bool holds_slot = false;  // the view is an inbox slot, released by release()
+  uint64_t slot_index = 0;
+  ViewPool::Slot bounce;
+};
+
+// One rank on this host, seen from here: its mapped home segment, our inbox
+// in it (we send), its inbox in ours (we receive), and the operations queued
+// on each.
+struct ShmTransport::Peer {
+  int rank = -1;
+  int local = -1;
+  pid_t pid = 0;
+  Fd pidfd;
+  char* base = nullptr;  // its home segment, mapped here
+  size_t bytes = 0;
+  shm::Header* header = nullptr;
+
+  shm::InboxControl* out = nullptr;  // our inbox in its segment: we write
+  uint64_t out_head = 0;
+  bool by_address = false;                // it can read our memory: large sends go by address
+  std::deque<std::shared_ptr<Op>> sends;  // not yet (fully) published
+  std::deque<std::shared_ptr<Op>> by_address_sent;  // published by address, not yet read
+
+  shm::InboxControl* in = nullptr;  // its inbox in our segment: we read
+  uint64_t in_next = 0;             // next message to take
+  uint64_t in_tail = 0;             // released so far (our copy of in->tail)
+  std::vector<uint8_t> consumed;    // by slot: taken and done with, not yet released
+  std::deque<std::shared_ptr<Op>> recvs;
+
+  uint64_t moved = 0;  // messages moved either way: how a wait tells progress
+};
+
+ShmTransport::ShmTransport(int rank, int size, const ShmSettings& settings)
+    : rank_(rank), size_(size), settings_(settings) {
+  peers_.resize(static_cast<size_t>(size));
+}
+
+ShmTransport::~ShmTransport() { close(); }
+
+std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::string& prefix,
+                                                    int rank, int size,
+                                                    const std::vector<int>& local_ranks,
+                                                    const ShmSettings& settings,
+                                                    const Deadline& deadline) {
+  std::unique_ptr<ShmTransport> t(new ShmTransport(rank, size, settings));
+  const int local_size = static_cast<int>(local_ranks.size());
+  if (local_size > shm::kMaxLocal) {
+    throw Error("shared memory: " + std::to_string(local_size) + " ranks on one host, more than " +
+                std::to_string(shm::kMaxLocal));
+  }
+  t->local_ = static_cast<int>(std::find(local_ranks.begin(), local_ranks.end(), rank) -
+                               local_ranks.begin());
+  // Peers read our memory for large messages; under Yama ptrace_scope 1 that
+  // needs our consent (as Open MPI's CMA support asks for it too).
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+
+  t->home_bytes_ = shm::segment_bytes(local_size, settings.slots, settings.slot_bytes);
+  t->memfd_ = Fd(static_cast<int>(syscall(SYS_memfd_create, "ringreduce", MFD_CLOEXEC)));
+  if (!t->memfd_.valid()) throw Error(errno_message("shared memory: memfd_create failed", errno));
+  if (ftruncate(t->memfd_.get(), static_cast<off_t>(t->home_bytes_)) != 0) {
+    throw Error(errno_message("shared memory: cannot size the segment", errno));
+  }
+  void* home =
+      mmap(nullptr, t->home_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, t->memfd_.get(), 0);
+  if (home == MAP_FAILED) throw Error(errno_message("shared memory: mmap failed", errno));
+  t->home_ = static_cast<char*>(home);
+  t->header_ = new (t->home_) shm::Header();
+  t->header_->magic = shm::kMagic;
+  t->header_->probe = reinterpret_cast<uint64_t>(&t->header_->magic);
+  t->header_->pid = getpid();
+  t->header_->local_size = static_cast<uint32_t>(local_size);
+  t->header_->slots = static_cast<uint32_t>(settings.slots);
+  t->header_->slot_bytes = settings.slot_bytes;
+  t->header_->inbox_bytes = shm::inbox_bytes(settings.slots, settings.slot_bytes);
+
+  store.set(prefix + "shm/" + std::to_string(rank),
+            std::to_string(getpid()) + ":" + std::to_string(t->memfd_.get()));
+  for (int l = 0; l < local_size; ++l) {
+    const int r = local_ranks[static_cast<size_t>(l)];
+    if (r == rank) continue;
+    auto p = std::make_unique<Peer>();
+    p->rank = r;
+    p->local = l;
+    const std::string where = store.get(prefix + "shm/" + std::to_string(r), deadline);
+    const size_t colon = where.find(':');
+    p->pid = static_cast<pid_t>(std::stol(where.substr(0, colon)));
+    const std::string path = "/proc/" + where.substr(0, colon) + "/fd/" + where.substr(colon + 1);
+    Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) {
+      throw Error(errno_message("shared memory: cannot open the segment of " + rank_name(r) + " (" +
+                                    path +
+                                    "); processes of one host must be able to "
+                                    "see each other's /proc, or use transport='tcp'",
+                                errno));
+    }
+    p->bytes = t->home_bytes_;
+    void* base = mmap(nullptr, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (base == MAP_FAILED) {
+      throw Error(errno_message("shared memory: cannot map the segment of " + rank_name(r), errno));
+    }
+    p->base = static_cast<char*>(base);
+    p->header = reinterpret_cast<shm::Header*>(p->base);
+    if (p->header->magic != shm::kMagic || p->header->local_size != t->header_->local_size ||
+        p->header->slots != t->header_->slots || p->header->slot_bytes != t->header_->slot_bytes) {
+      throw Error("shared memory: the segment of " + rank_name(r) +
+                  " has another layout (a different ringreduce version or settings)");
+    }
+    p->out = shm::inbox(p->base, t->local_);
+    p->in = shm::inbox(t->home_, l);
+    p->consumed.assign(settings.slots, 0);
+    p->pidfd = Fd(pidfd_open(p->pid));
+    // Can we read its memory? Then it may send us large messages by address.
+    uint64_t probe = 0;
+    if (read_remote(p->pid, &probe, p->header->probe, sizeof probe) && probe == shm::kMagic) {
+      t->header_->cma_from[l].store(1, std::memory_order_release);
+    }
+    t->peers_[static_cast<size_t>(r)] = std::move(p);
+  }
+  // Once every peer has mapped our segment and set its flags, the fd has
+  // done its job; from here on the memory lives as long as a mapping.
+  store.set(prefix + "shm_ready/" + std::to_string(rank), "1");
+  for (int r : local_ranks) {
+    if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline);
+  }
+  t->memfd_.reset();
+  for (auto& p : t->peers_) {
+    if (p) p->by_address = p->header->cma_from[t->local_].load(std::memory_order_acquire) != 0;
+  }
+  return t;
+}
+
+ShmTransport::Peer& ShmTransport::peer(int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= peers_.size() ||
+      !peers_[static_cast<size_t>(rank)]) {
+    throw Error("shared memory: rank " + std::to_string(rank_) +
+                " has no shared memory with rank " + std::to_string(rank) +
+                " (another host, or not a rank of this communicator)");
+  }
+  return *peers_[static_cast<size_t>(rank)];
+}
+
+bool ShmTransport::reaches(int peer) const {
+  return peer >= 0 && static_cast<size_t>(peer) < peers_.size() &&
+         peers_[static_cast<size_t>(peer)] != nullptr;
+}
+
+bool ShmTransport::single_copy_to(int rank) const {
+  return reaches(rank) && peers_[static_cast<size_t>(rank)]->by_address;
+}
+
+RequestPtr ShmTransport::isend(int to, const void* data, size_t bytes) {
+  auto op = std::make_shared<Op>(to, static_cast<char*>(const_cast<void*>(data)), bytes, true);
+  if (bytes == 0) {
+    op->done_ = true;
+    return op;
+  }
+  Peer& p = peer(to);
+  p.sends.push_back(op);
+  progress_sends(p);
+  return op;
+}
+
+RequestPtr ShmTransport::irecv(int from, void* data, size_t bytes) {
+  return post_recv(std::make_shared<Op>(from, static_cast<char*>(data), bytes, false));
+}
+
+RequestPtr ShmTransport::irecv_view(int from, size_t bytes) {
+  auto op = std::make_shared<Op>(from, nullptr, bytes, false);
+  op->is_view = true;
+  return post_recv(std::move(op));
+}
+
+RequestPtr ShmTransport::post_recv(std::shared_ptr<Op> op) {
+  if (op->bytes == 0) {
+    op->done_ = true;
+    return op;
+  }
+  Peer& p = peer(op->peer_);
+  p.recvs.push_back(op);
+  progress_recvs(p);
+  return op;
+}
+
+void ShmTransport::release(Request& view) {
+  auto& op = static_cast<Op&>(view);
+  if (!op.is_view || !op.done_) return;
+  if (op.holds_slot) {
+    op.holds_slot = false;
+    consume(peer(op.peer_), op.slot_index);
+  } else if (op.bounce) {
+    bounce_.give_back(std::move(op.bounce));
+  }
+  op.view_ptr = nullptr;
+}
+
+// Publishes what fits of the queued sends to `p`, and completes the sends by
+// address that `p` has read.
+bool ShmTransport::progress_sends(Peer& p) {
+  bool moved = false;
+  const shm::Header& h = *p.header;
+  uint64_t tail = p.out->tail.load(std::memory_order_acquire);
+  while (!p.by_address_sent.empty() && p.by_address_sent.front()->index < tail) {
+    p.by_address_sent.front()->done_ = true;
+    stats_.bytes_sent += p.by_address_sent.front()->bytes;
+    p.by_address_sent.pop_front();
+    moved = true;
+  }
+  bool published = false;
+  while (!p.sends.empty() && p.out_head - tail < h.slots) {
+    Op& op = *p.sends.front();
+    shm::SlotHeader* s = shm::slot(p.out, h, p.out_head);
+    if (p.by_address && op.bytes >= settings_.cma_min_bytes) {
+      s->bytes = op.bytes;
+      s->mode = shm::SlotMode::kRemote;
+      s->last = 1;
+      s->remote = reinterpret_cast<uint64_t>(op.data);
+      op.index = p.out_head;
+      p.by_address_sent.push_back(std::move(p.sends.front()));
+      p.sends.pop_front();
+    } else {
+      const size_t len = std::min<size_t>(h.slot_bytes, op.bytes - op.moved);
+      std::memcpy(shm::slot_data(s), op.data + op.moved, len);
+      op.moved += len;
+      s->bytes = len;
+      s->mode = shm::SlotMode::kInline;
+      s->last = op.moved == op.bytes ? 1 : 0;
+      s->remote = 0;
+      if (s->last) {
+        op.done_ = true;
+        stats_.bytes_sent += op.bytes;
+        p.sends.pop_front();
+      }
+    }
+    ++p.out_head;
+    p.out->head.store(p.out_head, std::memory_order_release);
+    published = moved = true;
+    if (p.out_head - tail >= h.slots) tail = p.out->tail.load(std::memory_order_acquire);
+  }
+  if (published) p.header->doorbell.ring();
+  if (moved) ++p.moved;
+  return moved;
+}
+
+// Takes the messages that have arrived from `p` into the posted receives.
+bool ShmTransport::progress_recvs(Peer& p) {
+  bool moved = false;
+  while (!p.recvs.empty()) {
+    const uint64_t head = p.in->head.load(std::memory_order_acquire);
+    if (p.in_next >= head) break;
+    Op& op = *p.recvs.front();
+    shm::SlotHeader* s = shm::slot(p.in, *header_, p.in_next);
+    const uint64_t index = p.in_next++;
+    moved = true;
+    if (s->mode == shm::SlotMode::kRemote) {
+      if (s->bytes != op.bytes) {
+        throw Error("shared memory: " + rank_name(p.rank) + " sent a message of " +
+                    std::to_string(s->bytes) + " bytes where " + rank_name(rank_) + " expected " +
+                    std::to_string(op.bytes) + " (the ranks cut a step differently)");
+      }
+      char* dst = op.data;
+      if (op.is_view) {
+        op.bounce = bounce_.take(op.bytes);
+        dst = op.bounce->data();
+        op.view_ptr = dst;
+      }
+      if (!read_remote(p.pid, dst, s->remote, op.bytes)) {
+        const int err = errno;
+        throw PeerError(errno_message("shared memory: cannot read the message of " +
+                                          rank_name(p.rank) + " from its memory",
+                                      err),
+                        p.rank);
+      }
+      consume(p, index);
+    } else if (op.is_view && op.moved == 0 && s->last && s->bytes == op.bytes) {
+      // The whole message in one slot: the view is the slot itself.
+      op.view_ptr = shm::slot_data(s);
+      op.holds_slot = true;
+      op.slot_index = index;
+    } else {
+      if (op.moved + s->bytes > op.bytes || (s->last && op.moved + s->bytes != op.bytes)) {
+        throw Error("shared memory: " + rank_name(p.rank) +
+                    " sent a message that does not match the " + std::to_string(op.bytes) +
+                    " bytes " + rank_name(rank_) + " expected (the ranks cut a step differently)");
+      }
+      char* dst = op.data;
+      if (op.is_view) {
+        if (!op.bounce) op.bounce = bounce_.take(op.bytes);
+        dst = op.bounce->data();
+        op.view_ptr = dst;
+      }
+      std::memcpy(dst + op.moved, shm::slot_data(s), s->bytes);
+      op.moved += s->bytes;
+      consume(p, index);
+      if (!s->last) continue;
+    }
+    op.done_ = true;
+    stats_.bytes_received += op.bytes;
+    p.recvs.pop_front();
+  }
+  if (moved) ++p.moved;
+  return moved;
+}
+
+// Marks message `index` of p's inbox as done with, and releases every slot
+// up to the first still held (by a view), so that p may reuse them.
+void ShmTransport::consume(Peer& p, uint64_t index) {
+  p.consumed[index % p.consumed.size()] = 1;
+  const uint64_t before = p.in_tail;
+  while (p.in_tail < p.in_next && p.consumed[p.in_tail % p.consumed.size()]) {
+    p.consumed[p.in_tail % p.consumed.size()] = 0;
+    ++p.in_tail;
+  }
+  if (p.in_tail != before) {
+    p.in->tail.store(p.in_tail, std::memory_order_release);
+    p.header->doorbell.ring();  // it may wait for room, or for a send by address
+  }
+}
+
+bool ShmTransport::progress() {
+  bool moved = false;
+  for (auto& p : peers_) {
+    if (!p) continue;
+    moved |= progress_recvs(*p);
+    moved |= progress_sends(*p);
+  }
+  return moved;
+}
+
+bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
+  auto& op = static_cast<Op&>(request);
+  Peer& awaited = peer(op.peer_);
+  const Clock::time_point until = Clock::now() + slice;
+  const Clock::time_point spin_until = Clock::now() + std::min(settings_.spin, slice);
+  while (true) {
+    const uint32_t seen = header_->doorbell.read();
+    progress();
+    if (op.done_) return true;
+    const Clock::time_point now = Clock::now();
+    if (now >= until) return false;
+    if (now < spin_until) {
+      cpu_relax();
+      continue;
+    }
+    check_peer(awaited, op);
+    if (op.done_) return true;
+    header_->doorbell.sleep(
+        seen,
+        std::min(kSleepSlice, std::chrono::duration_cast<std::chrono::microseconds>(until - now)));
+  }
+}
+
+void ShmTransport::check_peer(Peer& p, const Op& op) {
+  const bool aborted = p.header->aborted.load(std::memory_order_acquire) != 0;
+  const bool closed = p.header->closed.load(std::memory_order_acquire) != 0;
+  bool dead = false;
+  if (p.pidfd.valid()) {
+    pollfd fd{p.pidfd.get(), POLLIN, 0};
+    dead = ::poll(&fd, 1, 0) > 0;
+  } else {
+    dead = ::kill(p.pid, 0) != 0 && errno == ESRCH;
+  }
+  if (!aborted && !closed && !dead) return;
+  // What it published before it went is in our memory: take it first.
+  progress();
+  if (op.done_) return;
+  const std::string doing =
+      std::string(op.sending ? "sending to" : "waiting for data from") + " it over shared memory";
+  if (aborted) {
+    throw PeerError(rank_name(p.rank) + " gave up on the communicator (it failed) while " +
+                        rank_name(rank_) + " was " + doing,
+                    p.rank);
+  }
+  if (dead) {
+    throw PeerError(rank_name(p.rank) + " (pid " + std::to_string(p.pid) +
+                        " on this host) exited, crashed or was killed while " + rank_name(rank_) +
+                        " was " + doing,
+                    p.rank);
+  }
+  throw PeerError(
+      rank_name(p.rank) + " closed its communicator while " + rank_name(rank_) + " was " + doing,
+      p.rank);
+}
+
+void ShmTransport::wait(Request& request, const Deadline& deadline) {
+  auto& op = static_cast<Op&>(request);
+  if (op.done_) return;
+  Peer& awaited = peer(op.peer_);
+  Deadline window = deadline;
+  uint64_t moved = awaited.moved;
+  const Clock::time_point spin_until = Clock::now() + settings_.spin;
+  unsigned spins = 0;
+  while (true) {
+    const uint32_t seen = header_->doorbell.read();
+    progress();
+    if (op.done_) return;
+    if (awaited.moved != moved) {
+      // The deadline bounds time without progress on the awaited link.
+      moved = awaited.moved;
+      window = deadline.renewed();
+    }
+    if (window.expired()) fail_timeout(op, window);
+    if (Clock::now() < spin_until) {
+      if (++spins % kSpinsPerLivenessCheck == 0) {
+        check_peer(awaited, op);
+        if (op.done_) return;
+      }
+      cpu_relax();
+      continue;
+    }
+    check_peer(awaited, op);
+    if (op.done_) return;
+    header_->doorbell.sleep(
+        seen, std::min<std::chrono::microseconds>(
+                  kSleepSlice, std::chrono::milliseconds(std::max(1, window.poll_ms(100)))));
+  }
+}
+
+void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {
+  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
+                         (op.sending ? "sending " : "receiving ") + std::to_string(op.bytes) +
+                         " bytes " + (op.sending ? "to " : "from ") + rank_name(op.peer_) +
+                         " over shared memory",
+                     op.peer_);
+}
+
+void ShmTransport::abort() noexcept {
+  if (aborted_ || header_ == nullptr) return;
+  aborted_ = true;
+  // Peers waiting on us fail now rather than at their deadline; they look at
+  // the flag whenever a wait of theirs sleeps or spins long.
+  header_->aborted.store(1, std::memory_order_release);
+  for (auto& p : peers_) {
+    if (p) p->header->doorbell.ring();
+  }
+  close();
+}
+
+void ShmTransport::close() noexcept {
+  if (header_ == nullptr) return;
+  // A peer still waiting on us (it went on while we stopped) learns it now.
+  header_->closed.store(1, std::memory_order_release);
+  for (auto& p : peers_) {
+    if (p) p->header->doorbell.ring();
+  }
+  // Sends by address point into the caller's buffers, which stay the
+  // caller's: forget them (after a normal end nothing is queued), and give
+  // the shared memory back now rather than when the communicator is
+  // collected: it goes away with the last mapping.
+  for (auto& p : peers_) {
+    if (!p) continue;
+    p->sends.clear();
+    p->by_address_sent.clear();
+    p->recvs.clear();
+    if (p->base) munmap(p->base, p->bytes);
+  }
+  peers_.clear();
+  munmap(home_, home_bytes_);
+  home_ = nullptr;
+  header_ = nullptr;
+}
+
+}  // namespace rr

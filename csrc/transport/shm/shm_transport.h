@@ -1,0 +1,104 @@
+// The shared-memory transport: ranks on one host exchange messages through
+// each other's home segments (shm_layout.h), never through the kernel's
+// network stack.
+//
+// Sending to a peer writes a slot of the peer's inbox for us; receiving reads
+// a slot of our inbox for that peer, and a view (irecv_view) is the slot
+// itself, so the algorithm reduces straight out of shared memory. Messages of
+// at least `cma_min_bytes` go by address where the kernel allows
+// cross-memory attach: the receiver copies them out of the sender's buffer in
+// one process_vm_readv, into its destination (or into a buffer of its own for
+// a view), and the sender's request completes once they have been read.
+//
+// Segments are memfds: no name in /dev/shm, nothing left behind when ranks
+// exit or are killed. A peer maps ours through /proc/<pid>/fd/<n>; once every
+// peer has, we close the fd and the memory lives as long as a mapping does.
+//
+// Waiting spins for `spin` (a neighbour's message is usually microseconds
+// away), then sleeps on this rank's doorbell (a futex), which peers ring when
+// they publish for us, so an oversubscribed host is not burned by spinning.
+// A wait on a peer that died (its pidfd becomes readable) or gave up (its
+// aborted flag) fails within a sleep slice (100 ms), naming it.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/socket.h"
+#include "rendezvous/store.h"
+#include "transport/shm/shm_layout.h"
+#include "transport/transport.h"
+#include "transport/view_pool.h"
+
+namespace rr {
+
+struct ShmSettings {
+  size_t slots = 8;                    // slots per inbox
+  size_t slot_bytes = 256 << 10;       // data bytes per slot
+  size_t cma_min_bytes = 32 << 10;     // messages from this size go by address, if allowed
+  std::chrono::microseconds spin{50};  // spinning before a wait sleeps
+};
+
+class ShmTransport : public Transport {
+ public:
+  // Maps the home segments of every rank in `local_ranks` (global ranks on
+  // this host, ascending, `rank` among them), meeting through `store` under
+  // `prefix`. Collective over those ranks.
+  static std::unique_ptr<ShmTransport> connect(Store& store, const std::string& prefix, int rank,
+                                               int size, const std::vector<int>& local_ranks,
+                                               const ShmSettings& settings,
+                                               const Deadline& deadline);
+  ~ShmTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "shm"; }
+
+  RequestPtr isend(int peer, const void* data, size_t bytes) override;
+  RequestPtr irecv(int peer, void* data, size_t bytes) override;
+  RequestPtr irecv_view(int peer, size_t bytes) override;
+  void release(Request& view) override;
+  void wait(Request& request, const Deadline& deadline) override;
+  bool progress() override;
+  bool wait_for(Request& request, std::chrono::microseconds slice) override;
+  bool reaches(int peer) const override;
+  void abort() noexcept override;
+  void close() noexcept override;
+  TransportStats stats() const override { return stats_; }
+
+  // True when large messages to `peer` go by address (cross-memory attach).
+  bool single_copy_to(int peer) const;
+
+ private:
+  struct Op;
+  struct Peer;
+
+  ShmTransport(int rank, int size, const ShmSettings& settings);
+  Peer& peer(int rank);
+  RequestPtr post_recv(std::shared_ptr<Op> op);
+  bool progress_sends(Peer& p);
+  bool progress_recvs(Peer& p);
+  void consume(Peer& p, uint64_t index);
+  // Throws PeerError when `p` died, gave up or closed while `op` waits on it
+  // (after taking what it published before, which may complete op).
+  void check_peer(Peer& p, const Op& op);
+  [[noreturn]] void fail_timeout(const Op& op, const Deadline& deadline);
+
+  int rank_;
+  int size_;
+  ShmSettings settings_;
+  Fd memfd_;
+  char* home_ = nullptr;  // our segment
+  size_t home_bytes_ = 0;
+  shm::Header* header_ = nullptr;
+  int local_ = -1;                            // our index among the local ranks
+  std::vector<std::unique_ptr<Peer>> peers_;  // by global rank; null for other hosts
+  ViewPool bounce_;                           // views of messages that are not one inline slot
+  TransportStats stats_;
+  bool aborted_ = false;
+};
+
+}  // namespace rr

@@ -1,0 +1,105 @@
+"""The shared-memory transport: what runs where, nothing left behind, dead ranks named.
+
+The collective suite itself runs on shared memory through the ``links`` fixture
+(tests/test_collectives.py, tests/test_failures.py); these are the properties of the
+transport on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ringreduce as rr
+
+from _ranks import RankFailure, RankGroup, run_ranks
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+
+
+def _our_mappings() -> list:
+    """Shared-memory segments of ringreduce mapped into this process."""
+    with open("/proc/self/maps") as f:
+        return [line for line in f if "memfd:ringreduce" in line]
+
+
+def _names_and_mappings(comm):
+    mapped = len(_our_mappings())
+    x = comm.all_reduce(np.full(1 << 20, comm.rank + 1.0, dtype=np.float32))
+    ok = bool(np.all(x == comm.world_size * (comm.world_size + 1) / 2))
+    return comm.transport, comm.local_rank, comm.local_world_size, mapped, ok
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_auto_on_one_host_is_shared_memory(n):
+    with RankGroup(n, transport="shm") as group:
+        for rank, (name, local, local_size, mapped, ok) in enumerate(
+            group.run(_names_and_mappings)
+        ):
+            assert (name, local, local_size, ok) == ("shm", rank, n, True)
+            assert mapped == n  # our segment and every peer's
+
+
+def _close_then_look(comm):
+    comm.all_reduce(np.ones(1000))
+    comm.close()
+    return len(_our_mappings())
+
+
+def test_close_unmaps_every_segment():
+    outcomes = run_ranks(3, _close_then_look, transport="shm")
+    assert [o[1] for o in outcomes] == [0, 0, 0], [o[2] for o in outcomes]
+
+
+def _dev_shm() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _kill_during_collective(comm, victim, stamp_path):
+    x = np.ones(1 << 16, dtype=np.float32)
+    if comm.rank == victim:
+        for _ in range(20):
+            comm.all_reduce(x, out=x)
+            x[:] = 1
+        with open(stamp_path, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        while True:
+            comm.all_reduce(x, out=x)
+            x[:] = 1
+    except rr.RingReduceError as exc:
+        return type(exc).__name__, exc.peer, time.time(), str(exc)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_killed_rank_is_named_on_every_survivor(n, tmp_path):
+    before = _dev_shm()
+    victim = n - 1
+    stamp = str(tmp_path / "killed-at")
+    with RankGroup(n, timeout=60, transport="shm") as group:
+        outcomes = group.outcomes(_kill_during_collective, victim, stamp, timeout=120)
+    with open(stamp) as f:
+        killed_at = float(f.read())
+    for rank, (status, value, tb) in enumerate(outcomes):
+        if rank == victim:
+            assert status == "dead"
+            continue
+        assert status == "ok", tb
+        kind, peer, when, message = value
+        assert (kind, peer) == ("PeerError", victim), message
+        # Seen through the process's end (pidfd), not the 60 s timeout.
+        assert when - killed_at < 10, f"named {when - killed_at:.2f} s after the kill"
+    assert _dev_shm() == before  # memfds: nothing to clean up, even after kill -9
+
+
+def test_shm_refuses_ranks_on_other_hosts():
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(2, _close_then_look, transport="shm-split", init_timeout=20)
+    for status, value, tb in failure.value.outcomes:
+        assert status == "err" and isinstance(value, ValueError), tb
+        assert "every rank on one host" in str(value)

@@ -127,12 +127,12 @@ py::object all_reduce_numpy(rr::Communicator& self, py::handle x_obj, py::handle
     return py::none();
   }
   if (op == rr::ReduceOp::kAvg && !rr::is_floating(dtype)) return py::none();
-  py::array out;
-  if (out_obj.is_none()) {
-    out = py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
-  } else {
+  // (A default-constructed py::array would allocate an empty array.)
+  py::array out = out_obj.is_none()
+                      ? py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()))
+                      : py::reinterpret_borrow<py::array>(out_obj);
+  if (!out_obj.is_none()) {
     if (!py::isinstance<py::array>(out_obj)) return py::none();
-    out = py::reinterpret_borrow<py::array>(out_obj);
     if (!out.dtype().is(x.dtype()) && !out.dtype().equal(x.dtype())) return py::none();
     if (out.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), out.shape())) {
       return py::none();
@@ -183,6 +183,8 @@ void register_communicator(py::module_& m) {
       .def_readwrite("transport", &rr::Options::transport)
       .def_readwrite("host_id", &rr::Options::host_id)
       .def_readwrite("spin_us", &rr::Options::spin_us)
+      .def_readwrite("shm_single_copy_bytes", &rr::Options::shm_single_copy_bytes)
+      .def_readwrite("shm_slot_bytes", &rr::Options::shm_slot_bytes)
       .def_readwrite("socket_addr", &rr::Options::socket_addr)
       .def_readwrite("fake_device", &rr::Options::fake_device);
 

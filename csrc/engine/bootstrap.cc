@@ -1,6 +1,7 @@
 #include "engine/bootstrap.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common/error.h"
 #include "common/host_id.h"
@@ -45,6 +46,9 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
   if (!one_host && local.size() == 1) return network();  // nobody here to share memory with
   ShmSettings settings;
   settings.spin = std::chrono::microseconds(options.spin_us);
+  settings.slot_bytes = std::max<size_t>(64, options.shm_slot_bytes);
+  settings.cma_min_bytes =
+      options.shm_single_copy_bytes == 0 ? SIZE_MAX : options.shm_single_copy_bytes;
   auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline);
   if (one_host) return shm;
   std::vector<std::unique_ptr<Transport>> parts;

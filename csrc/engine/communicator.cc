@@ -89,7 +89,9 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
       }
       lock.lock();
       busy_ = false;
-      cv_.notify_all();
+      // Wake the worker only when it has something to do (waking it for
+      // nothing costs a context switch per call), or close() when it waits.
+      if (!queue_.empty() || closing_) cv_.notify_all();
       if (error) std::rethrow_exception(error);
       return;
     }

@@ -65,6 +65,8 @@ class Options:
     transport: str
     host_id: str
     spin_us: int
+    shm_single_copy_bytes: int
+    shm_slot_bytes: int
     socket_addr: str
     fake_device: bool
     def __init__(self) -> None: ...

@@ -22,8 +22,10 @@ namespace {
 // How long one sleep on the doorbell lasts at most: also how often a wait
 // looks at whether the awaited peer is still alive.
 constexpr std::chrono::microseconds kSleepSlice{100000};
-// While spinning, liveness is looked at every this many rounds.
-constexpr unsigned kSpinsPerLivenessCheck = 4096;
+// While spinning, the clock is read every kRoundsPerLook rounds of looking
+// for messages, and the awaited peer's liveness every kSpinsPerLivenessCheck.
+constexpr unsigned kRoundsPerLook = 32;
+constexpr unsigned kSpinsPerLivenessCheck = 32 * 1024;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -478,23 +480,30 @@ void ShmTransport::wait(Request& request, const Deadline& deadline) {
   Deadline window = deadline;
   uint64_t moved = awaited.moved;
   const Clock::time_point spin_until = Clock::now() + settings_.spin;
-  unsigned spins = 0;
+  bool spinning = true;
+  unsigned rounds = 0;
   while (true) {
     const uint32_t seen = header_->doorbell.read();
     progress();
     if (op.done_) return;
+    // Clocks, the deadline and the peer's liveness are looked at every few
+    // rounds while spinning: a round without them is a few loads.
+    if (spinning && ++rounds % kRoundsPerLook != 0) {
+      cpu_relax();
+      continue;
+    }
     if (awaited.moved != moved) {
       // The deadline bounds time without progress on the awaited link.
       moved = awaited.moved;
       window = deadline.renewed();
     }
     if (window.expired()) fail_timeout(op, window);
-    if (Clock::now() < spin_until) {
-      if (++spins % kSpinsPerLivenessCheck == 0) {
+    if (spinning) {
+      spinning = Clock::now() < spin_until;
+      if (rounds % kSpinsPerLivenessCheck == 0 || !spinning) {
         check_peer(awaited, op);
         if (op.done_) return;
       }
-      cpu_relax();
       continue;
     }
     check_peer(awaited, op);

@@ -46,7 +46,11 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
   if (!one_host && local.size() == 1) return network();  // nobody here to share memory with
   ShmSettings settings;
   settings.spin = std::chrono::microseconds(options.spin_us);
-  settings.slot_bytes = std::max<size_t>(64, options.shm_slot_bytes);
+  // A slot holds a whole segment, up to a few MiB (a larger segment spans
+  // several slots).
+  settings.slot_bytes = options.shm_slot_bytes != 0
+                            ? std::max<size_t>(64, options.shm_slot_bytes)
+                            : std::clamp<size_t>(options.segment_bytes, 4 << 10, 4 << 20);
   settings.cma_min_bytes =
       options.shm_single_copy_bytes == 0 ? SIZE_MAX : options.shm_single_copy_bytes;
   auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline);

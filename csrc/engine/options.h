@@ -21,9 +21,11 @@ struct Options {
   long spin_us = 50;         // spinning before a wait sleeps (RINGREDUCE_SPIN_US)
   // Shared memory: messages from this size go by address, in one copy, where
   // the kernel allows cross-memory attach (RINGREDUCE_SHM_SINGLE_COPY_BYTES;
-  // 0 turns it off), and the data bytes of one slot (RINGREDUCE_SHM_SLOT_BYTES).
-  size_t shm_single_copy_bytes = 32 << 10;
-  size_t shm_slot_bytes = 256 << 10;
+  // 0, the default, keeps every message in the slots: see shm_transport.h),
+  // and the data bytes of one slot (RINGREDUCE_SHM_SLOT_BYTES; 0: the segment
+  // size, so that every message fits one slot and is read where it lies).
+  size_t shm_single_copy_bytes = 0;
+  size_t shm_slot_bytes = 0;
   std::string socket_addr;   // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
   bool fake_device = false;  // tests: the CPU stand-in for CUDA devices
 };

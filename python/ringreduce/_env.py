@@ -97,8 +97,8 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.segment_bytes = segment_bytes()
     options.small_bytes = _int_env("RINGREDUCE_SMALL_BYTES", 64 << 10)
     options.spin_us = _int_env("RINGREDUCE_SPIN_US", 50)
-    options.shm_single_copy_bytes = _int_env("RINGREDUCE_SHM_SINGLE_COPY_BYTES", 32 << 10)
-    options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", 256 << 10, low=64)
+    options.shm_single_copy_bytes = _int_env("RINGREDUCE_SHM_SINGLE_COPY_BYTES", 0)
+    options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", 0)
     options.host_id = os.environ.get("RINGREDUCE_HOST_ID", "")
     options.socket_addr = os.environ.get("RINGREDUCE_SOCKET_ADDR", "")
     # Tests only: the engine's CPU stand-in for CUDA devices.

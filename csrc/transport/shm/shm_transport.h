@@ -4,11 +4,18 @@
 //
 // Sending to a peer writes a slot of the peer's inbox for us; receiving reads
 // a slot of our inbox for that peer, and a view (irecv_view) is the slot
-// itself, so the algorithm reduces straight out of shared memory. Messages of
-// at least `cma_min_bytes` go by address where the kernel allows
-// cross-memory attach: the receiver copies them out of the sender's buffer in
-// one process_vm_readv, into its destination (or into a buffer of its own for
-// a view), and the sender's request completes once they have been read.
+// itself, so the algorithm reduces straight out of shared memory. The slots
+// are few and small (8 of one segment each) and stay in the cache, so this
+// costs about the memory traffic of a single copy: the sender reads its data
+// once, the receiver writes (or reduces into) its destination once.
+//
+// Messages of at least `cma_min_bytes` can instead go by address, where the
+// kernel allows cross-memory attach: the receiver copies them out of the
+// sender's buffer with process_vm_readv, and the sender's request completes
+// once they have been read. It saves the CPU one copy, but pinning the
+// sender's pages costs more than the copy it saves on the machines measured
+// (README, Performance), so it is off unless RINGREDUCE_SHM_SINGLE_COPY_BYTES
+// asks for it.
 //
 // Segments are memfds: no name in /dev/shm, nothing left behind when ranks
 // exit or are killed. A peer maps ours through /proc/<pid>/fd/<n>; once every
@@ -22,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>

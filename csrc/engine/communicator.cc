@@ -83,7 +83,7 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
       lock.unlock();
       std::exception_ptr error;
       try {
-        execute(args, nullptr, seq, interrupt);
+        execute(args, nullptr, seq, interrupt, true);
       } catch (...) {
         error = on_failure(std::current_exception(), describe(args, seq));
       }
@@ -112,11 +112,14 @@ Device& Communicator::device(int id) {
 }
 
 void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
-                           const Interrupt* interrupt) {
+                           const Interrupt* interrupt, bool on_caller_thread) {
   RingContext ctx{*transport_, options_.timeout_seconds, options_.segment_bytes, seq, scratch_,
                   small_bytes_};
   ctx.interrupt = interrupt;
   ctx.reaches_all = reaches_all_;
+  // On the caller's thread latency counts; on the worker the collective
+  // overlaps the caller's computation, which spinning would slow down.
+  transport_->set_eager(on_caller_thread);
   if (args.device >= 0) {
     ctx.device = &device(args.device);
     ctx.device_mark = mark;
@@ -151,7 +154,7 @@ void Communicator::worker() {
                 " was not run because an earlier collective failed: " + broken)));
     } else {
       try {
-        execute(item.args, item.mark.get(), item.seq, nullptr);
+        execute(item.args, item.mark.get(), item.seq, nullptr, false);
         item.work->finish();
       } catch (...) {
         item.work->finish(on_failure(std::current_exception(), item.work->description()));

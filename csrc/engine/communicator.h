@@ -91,7 +91,7 @@ class Communicator {
   void worker();
   // Runs one collective (the caller has made it the only one running).
   void execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
-               const Interrupt* interrupt);
+               const Interrupt* interrupt, bool on_caller_thread);
   std::exception_ptr on_failure(std::exception_ptr error, const std::string& description);
 
   int rank_;

@@ -8,8 +8,8 @@
 namespace rr {
 
 struct Options {
-  double timeout_seconds = 60.0;   // every wait gives up after this long without progress
-  size_t segment_bytes = 1 << 20;  // the message size of every step (RINGREDUCE_SEGMENT_BYTES)
+  double timeout_seconds = 60.0;     // every wait gives up after this long without progress
+  size_t segment_bytes = 128 << 10;  // the message size of every step (RINGREDUCE_SEGMENT_BYTES)
   // all_reduce up to this many bytes at 2 ranks (scaled by 2/N) skips the
   // ring for a latency path (RINGREDUCE_SMALL_BYTES).
   size_t small_bytes = 64 << 10;
@@ -17,8 +17,8 @@ struct Options {
   // "auto" (shared memory between ranks of one host, the network transport
   // between hosts).
   std::string transport = "auto";
-  std::string host_id;       // which host this is; empty: host_identity()
-  long spin_us = 50;         // spinning before a wait sleeps (RINGREDUCE_SPIN_US)
+  std::string host_id;  // which host this is; empty: host_identity()
+  long spin_us = 50;    // spinning before a wait sleeps (RINGREDUCE_SPIN_US)
   // Shared memory: messages from this size go by address, in one copy, where
   // the kernel allows cross-memory attach (RINGREDUCE_SHM_SINGLE_COPY_BYTES;
   // 0, the default, keeps every message in the slots: see shm_transport.h),

@@ -94,6 +94,10 @@ void RoutedTransport::wait(Request& request, const Deadline& deadline) {
   }
 }
 
+void RoutedTransport::set_eager(bool eager) {
+  for (auto& part : parts_) part->set_eager(eager);
+}
+
 void RoutedTransport::abort() noexcept {
   for (auto& part : parts_) part->abort();
 }

@@ -86,6 +86,12 @@ class Transport {
   //    never for time: the caller keeps the deadline.
   virtual bool progress() = 0;
   virtual bool wait_for(Request& request, std::chrono::microseconds slice) = 0;
+  // How long waits spin before they sleep: eager (the configured spin) for a
+  // call run on the caller's thread, where latency is what counts; polite
+  // (barely) for a collective in the background, where a spinning thread
+  // would take a core from the computation it overlaps.
+  virtual void set_eager(bool eager) { (void)eager; }
+
   // True when this transport carries messages both to and from `peer`.
   virtual bool reaches(int peer) const = 0;
 

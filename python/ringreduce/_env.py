@@ -49,12 +49,15 @@ def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
 
 
 # Default pipelining unit: large enough to amortize per-message overhead, small
-# enough that reducing one segment overlaps the arrival of the next.
-DEFAULT_SEGMENT_BYTES = 1 << 20
+# enough that reducing one segment overlaps the arrival of the next and that the
+# segments in flight stay in the cache (shared-memory slots, TCP receive buffers).
+# Measured side by side with MPI_Allreduce and Gloo (README, Performance), 128 KiB
+# beat 1 MiB on shared memory at every size from 1 MB and matched it over TCP.
+DEFAULT_SEGMENT_BYTES = 128 << 10
 
 
 def segment_bytes() -> int:
-    """RINGREDUCE_SEGMENT_BYTES (the size of every message of a collective), or 1 MiB.
+    """RINGREDUCE_SEGMENT_BYTES (the size of every message of a collective), or 128 KiB.
 
     Every rank of a job must use the same value: the call header compares them.
     """

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -25,6 +26,8 @@ constexpr std::chrono::microseconds kSleepSlice{100000};
 // While spinning, the clock is read every kRoundsPerLook rounds of looking
 // for messages, and the awaited peer's liveness every kSpinsPerLivenessCheck.
 constexpr unsigned kRoundsPerLook = 32;
+// A wait in the background spins this long at most (set_eager(false)).
+constexpr std::chrono::microseconds kPoliteSpin{2};
 constexpr unsigned kSpinsPerLivenessCheck = 32 * 1024;
 
 inline void cpu_relax() {
@@ -34,6 +37,25 @@ inline void cpu_relax() {
   std::atomic_signal_fence(std::memory_order_seq_cst);
 #endif
 }
+
+}  // namespace
+
+// One round of waiting without sleeping: a spin of the CPU when every rank of
+// the host has a core of its own; with more ranks than cores, a yield, since
+// the peer we wait for may be runnable on this very core.
+std::chrono::microseconds ShmTransport::spin() const {
+  return eager_ ? settings_.spin : std::min(settings_.spin, kPoliteSpin);
+}
+
+void ShmTransport::pause() const {
+  if (settings_.oversubscribed) {
+    sched_yield();
+  } else {
+    cpu_relax();
+  }
+}
+
+namespace {
 
 int pidfd_open(pid_t pid) {
 #ifdef SYS_pidfd_open
@@ -422,7 +444,7 @@ bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   auto& op = static_cast<Op&>(request);
   Peer& awaited = peer(op.peer_);
   const Clock::time_point until = Clock::now() + slice;
-  const Clock::time_point spin_until = Clock::now() + std::min(settings_.spin, slice);
+  const Clock::time_point spin_until = Clock::now() + std::min(spin(), slice);
   while (true) {
     const uint32_t seen = header_->doorbell.read();
     progress();
@@ -430,7 +452,7 @@ bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
     const Clock::time_point now = Clock::now();
     if (now >= until) return false;
     if (now < spin_until) {
-      cpu_relax();
+      pause();
       continue;
     }
     check_peer(awaited, op);
@@ -479,7 +501,7 @@ void ShmTransport::wait(Request& request, const Deadline& deadline) {
   Peer& awaited = peer(op.peer_);
   Deadline window = deadline;
   uint64_t moved = awaited.moved;
-  const Clock::time_point spin_until = Clock::now() + settings_.spin;
+  const Clock::time_point spin_until = Clock::now() + spin();
   bool spinning = true;
   unsigned rounds = 0;
   while (true) {
@@ -489,7 +511,7 @@ void ShmTransport::wait(Request& request, const Deadline& deadline) {
     // Clocks, the deadline and the peer's liveness are looked at every few
     // rounds while spinning: a round without them is a few loads.
     if (spinning && ++rounds % kRoundsPerLook != 0) {
-      cpu_relax();
+      pause();
       continue;
     }
     if (awaited.moved != moved) {

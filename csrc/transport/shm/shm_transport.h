@@ -23,7 +23,8 @@
 //
 // Waiting spins for `spin` (a neighbour's message is usually microseconds
 // away), then sleeps on this rank's doorbell (a futex), which peers ring when
-// they publish for us, so an oversubscribed host is not burned by spinning.
+// they publish for us. With more ranks on the host than cores it yields the
+// core instead of spinning: the peer it waits for may need that very core.
 // A wait on a peer that died (its pidfd becomes readable) or gave up (its
 // aborted flag) fails within a sleep slice (100 ms), naming it.
 #pragma once
@@ -48,6 +49,7 @@ struct ShmSettings {
   size_t slot_bytes = 256 << 10;       // data bytes per slot
   size_t cma_min_bytes = 32 << 10;     // messages from this size go by address, if allowed
   std::chrono::microseconds spin{50};  // spinning before a wait sleeps
+  bool oversubscribed = false;         // more ranks on the host than cores: yield, don't spin
 };
 
 class ShmTransport : public Transport {
@@ -73,6 +75,7 @@ class ShmTransport : public Transport {
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
   bool reaches(int peer) const override;
+  void set_eager(bool eager) override { eager_ = eager; }
   void abort() noexcept override;
   void close() noexcept override;
   TransportStats stats() const override { return stats_; }
@@ -90,6 +93,8 @@ class ShmTransport : public Transport {
   bool progress_sends(Peer& p);
   bool progress_recvs(Peer& p);
   void consume(Peer& p, uint64_t index);
+  void pause() const;
+  std::chrono::microseconds spin() const;
   // Throws PeerError when `p` died, gave up or closed while `op` waits on it
   // (after taking what it published before, which may complete op).
   void check_peer(Peer& p, const Op& op);
@@ -106,6 +111,7 @@ class ShmTransport : public Transport {
   std::vector<std::unique_ptr<Peer>> peers_;  // by global rank; null for other hosts
   ViewPool bounce_;                           // views of messages that are not one inline slot
   TransportStats stats_;
+  bool eager_ = true;
   bool aborted_ = false;
 };
 

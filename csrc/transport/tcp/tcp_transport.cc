@@ -248,7 +248,7 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
   // yielding the CPU between attempts (the peer we wait for may need it: on
   // an oversubscribed host it is often runnable on our core), and only then
   // block in poll().
-  const Clock::time_point spin_until = Clock::now() + spin_;
+  const Clock::time_point spin_until = Clock::now() + (eager_ ? spin_ : Clock::duration(0));
   // The deadline bounds time without progress, not the whole transfer: a
   // large message on a slow link may take longer than the timeout, a stalled
   // peer may not. Every byte moved on the awaited request's link restarts the

@@ -48,6 +48,7 @@ class TcpTransport : public Transport {
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
   bool reaches(int peer) const override;
+  void set_eager(bool eager) override { eager_ = eager; }
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
 
@@ -66,8 +67,10 @@ class TcpTransport : public Transport {
   int size_;
   std::vector<std::unique_ptr<Link>> links_;
   TransportStats stats_;
-  // How long wait() retries (yielding) before it blocks in poll().
+  // How long wait() retries (yielding) before it blocks in poll(), when
+  // eager; a polite wait blocks at once.
   Clock::duration spin_;
+  bool eager_ = true;
 };
 
 // The address of the local interface that routes to `host` (no packet is sent).

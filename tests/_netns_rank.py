@@ -17,9 +17,10 @@ import ringreduce as rr
 
 def main() -> None:
     mode = sys.argv[1]
-    comm = rr.init("tcp", timeout=float(os.environ.get("RR_TEST_TIMEOUT", "20")))
+    transport = os.environ.get("RR_TEST_TRANSPORT", "tcp")
+    comm = rr.init(transport, timeout=float(os.environ.get("RR_TEST_TIMEOUT", "20")))
     n, r = comm.world_size, comm.rank
-    out: dict = {"rank": r}
+    out: dict = {"rank": r, "transport": comm.transport, "local": comm.local_world_size}
     try:
         if mode == "reduce":
             x = np.full(3_000_017, r + 1, dtype=np.float32)

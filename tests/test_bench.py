@@ -153,27 +153,37 @@ def test_sweep_two_ranks(tmp_path):
     assert [int(row[0]) for row in rows] == [8 << k for k in range(14)]  # 8 B .. 64 KiB
     for row in rows:
         # size count type redop | time algbw busbw #wrong | time algbw busbw #wrong
-        assert len(row) == 12, row
+        # | memcpy busbw/memcpy
+        assert len(row) == 14, row
         size, count, dtype, op = int(row[0]), int(row[1]), row[2], row[3]
         assert (count, dtype, op) == (size // 4, "float32", "sum")
         assert row[7] == "0" and row[11] == "0"  # #wrong, out-of-place and in-place
         assert float(row[4]) > 0 and float(row[8]) > 0
         assert row[5] == row[6] and row[9] == row[10]  # 2 ranks: busbw == algbw
+        assert float(row[12]) >= 0  # one core's copy bandwidth, measured in the same run
     assert "# #wrong total (ringreduce) : 0 OK" in r.stdout
     assert "# Avg bus bandwidth" in r.stdout
 
     data = json.loads(out_json.read_text())
     assert data["meta"]["ranks"] == 2 and data["meta"]["busbw_factor"] == 1.0
-    assert len(data["rows"]) == 2 * len(rows)
-    for row in data["rows"]:
-        assert row["system"] == "ringreduce" and row["wrong"] == 0
+    assert len(data["rows"]) == 3 * len(rows)
+    ours = [row for row in data["rows"] if row["system"] == "ringreduce"]
+    copies = {row["size"]: row for row in data["rows"] if row["system"] == "memcpy"}
+    assert len(ours) == 2 * len(rows) and len(copies) == len(rows)
+    for row in ours:
+        assert row["wrong"] == 0
         assert row["placement"] in ("out-of-place", "in-place")
         assert row["algbw_gbs"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
+        if row["placement"] == "in-place":
+            copy = copies[row["size"]]
+            assert copy["busbw_gbs"] > 0
+            assert copy["ratio_ours"] == pytest.approx(row["busbw_gbs"] / copy["busbw_gbs"])
     with open(out_csv, newline="") as f:
         csv_rows = list(csv.DictReader(f))
     assert len(csv_rows) == len(data["rows"])
     assert {int(c["size"]) for c in csv_rows} == {int(row[0]) for row in rows}
-    assert all(c["wrong"] == "0" for c in csv_rows)
+    # #wrong is checked for ours; the copy yardstick has none.
+    assert all(c["wrong"] == ("" if c["system"] == "memcpy" else "0") for c in csv_rows)
     if plotting:
         assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

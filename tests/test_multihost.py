@@ -77,7 +77,8 @@ def hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _start(names, mode, timeout="20"):
+def _start(names, mode, timeout="20", transport="tcp"):
+    """One rank per entry of `names` (a namespace may appear several times)."""
     procs = []
     for rank, ns in enumerate(names):
         env = dict(
@@ -87,7 +88,9 @@ def _start(names, mode, timeout="20"):
             MASTER_ADDR="10.232.0.1",
             MASTER_PORT="29400",
             RR_TEST_TIMEOUT=timeout,
+            RR_TEST_TRANSPORT=transport,
         )
+        env.pop("RINGREDUCE_HOST_ID", None)
         procs.append(
             subprocess.Popen(
                 ["ip", "netns", "exec", ns, sys.executable, SCRIPT, mode],
@@ -112,6 +115,16 @@ def test_all_reduce_across_hosts(hosts):
     # 2(N-1)/N of 12 MB per rank, plus headers: the bytes really crossed hosts.
     for r in results:
         assert abs(r["stats"]["bytes_sent"] - 4 / 3 * 3_000_017 * 4) < 1024
+
+
+def test_auto_uses_shared_memory_inside_a_namespace_and_tcp_between(hosts):
+    # Two ranks in each of two namespaces: the namespace is part of the host's
+    # identity, so ranks share memory with their namespace's other rank only.
+    names, _ = hosts
+    placed = [names[0], names[0], names[1], names[1]]
+    results = [_last_json(p, 60) for p in _start(placed, "reduce", transport="auto")]
+    assert all(r.get("ok") for r in results), results
+    assert [(r["transport"], r["local"]) for r in results] == [("shm+tcp", 2)] * 4
 
 
 def test_network_partition_times_out_naming_the_rank(hosts):

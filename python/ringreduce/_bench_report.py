@@ -30,7 +30,8 @@ def fmt_time(us: float) -> str:
 
 
 class Header:
-    """Column layout: our out-of-place and in-place blocks, then one block per peer."""
+    """Column layout: our out-of-place and in-place blocks, the memcpy yardstick, then one
+    block per peer."""
 
     def __init__(self, dtype: str, op: str, peers: list[Any]):
         self.dtype = dtype
@@ -44,11 +45,14 @@ class Header:
         unit = f"  {'(us)':>10}  {'(GB/s)':>7}  {'(GB/s)':>7}  {'':>6}"
         peer = f"  {'time':>10}  {'busbw':>7}  {'ours/':>6}"
         peer_unit = f"  {'(us)':>10}  {'(GB/s)':>7}  {'theirs':>6}"
-        titles = f"{'out-of-place':^42}{'in-place':^42}" + "".join(
-            f"{p + ' (in-place)':^33}" for p in self.peers
+        copy = f"  {'memcpy':>7}  {'busbw/':>6}"
+        copy_unit = f"  {'(GB/s)':>7}  {'memcpy':>6}"
+        titles = (
+            f"{'out-of-place':^42}{'in-place':^42}{'1 core':^17}"
+            + "".join(f"{p + ' (in-place)':^33}" for p in self.peers)
         )
-        names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}"
-        units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}"
+        names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}{copy}"
+        units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}{copy_unit}"
         for line in (
             f"# {lead[2:]}{titles}",
             names + peer * len(self.peers),
@@ -61,6 +65,9 @@ class Header:
         first = rows[0]
         text = f"{first['size']:>12}  {first['count']:>12}  {self.dtype:>8}  {self.op:>6}"
         for r in rows:
+            if r["system"] == "memcpy":
+                text += f"  {r['busbw_gbs']:>7.2f}  {r['ratio_ours']:>6.2f}"
+                continue
             text += f"  {fmt_time(r['time_us']):>10}"
             if r["system"] == "ringreduce":
                 wrong = "N/A" if not check else str(r["wrong"])

@@ -292,9 +292,13 @@ def _measure(
     def check(buf: np.ndarray) -> int:
         return -1 if expected is None else count_wrong(buf, expected, op)
 
+    copy_target = np.empty_like(send)
     cases: list[tuple[str, str, Callable[[], Any], np.ndarray]] = [
         ("ringreduce", "out-of-place", lambda: comm.all_reduce(send, op, out=recv), recv),
         ("ringreduce", "in-place", lambda: comm.all_reduce(work, op, out=work), work),
+        # The machine's yardstick: one core copying the same bytes, on every rank at
+        # once, timed like the rest (busbw reads against it).
+        ("memcpy", "copy", lambda: np.copyto(copy_target, send), copy_target),
     ]
     for peer in peers:
         cases.append((peer.name, "in-place", peer.bind(work), work))
@@ -310,7 +314,7 @@ def _measure(
         np.copyto(work, send)
         try:
             fn()
-            wrongs[i] = check(buf)
+            wrongs[i] = check(buf) if system != "memcpy" else 0
             times[i] = _timed(comm, fn, max(warmup - 1, 0), iters)
         except Exception as exc:
             if system == "ringreduce":
@@ -349,8 +353,11 @@ def _measure(
             placement=placement,
             time_us=t * 1e6,
             algbw_gbs=algbw,
-            busbw_gbs=algbw * bus_factor(comm.world_size),
-            wrong=None if expected is None or system in disabled else int(wrongs[i]),
+            # A copy has no bus: its bandwidth is bytes copied per second.
+            busbw_gbs=algbw * (1.0 if system == "memcpy" else bus_factor(comm.world_size)),
+            wrong=None
+            if expected is None or system in disabled or system == "memcpy"
+            else int(wrongs[i]),
         )
         if system == "ringreduce" and placement == "in-place":
             ours_inplace = row["busbw_gbs"]

@@ -227,7 +227,7 @@ def test_compare_gloo(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "# note: mpi skipped: not running under mpirun" in r.stdout
     rows = table(r.stdout)
-    assert rows and all(len(row) == 15 for row in rows)  # ours (12) + gloo time, busbw, ratio
+    assert rows and all(len(row) == 17 for row in rows)  # ours (12), memcpy (2), gloo (3)
     data = json.loads(out_json.read_text())["rows"]
     gloo = [row for row in data if row["system"] == "gloo"]
     assert len(gloo) == len(rows) and all(row["wrong"] == 0 for row in gloo)
@@ -246,7 +246,7 @@ def test_under_mpirun(tmp_path):
     r = run_bench(args, cmd=cmd, extra_env=root_ok)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = table(r.stdout)
-    assert rows and all(len(row) == 15 and row[7] == "0" and row[11] == "0" for row in rows)
+    assert rows and all(len(row) == 17 and row[7] == "0" and row[11] == "0" for row in rows)
     data = json.loads(out_json.read_text())
     assert data["meta"]["ranks"] == 2
     mpi = [row for row in data["rows"] if row["system"] == "mpi"]

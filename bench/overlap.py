@@ -6,15 +6,18 @@
 
 A torch MLP (default 8 x 2048^2: 33.6 M parameters, 134 MB of float32 gradients) trains on
 random data on N local ranks. Per-step time, median over the timed steps and the slowest
-rank, for:
+rank, for each of these modes, one after the other in every run (--runs, default 3), so
+that all of them see the same machine:
 
   (a) compute   forward + backward, no communication;
   (b) flat      forward + backward, then one all-reduce of all gradients (no overlap);
   (c) gradsync  rr.torch.GradSync: buckets all-reduced during backward;
   (d) ddp       torch DistributedDataParallel on Gloo (also overlapped).
 
-Exposed communication of a mode = its step time minus (a): the part of the step spent on
-communication that backward did not hide; the table shows it as a fraction of the step.
+Exposed communication of a mode = its step time minus (a) of the same run: the part of the
+step spent on communication that backward did not hide. The table shows the median over
+runs (min..max in brackets) and, last, in how many runs GradSync exposed no more
+communication than DDP.
 On a machine with few cores the ranks, their communication threads and backward share the
 cores, so the numbers measure that contention as much as the network.
 """
@@ -22,6 +25,7 @@ cores, so the numbers measure that contention as much as the network.
 from __future__ import annotations
 
 import argparse
+import copy
 import multiprocessing as mp
 import os
 import socket
@@ -88,60 +92,94 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     if addr.startswith("127."):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    comm = rr.init("tcp", rank=rank, world_size=world, master_addr=addr, master_port=rr_port)
+    comm = rr.init(
+        args.transport, rank=rank, world_size=world, master_addr=addr, master_port=rr_port
+    )
     dist.init_process_group(
         "gloo", init_method=f"tcp://{addr}:{gloo_port}", rank=rank, world_size=world
     )
     torch.manual_seed(0)
     model = build_model(args.width, args.depth)
+    # DDP hooks every parameter it wraps: it gets a replica of its own, so that its
+    # hooks never fire in the other modes.
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        copy.deepcopy(model),
+        bucket_cap_mb=args.bucket_mb,
+        gradient_as_bucket_view=args.grad_views,
+    )
     n_params = sum(p.numel() for p in model.parameters())
     x = torch.randn(args.batch, args.width)
     loss_fn = torch.nn.MSELoss()
     target = torch.randn(args.batch, args.width)
 
     def compute(net: Any) -> None:
-        for p in net.parameters():
-            p.grad = None
+        if args.grad_views:
+            net.zero_grad(set_to_none=False)  # gradients stay where they are (bucket views)
+        else:
+            for p in net.parameters():
+                p.grad = None
         loss_fn(net(x), target).backward()
 
-    results: dict[str, list[float]] = {}
-    results["compute"] = timed_steps(lambda: compute(model), comm, args.warmup, args.steps)
-    results["flat"] = timed_steps(
-        lambda: (compute(model), flat_all_reduce(model, comm)), comm, args.warmup, args.steps
-    )
-    sync = rr.torch.GradSync(
-        model, comm, bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb
-    )
-    results["gradsync"] = timed_steps(
-        lambda: (compute(model), sync.wait()), comm, args.warmup, args.steps
-    )
-    sync.remove()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
-    results["ddp"] = timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
-    summary = sync.summary()
+    runs: list[np.ndarray] = []
+    buckets = 0
+    summary: dict[str, Any] = {}
+    for _ in range(args.runs):
+        results: dict[str, list[float]] = {}
+        results["compute"] = timed_steps(lambda: compute(model), comm, args.warmup, args.steps)
+        results["flat"] = timed_steps(
+            lambda: (compute(model), flat_all_reduce(model, comm)), comm, args.warmup, args.steps
+        )
+        sync = rr.torch.GradSync(
+            model,
+            comm,
+            bucket_mb=args.bucket_mb,
+            first_bucket_mb=args.first_bucket_mb,
+            gradient_as_bucket_view=args.grad_views,
+        )
+        results["gradsync"] = timed_steps(
+            lambda sync=sync: (compute(model), sync.wait()), comm, args.warmup, args.steps
+        )
+        sync.remove()
+        buckets, summary = len(sync.bucketer.plan), sync.summary()
+        for p in model.parameters():
+            p.grad = None  # the other modes start from gradients of their own
+        results["ddp"] = timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
+        # The job is as slow as its slowest rank.
+        medians = np.array([statistics.median(results[m]) for m in MODES])
+        runs.append(comm.all_reduce(medians, op="max"))
 
-    # The job is as slow as its slowest rank.
-    medians = np.array([statistics.median(results[m]) for m in MODES])
-    slowest = comm.all_reduce(medians, op="max")
     if rank == 0:
-        base = slowest[0]
-        print(
-            f"{world} ranks, {n_params / 1e6:.1f} M parameters "
-            f"({n_params * 4 / 1e6:.0f} MB float32 gradients), batch {args.batch}/rank, "
-            f"{torch.get_num_threads()} threads/rank, {len(sync.bucketer.plan)} buckets"
-        )
-        print("| mode | step (ms) | exposed comm (ms) | exposed fraction of step |")
-        print("|---|---:|---:|---:|")
-        for mode, t in zip(MODES, slowest):
-            exposed = max(t - base, 0.0) if mode != "compute" else 0.0
-            print(f"| {mode} | {t * 1e3:.1f} | {exposed * 1e3:.1f} | {exposed / t:.1%} |")
-        print(
-            f"gradsync's own count: {summary['comm_s'] / max(summary['steps'], 1) * 1e3:.1f} "
-            f"ms of all-reduce per step, {summary['exposed_fraction']:.1%} of it exposed "
-            f"in wait()"
-        )
+        report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm)
     dist.destroy_process_group()
     comm.close()
+
+
+def report(runs: list, world: int, n_params: int, args: argparse.Namespace, threads: int,
+           buckets: int, summary: dict, comm: Any) -> None:  # fmt: skip
+    """Prints the table: per mode, the median step and exposed time over the runs."""
+    print(
+        f"{world} ranks over {comm.transport}, {n_params / 1e6:.1f} M parameters "
+        f"({n_params * 4 / 1e6:.0f} MB float32 gradients), batch {args.batch}/rank, "
+        f"{threads} threads/rank, {buckets} buckets; {len(runs)} runs of {args.steps} steps"
+    )
+    print("| mode | step (ms) | step / compute | exposed comm (ms) | exposed fraction of step |")
+    print("|---|---:|---:|---:|---:|")
+    exposed = {m: [max(r[i] - r[0], 0.0) for r in runs] for i, m in enumerate(MODES)}
+    for i, mode in enumerate(MODES):
+        steps = [r[i] for r in runs]
+        ratio = [r[i] / r[0] for r in runs]
+        step = statistics.median(steps)
+        hidden = statistics.median(exposed[mode]) if mode != "compute" else 0.0
+        print(
+            f"| {mode} | {step * 1e3:.1f} [{min(steps) * 1e3:.1f}..{max(steps) * 1e3:.1f}] "
+            f"| {statistics.median(ratio):.2f} | {hidden * 1e3:.1f} | {hidden / step:.1%} |"
+        )
+    ahead = sum(g <= d for g, d in zip(exposed["gradsync"], exposed["ddp"]))
+    print(
+        f"GradSync exposed no more communication than DDP in {ahead} of {len(runs)} runs; "
+        f"its own count: {summary['comm_s'] / max(summary['steps'], 1) * 1e3:.1f} ms of "
+        f"all-reduce per step, {summary['exposed_fraction']:.1%} of it exposed in wait()"
+    )
 
 
 def main() -> None:
@@ -161,6 +199,13 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--first-bucket-mb", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank")
+    parser.add_argument("--runs", type=int, default=3, help="runs of every mode, interleaved")
+    parser.add_argument(
+        "--grad-views",
+        action="store_true",
+        help="gradients as bucket views (GradSync and DDP), zeroed in place each step",
+    )
+    parser.add_argument("--transport", default="auto", help="ringreduce transport (default: auto)")
     args = parser.parse_args()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # Under ringreduce launch: this process is one rank. Rank 0 picks the Gloo port

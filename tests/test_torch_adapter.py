@@ -38,8 +38,17 @@ def _batch(step: int, micro: int, rows: int, seed: int):
     return torch.randn(rows, D_IN, generator=g), torch.randn(rows, D_OUT, generator=g)
 
 
-def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: int):
-    """Rank side: one model trained under DDP (Gloo), a copy under GradSync, same data."""
+def ddp_vs_gradsync_rank(
+    comm,
+    port: int,
+    steps: int,
+    micro_steps: int,
+    seed: int,
+    as_view: bool = False,
+    set_to_none: bool = True,
+):
+    """Rank side: one model trained under DDP (Gloo), a copy under GradSync, same data.
+    Also returns whether, at the end, every .grad of ours is its bucket's memory."""
     import torch
     import torch.distributed as dist
 
@@ -55,7 +64,9 @@ def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: in
         base = _model()
         ours = copy.deepcopy(base)
         ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
-        sync = rr.torch.GradSync(ours, comm, bucket_mb=0.004, first_bucket_mb=0.001)
+        sync = rr.torch.GradSync(
+            ours, comm, bucket_mb=0.004, first_bucket_mb=0.001, gradient_as_bucket_view=as_view
+        )
         opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
         b = 6
@@ -66,7 +77,7 @@ def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: in
                 (ddp, opt_ddp, ddp.no_sync),
                 (ours, opt_ours, sync.no_sync),
             ):
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=set_to_none)
                 for micro in range(micro_steps):
                     x, y = _batch(step, micro, comm.world_size * b, seed)
                     last = micro == micro_steps - 1
@@ -75,21 +86,35 @@ def ddp_vs_gradsync_rank(comm, port: int, steps: int, micro_steps: int, seed: in
                 if model is ours:
                     sync.wait()
                 opt.step()
+        handles = range(len(list(ours.parameters())))
+        in_buckets = all(
+            p.grad.data_ptr() == sync.bucketer.view(h).ctypes.data
+            for h, p in zip(handles, ours.parameters())
+        )
         return (
             [p.detach().numpy().copy() for p in ddp.module.parameters()],
             [p.detach().numpy().copy() for p in ours.parameters()],
             len(sync.bucketer.plan),
+            in_buckets,
         )
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize(
+    "as_view, set_to_none",
+    [(False, True), (True, True), (True, False)],
+    ids=["copies", "bucket-view, set_to_none", "bucket-view, zeroed in place"],
+)
 @pytest.mark.parametrize("micro_steps", [1, 3])
-def test_gradsync_matches_ddp_on_gloo(group_factory, micro_steps):
-    results = group_factory(2).run(ddp_vs_gradsync_rank, free_port(), 5, micro_steps, 7)
+def test_gradsync_matches_ddp_on_gloo(group_factory, micro_steps, as_view, set_to_none):
+    results = group_factory(2).run(
+        ddp_vs_gradsync_rank, free_port(), 5, micro_steps, 7, as_view, set_to_none
+    )
     initial = [p.detach().numpy() for p in _seeded_model(7).parameters()]
-    for ddp_params, our_params, n_buckets in results:
+    for ddp_params, our_params, n_buckets, in_buckets in results:
         assert n_buckets > 1
+        assert in_buckets == as_view
         for theirs, mine, start in zip(ddp_params, our_params, initial):
             np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-6)
             assert np.abs(mine - start).max() > 1e-3  # training moved it

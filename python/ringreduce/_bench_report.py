@@ -47,9 +47,8 @@ class Header:
         peer_unit = f"  {'(us)':>10}  {'(GB/s)':>7}  {'theirs':>6}"
         copy = f"  {'memcpy':>7}  {'busbw/':>6}"
         copy_unit = f"  {'(GB/s)':>7}  {'memcpy':>6}"
-        titles = (
-            f"{'out-of-place':^42}{'in-place':^42}{'1 core':^17}"
-            + "".join(f"{p + ' (in-place)':^33}" for p in self.peers)
+        titles = f"{'out-of-place':^42}{'in-place':^42}{'1 core':^17}" + "".join(
+            f"{p + ' (in-place)':^33}" for p in self.peers
         )
         names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}{copy}"
         units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}{copy_unit}"

@@ -49,9 +49,10 @@ class BucketMemory:
         """'host memory' or 'cuda:N', for messages."""
         return "host memory" if self._device == HOST else f"cuda:{self._device}"
 
-    def gradient(self, spec: ParamSpec, grad: Any) -> Any:
+    def gradient(self, spec: ParamSpec, grad: Any, *, writable: bool = True) -> Any:
         """The gradient as the array the bucket work operates on (a numpy view of host
-        memory, or the GPU array itself), checked against its registration."""
+        memory, or the GPU array itself), checked against its registration (and writable,
+        when the result is to be written back into it)."""
         buf = describe(grad, "grad")
         if buf.shape != spec.shape:
             raise ValueError(
@@ -61,7 +62,7 @@ class BucketMemory:
             raise TypeError(
                 f"parameter {spec.name!r}: gradient dtype {buf.dtype} != registered {spec.dtype}"
             )
-        if buf.readonly:
+        if buf.readonly and writable:
             raise ValueError(
                 f"parameter {spec.name!r}: gradient is read-only, but wait() "
                 f"writes the reduced gradient back into it"

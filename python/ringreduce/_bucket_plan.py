@@ -26,6 +26,7 @@ __all__ = [
     "describe_plan",
     "first_difference",
     "is_floating",
+    "make_spec",
     "plan_buckets",
 ]
 
@@ -74,6 +75,26 @@ def as_dtype(dtype: Any) -> np.dtype:
         return np.dtype(name)
     except TypeError:
         raise TypeError(f"unsupported gradient dtype {dtype!r}") from None
+
+
+def make_spec(
+    name: Any, shape: Sequence[int], dtype: Any, taken: set, *, floating_only: bool
+) -> ParamSpec:
+    """A checked registration: a new str name, non-negative dimensions, a known dtype
+    (floating when ``floating_only``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"parameter name must be a str, got {type(name).__name__}")
+    if name in taken:
+        raise ValueError(f"parameter {name!r} registered twice")
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"parameter {name!r}: negative dimension in shape {dims}")
+    np_dtype = as_dtype(dtype)
+    if floating_only and not is_floating(np_dtype):
+        raise TypeError(
+            f"parameter {name!r}: average=True needs a floating-point gradient, got {np_dtype}"
+        )
+    return ParamSpec(name, dims, np_dtype)
 
 
 def is_floating(dtype: np.dtype) -> bool:

@@ -72,6 +72,28 @@ class Timeline:
         for e in events:
             self._bucket_comm_s[e.bucket] += e.done - e.launch
 
+    def record_buckets(
+        self, step: int, buckets: list[Any], start: float, blocked_end: float, end: float
+    ) -> None:
+        """record_step from a bucketer's buckets at the end of wait(): wait() began at
+        ``start``, stopped waiting for communication at ``blocked_end`` and finished copying
+        results back at ``end``. A bucket not launched or seen done before wait() counts
+        from ``start`` / until ``blocked_end``."""
+        events = [
+            BucketEvent(
+                step,
+                b.index,
+                len(b.params),
+                b.nbytes,
+                b.first_ready,
+                b.last_ready,
+                b.launch or start,
+                b.done or blocked_end,
+            )
+            for b in buckets
+        ]
+        self.record_step(events, exposed_s=blocked_end - start, writeback_s=end - blocked_end)
+
     def summary(self) -> dict[str, Any]:
         """Totals over every recorded step; see GradientBucketer.summary."""
         steps = max(self._count, 1)

@@ -12,7 +12,7 @@ import numpy as np
 from ._arrays import kind_of
 from ._buffers import describe
 
-__all__ = ["Tree", "tree_leaves", "tree_rebuild", "writable_leaves"]
+__all__ = ["Tree", "reduce_tree", "tree_leaves", "tree_rebuild", "writable_leaves"]
 
 Tree = Any
 """A gradient tree: dicts, lists and tuples (namedtuples too) nesting arrays."""
@@ -69,3 +69,24 @@ def writable_leaves(tree: Tree) -> tuple[list[tuple[str, Any]], list[Any], list[
             results.append(leaf)
         arrays.append(arr)
     return leaves, arrays, results
+
+
+def reduce_tree(bucketer: Any, tree: Tree, registered: int | None, *, in_no_sync: bool) -> Tree:
+    """GradientBucketer.all_reduce_tree: registers the leaves by path on first use
+    (``registered`` None), else checks their number against ``registered``; hands them to
+    ready() last first, waits, and returns the tree rebuilt around the results."""
+    leaves, arrays, results = writable_leaves(tree)
+    if registered is None:
+        for (path, _), arr in zip(leaves, arrays):
+            buf = describe(arr, "grad")
+            bucketer.register(path or "<root>", buf.shape, buf.dtype)
+    elif len(leaves) != registered:
+        raise ValueError(
+            f"tree has {len(leaves)} leaves but {registered} parameters are registered"
+        )
+    for index in reversed(range(len(arrays))):
+        bucketer.ready(index, arrays[index])
+    bucketer.wait()
+    if in_no_sync:
+        return tree
+    return tree_rebuild(tree, iter(results))

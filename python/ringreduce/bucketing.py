@@ -38,10 +38,11 @@ from ._bucket_plan import (
     check_plan,
     describe_plan,
     is_floating,
+    make_spec,
     plan_buckets,
 )
-from ._bucket_trace import BucketEvent, Timeline
-from ._bucket_tree import Tree, tree_rebuild, writable_leaves
+from ._bucket_trace import Timeline
+from ._bucket_tree import Tree, reduce_tree
 from ._buffers import describe
 from .errors import MismatchError
 
@@ -54,12 +55,20 @@ Handle = int
 class _Bucket:
     """One flat wire buffer and the step state of the parameters packed into it."""
 
-    def __init__(self, index: int, params: list[int], offsets: list[int], buffer: Any):
+    def __init__(
+        self, index: int, params: list[int], offsets: list[int], buffer: Any, average: int
+    ):
         self.index = index
         self.params = params
         self.offsets = offsets
         self.buffer = buffer
         self.nbytes = describe(buffer).nbytes
+        # Averaging over `average` ranks: 32/64-bit floats are summed, then divided once
+        # (all_reduce op "avg"); 16-bit ones are divided while they are copied in, before
+        # the sum, as PyTorch DDP does, which keeps their sums in range.
+        wide = describe(buffer).itemsize >= 4
+        self.op = "avg" if average > 1 and wide else "sum"
+        self.divisor = average if average > 1 and not wide else 1
         self.reset()
 
     def reset(self) -> None:
@@ -133,8 +142,6 @@ class GradientBucketer:
         self._bucket_mb = float(bucket_mb)
         self._first_bucket_mb = float(first_bucket_mb)
         self._average = bool(average)
-        # Averaging divides while copying into the bucket, before the sum (as DDP does).
-        self._divisor = self._world_size if self._average else 1
         self._comm_dtype = None if comm_dtype is None else as_dtype(comm_dtype)
         if self._comm_dtype is not None and not is_floating(self._comm_dtype):
             raise TypeError(f"comm_dtype must be a floating-point dtype, got {comm_dtype!r}")
@@ -165,20 +172,9 @@ class GradientBucketer:
                 "register() after the bucket plan was fixed by the first "
                 "ready(), wait() or all_reduce_tree()"
             )
-        if not isinstance(name, str):
-            raise TypeError(f"parameter name must be a str, got {type(name).__name__}")
-        if name in self._names:
-            raise ValueError(f"parameter {name!r} registered twice")
-        dims = tuple(int(d) for d in shape)
-        if any(d < 0 for d in dims):
-            raise ValueError(f"parameter {name!r}: negative dimension in shape {dims}")
-        np_dtype = as_dtype(dtype)
-        if self._average and not is_floating(np_dtype):
-            raise TypeError(
-                f"parameter {name!r}: average=True needs a floating-point gradient, got {np_dtype}"
-            )
+        spec = make_spec(name, shape, dtype, self._names, floating_only=self._average)
         self._names.add(name)
-        self._specs.append(ParamSpec(name, dims, np_dtype))
+        self._specs.append(spec)
         return len(self._specs) - 1
 
     @property
@@ -228,7 +224,8 @@ class GradientBucketer:
                 offsets.append(total)
                 total += self._specs[i].numel
             dtype = self._wire_dtype(self._specs[params[0]])
-            buckets.append(_Bucket(b, params, offsets, self._memory.bucket(total, dtype)))
+            average = self._world_size if self._average else 1
+            buckets.append(_Bucket(b, params, offsets, self._memory.bucket(total, dtype), average))
         self._buckets = buckets
         self._reset_step_state()
         return buckets
@@ -261,25 +258,66 @@ class GradientBucketer:
             )
         return int(handle)
 
-    def ready(self, handle: Handle, grad: Any) -> None:
+    def ready(self, handle: Handle, grad: Any, *, write_back: bool = True) -> None:
         """Hands over one parameter's gradient for this step.
 
-        ``grad`` is a numpy array or any CPU array exporting DLPack or the buffer protocol
-        (e.g. a torch tensor), of the registered shape and dtype, writable: `wait` writes
-        the reduced gradient back into it. It is copied (divided by the world size when
-        ``average``) into its bucket, and when that bucket is complete and every earlier
-        bucket has launched, its all-reduce is launched asynchronously.
+        ``grad`` is an array of the registered shape and dtype (numpy, torch CPU or CUDA,
+        cupy, DLPack, buffer protocol). It is copied into its bucket, and when that bucket
+        is complete and every earlier bucket has launched, its all-reduce is launched
+        asynchronously. With ``write_back`` (default), `wait` writes the reduced gradient
+        back into ``grad``, which must then be writable; without, the result is only in
+        `view` (handle).
 
         Inside `no_sync` the gradient is only added to a local accumulator. Calling it
         twice for one parameter in a synchronised step raises ValueError.
         """
         index = self._check_handle(handle)
-        arr = self._memory.gradient(self._specs[index], grad)
+        arr = self._memory.gradient(self._specs[index], grad, writable=write_back)
         buckets = self._finalize(arr)
         if self._no_sync_depth:
             self._accum[index] = self._memory.accumulate(self._accum[index], arr)
-            self._given[index] = arr
+            self._given[index] = arr if write_back else None
             return
+        self._check_once(index)
+        source = arr
+        if self._accum[index] is not None:
+            source = self._memory.accumulate(self._accum[index], arr)
+            self._accum[index] = None
+        bucket = buckets[self._slots[index][0]]
+        self._memory.fill(self._view(index), source, bucket.divisor)
+        self._given[index] = arr if write_back else None
+        self._mark_ready(index, bucket, buckets)
+
+    def view(self, handle: Handle) -> Any:
+        """The parameter's place in its bucket, shaped like the parameter: after `wait`, it
+        holds the reduced gradient. A gradient accumulated there directly (a framework's
+        ``.grad`` made a view of it) is handed over with `ready_in_bucket`, with no copy.
+        Fixes the plan; the buckets live where the first gradient handed over did (host
+        memory if none was yet)."""
+        index = self._check_handle(handle)
+        self._finalize()
+        return self._view(index)
+
+    def ready_in_bucket(self, handle: Handle) -> None:
+        """Like `ready`, for a gradient that is already in `view` (handle): nothing is
+        copied in or written back. Inside `no_sync` it does nothing, since the gradient
+        keeps accumulating where it is."""
+        index = self._check_handle(handle)
+        buckets = self._finalize()
+        if self._no_sync_depth:
+            return
+        self._check_once(index)
+        if self._accum[index] is not None:
+            self._memory.accumulate(self._view(index), self._accum[index])
+            self._accum[index] = None
+        bucket = buckets[self._slots[index][0]]
+        if bucket.divisor != 1:
+            view = self._view(index)
+            self._memory.fill(view, view, bucket.divisor)
+        self._given[index] = None
+        self._mark_ready(index, bucket, buckets)
+
+    def _check_once(self, index: int) -> None:
         if self._is_ready[index]:
             raise ValueError(
                 f"ready() called twice for parameter {self._specs[index].name!r} "
@@ -287,15 +325,10 @@ class GradientBucketer:
                 f"forward must be handed over once, after its gradient is "
                 f"complete"
             )
-        source = arr
-        if self._accum[index] is not None:
-            source = self._memory.accumulate(self._accum[index], arr)
-            self._accum[index] = None
-        self._memory.fill(self._view(index), source, self._divisor)
+
+    def _mark_ready(self, index: int, bucket: _Bucket, buckets: list[_Bucket]) -> None:
         self._is_ready[index] = True
         self._ready_count += 1
-        self._given[index] = arr
-        bucket = buckets[self._slots[index][0]]
         now = time.perf_counter()
         if bucket.first_ready is None:
             bucket.first_ready = now
@@ -307,7 +340,9 @@ class GradientBucketer:
 
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launch = time.perf_counter()
-        bucket.work = self._comm.all_reduce(bucket.buffer, out=bucket.buffer, async_op=True)
+        bucket.work = self._comm.all_reduce(
+            bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
+        )
 
     def _launch_ready_buckets(self, buckets: list[_Bucket]) -> None:
         # Strictly in plan order, so that every rank issues the same sequence of
@@ -342,7 +377,7 @@ class GradientBucketer:
             for bucket in buckets[self._next_launch :]:
                 for index in bucket.params:
                     if not self._is_ready[index]:
-                        self._memory.fill(self._view(index), self._accum[index], self._divisor)
+                        self._memory.fill(self._view(index), self._accum[index], bucket.divisor)
                 bucket.pending = 0
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
@@ -355,23 +390,7 @@ class GradientBucketer:
                 if arr is not None:
                     self._memory.write_back(arr, self._view(index))
             end = time.perf_counter()
-            self._timeline.record_step(
-                [
-                    BucketEvent(
-                        self._step,
-                        b.index,
-                        len(b.params),
-                        b.nbytes,
-                        b.first_ready,
-                        b.last_ready,
-                        b.launch or start,
-                        b.done or blocked_end,
-                    )
-                    for b in buckets
-                ],
-                exposed_s=blocked_end - start,
-                writeback_s=end - blocked_end,
-            )
+            self._timeline.record_buckets(self._step, buckets, start, blocked_end, end)
             self._step += 1
         finally:
             # After a failed collective the step cannot be resumed; start clean so the
@@ -435,18 +454,5 @@ class GradientBucketer:
         """
         if self._ready_count and not self._no_sync_depth:
             raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
-        leaves, arrays, results = writable_leaves(tree)
-        if not self._specs and self._buckets is None:
-            for (path, _), arr in zip(leaves, arrays):
-                buf = describe(arr, "grad")
-                self.register(path or "<root>", buf.shape, buf.dtype)
-        elif len(leaves) != len(self._specs):
-            raise ValueError(
-                f"tree has {len(leaves)} leaves but {len(self._specs)} parameters are registered"
-            )
-        for index in reversed(range(len(arrays))):
-            self.ready(index, arrays[index])
-        self.wait()
-        if self._no_sync_depth:
-            return tree
-        return tree_rebuild(tree, iter(results))
+        registered = len(self._specs) if self._specs or self._buckets is not None else None
+        return reduce_tree(self, tree, registered, in_no_sync=bool(self._no_sync_depth))

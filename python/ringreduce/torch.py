@@ -75,6 +75,11 @@ class GradSync:
             (all on one device: the buckets live there).
         comm: a ringreduce Communicator.
         bucket_mb, first_bucket_mb, average, comm_dtype: as for `GradientBucketer`.
+        gradient_as_bucket_view: as DDP's option of that name: after `wait`, each
+            ``.grad`` is a view into its bucket (no copy back), and a backward that
+            accumulates into it (``zero_grad(set_to_none=False)``) writes straight into
+            the bucket (no copy in). Gradients set to None in between are copied in as
+            usual. Needs ``comm_dtype`` None (the bucket must have the gradient's dtype).
     """
 
     def __init__(
@@ -85,7 +90,15 @@ class GradSync:
         first_bucket_mb: float = 1.0,
         average: bool = True,
         comm_dtype: Any = None,
+        gradient_as_bucket_view: bool = False,
     ) -> None:
+        if gradient_as_bucket_view and comm_dtype is not None:
+            raise ValueError(
+                "gradient_as_bucket_view needs comm_dtype=None: a gradient can only be a view "
+                "of a bucket of its own dtype"
+            )
+        self._as_view = bool(gradient_as_bucket_view)
+        self._views: list[torch.Tensor | None] = []
         self._bucketer = GradientBucketer(
             comm,
             bucket_mb=bucket_mb,
@@ -105,6 +118,7 @@ class GradSync:
             handle = self._bucketer.register(name, tuple(param.shape), as_dtype(param.dtype))
             self._params.append((handle, param))
         self._fired = [False] * len(self._params)
+        self._views = [None] * len(self._params)
         self._no_sync = False
         self._hooks = [
             param.register_post_accumulate_grad_hook(self._hook(i))
@@ -120,9 +134,25 @@ class GradSync:
             if self._no_sync or param.grad is None:
                 return
             self._fired[i] = True
-            self._bucketer.ready(handle, _for_ringreduce(param.grad))
+            self._hand_over(i, handle, param.grad)
 
         return hook
+
+    def _hand_over(self, i: int, handle: Handle, grad: torch.Tensor) -> None:
+        view = self._views[i]
+        if view is not None and grad.data_ptr() == view.data_ptr():
+            self._bucketer.ready_in_bucket(handle)  # accumulated in its bucket: no copy
+        else:
+            self._bucketer.ready(handle, _for_ringreduce(grad), write_back=not self._as_view)
+
+    def _bucket_view(self, handle: Handle, param: torch.Tensor) -> torch.Tensor:
+        """The parameter's place in its bucket, as a tensor sharing its memory."""
+        view = self._bucketer.view(handle)
+        if isinstance(view, torch.Tensor):
+            return view
+        if view.dtype.name == "bfloat16":
+            return torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(view)
 
     @property
     def bucketer(self) -> GradientBucketer:
@@ -146,9 +176,14 @@ class GradSync:
                     param.grad = torch.zeros_like(param, memory_format=torch.contiguous_format)
                 else:
                     param.grad.zero_()
-                self._bucketer.ready(handle, _for_ringreduce(param.grad))
+                self._hand_over(i, handle, param.grad)
         self._fired = [False] * len(self._params)
         self._bucketer.wait()
+        if self._as_view:
+            for i, (handle, param) in enumerate(self._params):
+                if self._views[i] is None:
+                    self._views[i] = self._bucket_view(handle, param)
+                param.grad = self._views[i]
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -3,8 +3,8 @@
     python bench/plot_runs.py tcp.json mpi.json -o allreduce.png
 
 Our in-place rows come from every file (labelled with the file's transport);
-the compared systems (MPI_Allreduce, Gloo) from the first file only, since
-every run times them the same way.
+the compared systems (MPI_Allreduce, Gloo) and the memcpy yardstick from the
+first file only, since every run times them the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 
-_NAMES = {"mpi": "MPI_Allreduce (mpi4py)", "gloo": "torch.distributed Gloo"}
+_NAMES = {
+    "mpi": "MPI_Allreduce (mpi4py)",
+    "gloo": "torch.distributed Gloo",
+    "memcpy": "memcpy, 1 core (GB/s copied)",
+}
 
 
 def main() -> None:
@@ -36,7 +40,7 @@ def main() -> None:
         meta = meta or run["meta"]
         series: dict = {}
         for r in run["rows"]:
-            if r["placement"] != "in-place" or not r["busbw_gbs"]:
+            if r["placement"] not in ("in-place", "copy") or not r["busbw_gbs"]:
                 continue
             if r["system"] == "ringreduce":
                 label = f"ringreduce ({run['meta']['transport']})"

@@ -77,8 +77,18 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
     p.add_argument(
         "-i", "--iters", type=int, help="timed iterations (default: 20, fewer above 16 MB)"
     )
+    p.add_argument(
+        "-r",
+        "--rounds",
+        type=int,
+        default=3,
+        help="timed rounds, all systems interleaved round by round; the median round "
+        "counts (default: 3)",
+    )
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="default: 1")
-    p.add_argument("--transport", help="tcp, mpi or auto (default: $RINGREDUCE_TRANSPORT or auto)")
+    p.add_argument(
+        "--transport", help="auto, shm, tcp or mpi (default: $RINGREDUCE_TRANSPORT or auto)"
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout, seconds")
     p.add_argument("--compare", default="", help="comma list of other systems: mpi,gloo")
     p.add_argument("--json", metavar="PATH", help="write all rows as JSON")
@@ -120,6 +130,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce bench") -> i
         parser.error("avg is defined for floating dtypes only")
     if args.nprocs is not None and args.nprocs < 1:
         parser.error("-n must be at least 1")
+    if args.rounds < 1:
+        parser.error("-r must be at least 1")
     args.argv = _without_nprocs(argv)
     if not _in_job():
         nprocs = args.nprocs or 1
@@ -221,7 +233,8 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
         print(f"# ranks {world}  transport {comm.transport}  dtype {dtype.name}  op {args.op}")
         print(
             f"# sizes {args.min_bytes}..{args.max_bytes} B x{args.step_factor}  "
-            f"iters {iters_text}  check {'on' if args.check else 'off'}"
+            f"iters {iters_text}  rounds {args.rounds} (median, systems interleaved)  "
+            f"check {'on' if args.check else 'off'}"
         )
         print(
             f"# busbw = algbw * 2(N-1)/N = algbw * {factor:.4f}; GB = 1e9 bytes; time = max "
@@ -306,21 +319,37 @@ def _measure(
     wrongs = np.zeros(len(cases), dtype=np.int64)
     failed = np.zeros(len(cases), dtype=np.int64)
     errors: dict[str, str] = {}
+    # Each case first checks one call on fresh input (the in-place ones then keep
+    # reducing their own output, as nccl-tests does). Then every case is timed once per
+    # round, the cases interleaved round by round, so that drift of the machine hits
+    # them alike; each case's time is its median round.
+    rounds: list[list[float]] = [[] for _ in cases]
     for i, (system, _placement, fn, buf) in enumerate(cases):
         if system in disabled:
             continue
-        # Each case checks one call on fresh input, then times warm-up + iters calls (the
-        # in-place ones keep reducing their own output, as nccl-tests does).
         np.copyto(work, send)
         try:
             fn()
             wrongs[i] = check(buf) if system != "memcpy" else 0
-            times[i] = _timed(comm, fn, max(warmup - 1, 0), iters)
         except Exception as exc:
             if system == "ringreduce":
                 raise
             failed[i] = 1
             errors[system] = f"at {size} B: {type(exc).__name__}: {exc}"
+    for _ in range(args.rounds):
+        for i, (system, _placement, fn, _buf) in enumerate(cases):
+            if system in disabled or failed[i]:
+                continue
+            try:
+                rounds[i].append(_timed(comm, fn, max(warmup - 1, 0), iters))
+            except Exception as exc:
+                if system == "ringreduce":
+                    raise
+                failed[i] = 1
+                errors[system] = f"at {size} B: {type(exc).__name__}: {exc}"
+    for i, timings in enumerate(rounds):
+        if timings and not failed[i]:
+            times[i] = float(np.median(timings))
     times = comm.all_reduce(times, "max")
     # One call agrees on both the #wrong totals and which systems failed on any rank, so
     # every rank drops the same systems and none waits in a collective the others skip.

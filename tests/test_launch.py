@@ -25,6 +25,7 @@ ENV_KEYS = (
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "RINGREDUCE_PORT",
     "PYTHONUNBUFFERED",
 )
 PRINT_ENV = (
@@ -79,6 +80,7 @@ def test_env_and_prefixes():
             "LOCAL_WORLD_SIZE": "3",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
+            "RINGREDUCE_PORT": str(port + 1),  # torch.distributed's env:// has MASTER_PORT
             "PYTHONUNBUFFERED": "1",
         }
         assert transport_line == "transport=-"
@@ -142,7 +144,7 @@ def test_killed_rank_and_sigterm_ignored():
     assert "sending SIGKILL" in r.stderr
 
 
-def test_sigint_is_forwarded():
+def test_sigint_is_forwarded_and_summarised_in_one_line():
     prog = "import os, time\nprint('ready', os.getpid(), flush=True)\ntime.sleep(120)\n"
     with subprocess.Popen(
         [*LAUNCH, "-n", "2", "--", sys.executable, "-c", prog],
@@ -165,9 +167,12 @@ def test_sigint_is_forwarded():
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-        proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=10)
     assert code == 128 + signal.SIGINT
     assert all(pid_gone(p) for p in pids)
+    # One line for the interrupt, not one KeyboardInterrupt traceback per rank.
+    assert "Traceback" not in err, err
+    assert err.count("interrupted (SIGINT): stopped 2 ranks") == 1, err
 
 
 def test_missing_program():
@@ -203,6 +208,57 @@ def test_real_ranks_all_reduce():
     lines = prefixed(r.stdout)
     for rank in range(3):
         assert lines[rank] == [f"{rank} 3 {[6.0] * 5}"]
+
+
+def test_torchrun_spellings_and_several_nodes():
+    # Two launchers on this machine play two nodes of 2 ranks each: torchrun's options
+    # give every rank its global RANK, and the four meet as one job.
+    port = free_port()
+    prog = (
+        "import os, numpy as np, ringreduce as rr\n"
+        "comm = rr.init(timeout=60)\n"
+        "x = comm.all_reduce(np.full(3, comm.rank + 1.0))\n"
+        "print(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'],"
+        " os.environ['GROUP_RANK'], x.tolist())\n"
+        "comm.close()\n"
+    )
+    common = ["--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    nodes = [
+        subprocess.Popen(
+            [
+                *LAUNCH,
+                *common,
+                "--node-rank",
+                str(node),
+                "--master-port",
+                str(port),
+                "--",
+                sys.executable,
+                "-c",
+                prog,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err
+    seen = {}
+    for out, _ in outputs:
+        for lines in prefixed(out).values():
+            rank, local_rank, world, group, total = lines[0].split(" ", 4)
+            seen[int(rank)] = (int(local_rank), int(world), int(group), total)
+    assert seen == {r: (r % 2, 4, r // 2, str([10.0] * 3)) for r in range(4)}
+
+
+def test_help_shows_an_example():
+    r = run_launch(["-h"])
+    assert r.returncode == 0
+    assert "examples:" in r.stdout and "--nproc-per-node" in r.stdout
 
 
 def test_real_rank_failure_ends_job():

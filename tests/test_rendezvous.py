@@ -38,8 +38,18 @@ def test_no_environment_means_a_world_of_one(monkeypatch):
 
 def test_master_address_defaults_and_validation(monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("RINGREDUCE_PORT", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert _env.master_address(None, None) == ("127.0.0.1", 29500)
     monkeypatch.setenv("MASTER_PORT", "12345")
     assert _env.master_address(None, None) == ("127.0.0.1", 12345)
+    # Under torchrun its agent's store holds MASTER_PORT: ours is the next one.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert _env.master_address(None, None) == ("127.0.0.1", 12346)
+    monkeypatch.setenv("RINGREDUCE_PORT", "23456")
+    assert _env.master_address(None, None) == ("127.0.0.1", 23456)
+    assert _env.master_address("h", 7) == ("h", 7)
     with pytest.raises(ValueError, match="master_port"):
         _env.master_address("h", 70000)
 

@@ -14,13 +14,27 @@
 namespace rr {
 
 std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int rank, int size,
-                                    const std::string& host_id, const Deadline& deadline) {
+                                    const std::string& host_id, const std::string& meeting,
+                                    const Deadline& deadline) {
   const std::string mine = host_id.empty() ? host_identity() : host_id;
   store.set(prefix + "host/" + std::to_string(rank), mine);
   std::vector<int> local;
   for (int r = 0; r < size; ++r) {
-    const std::string theirs =
-        r == rank ? mine : store.get(prefix + "host/" + std::to_string(r), deadline);
+    std::string theirs = mine;
+    if (r != rank) {
+      try {
+        theirs = store.get(prefix + "host/" + std::to_string(r), deadline);
+      } catch (const TimeoutError&) {
+        // The first wait on every other rank: that rank never joined.
+        throw TimeoutError("rank " + std::to_string(r) + " did not join within " +
+                               format_seconds(deadline.seconds()) + " s; rank " +
+                               std::to_string(rank) + " waited for it at " + meeting +
+                               ". Check that it was started, with the same rendezvous "
+                               "settings and world size " +
+                               std::to_string(size) + ", and can reach that address",
+                           r);
+      }
+    }
     if (theirs == mine) local.push_back(r);
   }
   return local;
@@ -29,10 +43,12 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
 std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
                                          int size, const Options& options,
                                          const NetworkFactory& network, Placement* placement,
-                                         const Deadline& deadline) {
+                                         const std::string& meeting, const Deadline& deadline) {
   const std::string& kind = options.transport;
   std::vector<int> local{rank};
-  if (size > 1) local = ranks_on_this_host(store, prefix, rank, size, options.host_id, deadline);
+  if (size > 1) {
+    local = ranks_on_this_host(store, prefix, rank, size, options.host_id, meeting, deadline);
+  }
   placement->local_size = static_cast<int>(local.size());
   placement->local_rank =
       static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
@@ -81,24 +97,28 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
   const Deadline deadline = Deadline::after(options.timeout_seconds);
   std::unique_ptr<Store> store;
   std::string advertise;
+  std::string meeting;
   if (size == 1) {
     store = make_local_store();  // nobody to meet: no port, no files
   } else if (!store_dir.empty()) {
     store = make_file_store(store_dir);
     advertise = master_addr.empty() ? "127.0.0.1" : local_ip_towards(master_addr);
+    meeting = "the file store in " + store_dir;
   } else {
     store = make_tcp_store(master_addr, master_port, rank == 0, deadline, options.timeout_seconds);
     advertise = local_ip_towards(master_addr);
+    meeting = "rank 0's rendezvous store at " + master_addr + ":" + std::to_string(master_port);
   }
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
   const std::string prefix = "rr/";
-  Store& meeting = *store;
+  Store& rendezvous = *store;
   const NetworkFactory tcp = [&] {
-    return TcpTransport::connect_ring(meeting, prefix, rank, size, advertise,
+    return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,
                                       std::chrono::microseconds(options.spin_us), deadline);
   };
   Placement placement;
-  auto transport = connect_links(*store, prefix, rank, size, options, tcp, &placement, deadline);
+  auto transport =
+      connect_links(*store, prefix, rank, size, options, tcp, &placement, meeting, deadline);
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         prefix);
 }

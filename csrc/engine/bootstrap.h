@@ -21,8 +21,11 @@ using NetworkFactory = std::function<std::unique_ptr<Transport>()>;
 
 // Every rank's host (Options::host_id or host_identity()), exchanged through
 // the store: the ranks on ours, ascending, and our place among them.
+// A rank that never joins is named in a TimeoutError saying where we waited
+// for it (`meeting`).
 std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int rank, int size,
-                                    const std::string& host_id, const Deadline& deadline);
+                                    const std::string& host_id, const std::string& meeting,
+                                    const Deadline& deadline);
 
 // Builds the communicator's transport: "shm" (every rank on this host, else
 // InvalidArgument naming a rank elsewhere), the network transport alone
@@ -32,7 +35,7 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
 std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
                                          int size, const Options& options,
                                          const NetworkFactory& network, Placement* placement,
-                                         const Deadline& deadline);
+                                         const std::string& meeting, const Deadline& deadline);
 
 // A communicator whose ranks meet at a TCP store on master_addr:master_port
 // hosted by rank 0 (or a file store in `store_dir` when it is not empty).

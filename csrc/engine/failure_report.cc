@@ -118,8 +118,8 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
                               int rank, double timeout, std::exception_ptr error,
                               const std::string& description) {
   Report mine = classify(error, rank);
-  const std::string where = "rank " + std::to_string(rank) + ": " + description;
-  mine.message = where + " failed: " + mine.message;
+  const std::string cause = mine.message;
+  mine.message = "rank " + std::to_string(rank) + ": " + description + " failed: " + cause;
 
   // Publish before tearing down the connections: a neighbour that sees our
   // sockets close then finds the reason already in the store.
@@ -146,11 +146,12 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
   int peer = mine.peer;
   if (first.rank != rank) {
     // Someone failed before us; our own failure is most likely the echo of
-    // theirs, so lead with the original cause and its culprit.
+    // theirs, so the message leads with the original cause and its culprit,
+    // and what we saw ourselves comes after, in brackets.
     kind = first.kind;
     peer = first.peer;
-    message = where + " failed because rank " + std::to_string(first.rank) +
-              " failed first: " + first.message + " [seen here: " + mine.message + "]";
+    message = first.message + " [then here, on rank " + std::to_string(rank) + ", " + description +
+              " failed: " + cause + "]";
   }
   if (interrupted(error)) return {error, message};
   return {make_error(kind, message, peer), message};

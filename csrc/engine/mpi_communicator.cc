@@ -15,7 +15,7 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
   const NetworkFactory mpi = [&] { return std::make_unique<MpiTransport>(channel); };
   Placement placement;
   auto transport = connect_links(*store, "rr/", channel->rank(), channel->size(), options, mpi,
-                                 &placement, deadline);
+                                 &placement, "the MPI communicator", deadline);
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         "rr/");
 }

@@ -172,9 +172,7 @@ class TcpStore : public Store {
   TcpStore(std::unique_ptr<StoreServer> server, Fd fd, double io_seconds)
       : server_(std::move(server)), fd_(std::move(fd)), io_seconds_(io_seconds) {}
 
-  void set(const std::string& key, const std::string& value) override {
-    request(kSet, key, value);
-  }
+  void set(const std::string& key, const std::string& value) override { request(kSet, key, value); }
   std::optional<std::string> try_get(const std::string& key) override {
     std::string value;
     if (auto known = noticed(key)) return known;
@@ -270,9 +268,18 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
   std::unique_ptr<StoreServer> server;
   if (is_server) {
     // Listen on every interface: MASTER_ADDR names this host as the others see it.
-    server = std::make_unique<StoreServer>(listen_tcp("", port));
+    try {
+      server = std::make_unique<StoreServer>(listen_tcp("", port));
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + ": rank 0 hosts ringreduce's rendezvous store on port " +
+                  std::to_string(port) +
+                  " and another program holds it (torch.distributed's env:// store, if the job "
+                  "uses both?); set RINGREDUCE_PORT to a free port on every rank");
+    }
   }
-  Fd fd = connect_tcp(host, port, deadline, "the rendezvous store (MASTER_ADDR:MASTER_PORT)");
+  Fd fd = connect_tcp(host, port, deadline,
+                      "rank 0's rendezvous store (is rank 0 running, with the same "
+                      "MASTER_ADDR, MASTER_PORT and RINGREDUCE_PORT?)");
   return std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
 }
 

@@ -5,10 +5,6 @@ comm = rr.init()                      # rank/world size from the launcher's env
 y = comm.all_reduce(x, op="avg")      # numpy, torch (CPU or CUDA), cupy, DLPack
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from ._bootstrap import init
 from ._cuda import cuda_available
 from .bucketing import GradientBucketer
@@ -34,7 +30,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # The torch adapter is imported on first use so that importing ringreduce
     # never imports torch.
     if name == "torch":
@@ -42,3 +38,8 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module(".torch", __name__)
     raise AttributeError(f"module 'ringreduce' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    # The API, not the modules it is made of.
+    return sorted(__all__ + ["torch"])

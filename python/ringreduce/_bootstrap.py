@@ -7,6 +7,7 @@ values.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional
 
@@ -15,6 +16,8 @@ from ._env import engine_options, launched_by_mpirun, master_address, rank_and_s
 from .communicator import Communicator
 
 __all__ = ["init"]
+
+_log = logging.getLogger("ringreduce")
 
 
 def init(
@@ -57,6 +60,12 @@ def init(
     over_mpi = transport == "mpi" or (
         transport == "auto" and launched_by_mpirun() and _mpi.available()
     )
+    if transport == "auto" and launched_by_mpirun() and not over_mpi:
+        _log.warning(
+            "ringreduce: launched by mpirun, but MPI support is not available (%s); ranks "
+            "meet over TCP and use shared memory on a host, TCP between hosts",
+            _mpi.unavailable_reason(),
+        )
     if over_mpi:
         # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
         comm = Communicator(_mpi.create_world(engine_options(transport, timeout)))

@@ -39,10 +39,22 @@ def launched_by_mpirun() -> bool:
 
 
 def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
-    """MASTER_ADDR/MASTER_PORT, with loopback and 29500 as defaults."""
+    """Where rank 0 hosts ringreduce's rendezvous store: MASTER_ADDR (default loopback),
+    and ``port``, else RINGREDUCE_PORT, else MASTER_PORT (default 29500).
+
+    Under torchrun MASTER_PORT + 1: torchrun's agent store already listens on MASTER_PORT
+    (and torch.distributed's env:// init uses that store). ``ringreduce launch`` sets
+    RINGREDUCE_PORT to MASTER_PORT + 1 for the same reason: a script may call both
+    ``dist.init_process_group`` (env://) and ``rr.init()``.
+    """
     host = addr if addr is not None else os.environ.get("MASTER_ADDR", "127.0.0.1")
     if port is None:
-        port = int(os.environ.get("MASTER_PORT", "29500"))
+        if os.environ.get("RINGREDUCE_PORT"):
+            port = int(os.environ["RINGREDUCE_PORT"])
+        else:
+            port = int(os.environ.get("MASTER_PORT", "29500"))
+            if os.environ.get("TORCHELASTIC_RUN_ID"):  # set by torchrun for its workers
+                port += 1
     if not 0 < int(port) < 65536:
         raise ValueError(f"master_port must be in 1..65535, got {port}")
     return host, int(port)

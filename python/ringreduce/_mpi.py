@@ -21,6 +21,7 @@ from .errors import RingReduceError, TimeoutError
 
 __all__ = [
     "available",
+    "unavailable_reason",
     "load",
     "have_mpi4py",
     "create_from_mpi4py",
@@ -53,6 +54,15 @@ def load() -> ModuleType:
             "is the MPI library it was built against installed and on the library path? "
             "transport='tcp' works without MPI"
         ) from exc
+
+
+def unavailable_reason() -> str:
+    """Why the MPI transport cannot be used here ("" when it can)."""
+    try:
+        load()
+    except RingReduceError as exc:
+        return str(exc)
+    return ""
 
 
 def available() -> bool:

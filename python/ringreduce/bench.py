@@ -64,12 +64,27 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="all_reduce bandwidth sweep, nccl-tests style (GB = 1e9 bytes).",
+        epilog="Sizes take suffixes K, M and G (powers of 1024): -b 8 -e 256M. Examples:\n"
+        "  ringreduce bench -n 4\n"
+        "  mpirun -np 4 python -m ringreduce bench --compare mpi,gloo\n"
+        "  ringreduce bench -n 2 -b 1K -e 1G -f 4 -d bfloat16 -o avg --json r.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-n", "--nprocs", type=int, help="launch N local ranks (default: 1)")
-    p.add_argument("-b", "--min-bytes", type=parse_size, default=8, help="default: 8")
-    p.add_argument("-e", "--max-bytes", type=parse_size, default=64 << 20, help="default: 64M")
-    p.add_argument("-f", "--step-factor", type=int, default=2, help="default: 2")
-    p.add_argument("-d", "--dtype", default="float32", help=f"{', '.join(DTYPES)}")
+    p.add_argument(
+        "-n", "--nprocs", type=int, help="launch N local ranks (default: 1; not under mpirun)"
+    )
+    p.add_argument(
+        "-b", "--min-bytes", type=parse_size, default=8, help="smallest size (default: 8)"
+    )
+    p.add_argument(
+        "-e", "--max-bytes", type=parse_size, default=64 << 20, help="largest size (default: 64M)"
+    )
+    p.add_argument(
+        "-f", "--step-factor", type=int, default=2, help="size multiplier per row (default: 2)"
+    )
+    p.add_argument(
+        "-d", "--dtype", default="float32", help=f"{', '.join(DTYPES)} (default: float32)"
+    )
     p.add_argument("-o", "--op", default="sum", choices=OPS, help="default: sum")
     p.add_argument(
         "-w", "--warmup", type=int, help="warm-up calls incl. the checked one (default: 5..1)"
@@ -85,12 +100,23 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
         help="timed rounds, all systems interleaved round by round; the median round "
         "counts (default: 3)",
     )
-    p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1), help="default: 1")
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        default=1,
+        choices=(0, 1),
+        help="check every result, #wrong column (default: 1)",
+    )
     p.add_argument(
         "--transport", help="auto, shm, tcp or mpi (default: $RINGREDUCE_TRANSPORT or auto)"
     )
-    p.add_argument("--timeout", type=float, default=60.0, help="per-call timeout, seconds")
-    p.add_argument("--compare", default="", help="comma list of other systems: mpi,gloo")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="per-call timeout, seconds (default: 60)"
+    )
+    p.add_argument(
+        "--compare", default="", help="comma list of other systems: mpi,gloo (default: none)"
+    )
     p.add_argument("--json", metavar="PATH", help="write all rows as JSON")
     p.add_argument("--csv", metavar="PATH", help="write all rows as CSV")
     p.add_argument("--plot", metavar="PATH.png", help="plot busbw vs size (needs matplotlib)")

@@ -10,11 +10,12 @@ __all__ = ["main"]
 
 _USAGE = """\
 usage: ringreduce <command> [options]
+       ringreduce --version
 
 commands:
-  launch   run a program as N local ranks:  ringreduce launch -n 4 -- python train.py
+  launch   run a program as N ranks:  ringreduce launch -n 4 -- python train.py
   bench    all_reduce benchmark (nccl-tests style table):  ringreduce bench -n 4
-  info     print the build configuration as JSON
+  info     what this build contains (version, transports, CUDA, CPU kernels) as JSON
 
 'ringreduce <command> -h' describes a command's options.
 """
@@ -22,14 +23,20 @@ commands:
 
 def _info(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print("usage: ringreduce info\n\nPrints ringreduce.build_info() as JSON.")
+        print(
+            "usage: ringreduce info\n\nPrints ringreduce.build_info() as JSON: version, "
+            "transports built in, whether MPI and CUDA are, which CPU kernels run, and how "
+            "many CUDA devices are usable."
+        )
         return 0
     if argv:
         print(f"ringreduce info: unexpected arguments {argv}", file=sys.stderr)
         return 2
     import ringreduce
 
-    print(json.dumps(ringreduce.build_info(), indent=2, sort_keys=True))
+    info = dict(ringreduce.build_info())
+    info["cuda_devices"] = ringreduce._core.cuda_device_count()
+    print(json.dumps(info, indent=2, sort_keys=True))
     return 0
 
 
@@ -39,6 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_USAGE, end="")
         return 0 if args else 2
+    if args[0] in ("--version", "-V", "version"):
+        import ringreduce
+
+        print(f"ringreduce {ringreduce.__version__}")
+        return 0
     command, rest = args[0], args[1:]
     # Each subcommand parses its own arguments: launch must leave everything after
     # "--" untouched, which a shared argparse tree would not.

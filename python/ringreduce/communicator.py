@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _core
+from . import _composite, _core
 from ._arrays import array_for, kind_of
 from ._buffers import FLOATING, Buffer, describe, dtype_code
 from ._env import engine_options
@@ -34,13 +34,27 @@ class ReduceOp(enum.Enum):
     AVG = int(_core.Op.AVG)  # floating dtypes only
 
 
-def _op_code(op: Union[str, ReduceOp], dtype_name: str) -> Any:
+# torch.distributed.ReduceOp names for ours.
+_TORCH_OPS = {"SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX", "AVG": "AVG"}
+
+
+def _op_member(op: Any) -> ReduceOp:
     if isinstance(op, ReduceOp):
-        member = op
-    elif isinstance(op, str) and op.upper() in ReduceOp.__members__:
-        member = ReduceOp[op.upper()]
-    else:
-        raise ValueError(f"op: unknown reduction {op!r}; use one of sum, prod, min, max, avg")
+        return op
+    if isinstance(op, str) and op.upper() in ReduceOp.__members__:
+        return ReduceOp[op.upper()]
+    # torch.distributed.ReduceOp.SUM and friends, without importing torch.
+    name = getattr(op, "name", None)
+    if type(op).__module__.startswith("torch") and name in _TORCH_OPS:
+        return ReduceOp[_TORCH_OPS[name]]
+    raise ValueError(
+        f"op: unknown reduction {op!r}; use one of sum, prod, min, max, avg (strings, "
+        "rr.ReduceOp or torch.distributed.ReduceOp)"
+    )
+
+
+def _op_code(op: Any, dtype_name: str) -> Any:
+    member = _op_member(op)
     if member is ReduceOp.AVG and dtype_name not in FLOATING:
         raise ValueError(
             f"op: avg is defined for floating dtypes only, not {dtype_name} "
@@ -112,6 +126,10 @@ class Work:
     def done(self) -> bool:
         """True once the collective has finished (successfully or not)."""
         return self._finished or bool(self._handle.done())
+
+    def is_completed(self) -> bool:
+        """The same as `done` (torch.distributed's name for it)."""
+        return self.done()
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
@@ -295,8 +313,19 @@ class Communicator:
             _Collective.REDUCE_SCATTER, src, dst, opc, 0, result, (x, out), async_op
         )
 
-    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
-        """Gathers x from every rank into an array of shape ``(world_size, *x.shape)``."""
+    def all_gather(
+        self, x: Any, *, out: Any = None, async_op: bool = False, uneven: bool = False
+    ) -> Any:
+        """Gathers x from every rank into an array of shape ``(world_size, *x.shape)``.
+
+        With ``uneven=True`` the first dimension of x may differ between ranks (as in
+        Horovod's allgather or MPI_Allgatherv): the result is every rank's x
+        concatenated along the first axis, in rank order (blocking; no ``out``).
+        """
+        if uneven:
+            if out is not None or async_op:
+                raise ValueError("all_gather(uneven=True) takes neither out nor async_op")
+            return _composite.all_gather_uneven(self, x)
         src = self._input(x)
         result, dst = self._output(out, src, (self.world_size,) + src.shape)
         return self._submit(
@@ -327,6 +356,14 @@ class Communicator:
         return self._submit(
             _Collective.BROADCAST, buf, buf, _core.Op.SUM, root, x, (x,), async_op, finalize
         )
+
+    def all_gather_object(self, obj: Any) -> list:
+        """Every rank's ``obj`` (anything picklable), as a list in rank order."""
+        return _composite.all_gather_object(self, obj)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s ``obj`` (anything picklable), returned on every rank."""
+        return _composite.broadcast_object(self, obj, root)
 
     def barrier(self) -> None:
         """Returns once every rank has called barrier()."""

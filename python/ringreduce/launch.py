@@ -1,11 +1,13 @@
-"""Local multi-process launcher: ``ringreduce launch -n N -- prog args...``.
+"""Multi-process launcher: ``ringreduce launch -n N -- prog args...``.
 
 Starts N copies of a program on this machine, one per rank, with the environment that
 ``ringreduce.init()`` (and ``torch.distributed``'s ``env://``) reads: RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Every output line of a rank is
-prefixed with ``[rank] `` (stdout stays on stdout, stderr on stderr). When one rank fails,
-the others are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits
-with the failing rank's code, so a broken job never leaves orphans or hangs.
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. On several machines, run it
+once per machine with torchrun's options (``--nnodes 2 --node-rank 0 --master-addr HOST
+--nproc-per-node 4``). Every output line of a rank is prefixed with ``[rank] `` (stdout
+stays on stdout, stderr on stderr). When one rank fails, the others are stopped (SIGTERM,
+then SIGKILL after a grace period) and the launcher exits with the failing rank's code, so
+a broken job never leaves orphans or hangs. Ctrl-C stops every rank and prints one line.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ _TAG = "ringreduce launch"
 def free_port(addr: str = "127.0.0.1", span: int = 2) -> int:
     """Returns a port p on ``addr`` such that p .. p+span-1 were all free a moment ago.
 
-    ``span`` defaults to 2 so that the port after MASTER_PORT is free too: programs that
-    bring up a second rendezvous next to ours (for example a torch.distributed process
-    group) conventionally put it at MASTER_PORT + 1.
+    ``span`` defaults to 2 because a launched job uses two: torch.distributed's env://
+    store listens on MASTER_PORT, ringreduce's rendezvous on RINGREDUCE_PORT (the next).
     """
     for _ in range(64):
         with socket.socket() as s:
@@ -78,6 +79,11 @@ class _Output:
         self._lock = threading.Lock()
         self._broken = False
 
+    def mute(self) -> None:
+        """Drops every later line (the ranks' pipes are still drained)."""
+        with self._lock:
+            self._broken = True
+
     def write_line(self, prefix: bytes, line: bytes) -> None:
         if not line.endswith(b"\n"):
             line += b"\n"  # a last line without newline must not glue onto another rank's
@@ -108,16 +114,27 @@ def _pump(pipe: IO[bytes], prefix: bytes, out: _Output) -> None:
 
 
 def _rank_env(
-    base: dict[str, str], rank: int, nprocs: int, addr: str, port: int, transport: str | None
+    base: dict[str, str],
+    local_rank: int,
+    nprocs: int,
+    addr: str,
+    port: int,
+    transport: str | None,
+    node_rank: int = 0,
+    nnodes: int = 1,
 ) -> dict[str, str]:
     env = dict(base)
     env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(nprocs),
-        LOCAL_RANK=str(rank),
+        RANK=str(node_rank * nprocs + local_rank),
+        WORLD_SIZE=str(nnodes * nprocs),
+        LOCAL_RANK=str(local_rank),
         LOCAL_WORLD_SIZE=str(nprocs),
+        GROUP_RANK=str(node_rank),
         MASTER_ADDR=addr,
         MASTER_PORT=str(port),
+        # MASTER_PORT is for torch.distributed's env:// store; ringreduce's meets next
+        # to it, so that a script can use both (unless the user chose its port).
+        RINGREDUCE_PORT=base.get("RINGREDUCE_PORT") or str(port + 1),
         # Prefixed lines are only useful if they arrive when printed, not at exit.
         PYTHONUNBUFFERED="1",
     )
@@ -179,6 +196,8 @@ def launch(
     master_port: int | None = None,
     transport: str | None = None,
     grace: float = 5.0,
+    nnodes: int = 1,
+    node_rank: int = 0,
 ) -> int:
     """Runs ``cmd`` as ``nprocs`` local ranks and returns the job's exit status.
 
@@ -193,6 +212,9 @@ def launch(
         master_port: MASTER_PORT; a free port (whose successor is free too) when None.
         transport: if given, exported as RINGREDUCE_TRANSPORT.
         grace: seconds between SIGTERM and SIGKILL when stopping ranks.
+        nnodes, node_rank: several machines, as torchrun: this machine runs ranks
+            node_rank * nprocs .. node_rank * nprocs + nprocs - 1 of nnodes * nprocs; every
+            machine is given the same master_addr (node 0's) and master_port.
 
     Returns:
         0 if every rank exited 0. Otherwise the status of the first rank that failed
@@ -201,6 +223,10 @@ def launch(
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {nnodes}, {node_rank}")
+    if nnodes > 1 and master_port is None:
+        raise ValueError("with several nodes every node needs the same --master-port")
     if not cmd:
         raise ValueError("no program to launch")
     port = master_port if master_port is not None else free_port(master_addr)
@@ -217,8 +243,12 @@ def launch(
     def on_signal(signum: int, _frame: Any) -> None:
         # Forward what we got (SIGINT lets Python ranks raise KeyboardInterrupt and
         # clean up); SIGKILL follows if they do not finish within the grace period.
+        # What the ranks print from here on is their tracebacks of the interrupt, one
+        # per rank: hold it back and say it once.
         if not interrupted:
             interrupted.append(signum)
+            out.mute()
+            err.mute()
         job.stop(signum)
 
     old_handlers = {}
@@ -233,7 +263,9 @@ def launch(
             try:
                 proc = subprocess.Popen(
                     argv,
-                    env=_rank_env(base, rank, nprocs, master_addr, port, transport),
+                    env=_rank_env(
+                        base, rank, nprocs, master_addr, port, transport, node_rank, nnodes
+                    ),
                     stdout=pipe,
                     stderr=pipe,
                     stdin=subprocess.DEVNULL,
@@ -264,6 +296,13 @@ def launch(
     for t in pumps:
         t.join(max(0.0, deadline - time.monotonic()))
     if interrupted:
+        name = signal.Signals(interrupted[0]).name
+        print(
+            f"{_TAG}: interrupted ({name}): stopped {nprocs} ranks; their output after the "
+            "signal was not shown",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + interrupted[0]
     if first_failure is not None:
         return _shell_code(first_failure[1]) or 1
@@ -299,17 +338,68 @@ def _wait_all(job: _Job, exits: queue.Queue[tuple[int, int]]) -> tuple[int, int]
     return first
 
 
+_EPILOG = """\
+examples:
+  ringreduce launch -n 4 -- python train.py --lr 0.1
+  ringreduce launch --nproc-per-node 4 -- train.py       (torchrun's spelling; .py runs with
+                                                          this interpreter)
+  on 2 machines, node 0 at 10.0.0.1:
+    ringreduce launch --nnodes 2 --node-rank 0 --nproc-per-node 4 \\
+        --master-addr 10.0.0.1 --master-port 29500 -- python train.py
+    ringreduce launch --nnodes 2 --node-rank 1 --nproc-per-node 4 \\
+        --master-addr 10.0.0.1 --master-port 29500 -- python train.py
+
+Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+and RINGREDUCE_PORT = MASTER_PORT + 1 (torch.distributed's env:// store listens on
+MASTER_PORT, ringreduce's rendezvous on RINGREDUCE_PORT, so both work in one job).
+"""
+
+
 def build_parser(prog: str = "ringreduce launch") -> argparse.ArgumentParser:
     """The argument parser of ``ringreduce launch``."""
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Run a program as N local ranks with RANK/WORLD_SIZE/MASTER_* set.",
+        description="Run a program as N ranks with RANK/WORLD_SIZE/MASTER_* set.",
         usage=f"{prog} -n N [options] -- prog [args...]",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
-    p.add_argument("--transport", help="exported as RINGREDUCE_TRANSPORT (tcp, mpi, auto)")
-    p.add_argument("--master-addr", default="127.0.0.1", help="default: %(default)s")
-    p.add_argument("--master-port", type=int, help="default: a free port")
+    p.add_argument(
+        "-n",
+        "--nprocs",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nprocs",
+        type=int,
+        required=True,
+        help="ranks on this machine",
+    )
+    p.add_argument(
+        "--nnodes", type=int, default=1, help="machines in the job (default: %(default)s)"
+    )
+    p.add_argument(
+        "--node-rank",
+        "--node_rank",
+        dest="node_rank",
+        type=int,
+        default=0,
+        help="this machine's index, 0..nnodes-1 (default: %(default)s)",
+    )
+    p.add_argument("--transport", help="exported as RINGREDUCE_TRANSPORT (auto, shm, tcp, mpi)")
+    p.add_argument(
+        "--master-addr",
+        "--master_addr",
+        dest="master_addr",
+        default="127.0.0.1",
+        help="node 0's address (default: %(default)s)",
+    )
+    p.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=int,
+        help="default: a free port (needed with --nnodes > 1)",
+    )
     p.add_argument(
         "--no-prefix", action="store_true", help="do not prefix output lines with [rank]"
     )
@@ -338,6 +428,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce launch") -> 
         parser.error("no program given (put it after --)")
     if args.nprocs < 1:
         parser.error("-n must be at least 1")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        parser.error("need --nnodes >= 1 and 0 <= --node-rank < --nnodes")
+    if args.nnodes > 1 and args.master_port is None:
+        parser.error("with --nnodes > 1, give every node the same --master-port")
     return launch(
         args.nprocs,
         args.cmd,
@@ -346,6 +440,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce launch") -> 
         master_port=args.master_port,
         transport=args.transport,
         grace=args.grace,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
     )
 
 

@@ -27,7 +27,7 @@ import torch
 from ._bucket_plan import as_dtype
 from .bucketing import GradientBucketer, Handle
 
-__all__ = ["GradSync", "broadcast_parameters"]
+__all__ = ["GradSync", "broadcast_optimizer_state", "broadcast_parameters"]
 
 
 def _numpy_view(t: torch.Tensor) -> np.ndarray:
@@ -227,3 +227,80 @@ def broadcast_parameters(module: torch.nn.Module, comm: Any, root: int = 0) -> N
         works = [comm.broadcast(v, root=root, async_op=True) for v in views if math.prod(v.shape)]
         for work in works:
             work.wait()
+
+
+class _TensorSlot:
+    """Where a tensor of a broadcast state sits, with what a receiver needs to make it."""
+
+    def __init__(self, index: int, t: torch.Tensor) -> None:
+        self.index = index
+        self.shape = tuple(t.shape)
+        self.dtype = t.dtype
+
+
+def _strip(value: Any, tensors: list) -> Any:
+    """The state with each tensor replaced by a _TensorSlot (the tensors go to `tensors`)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _TensorSlot(len(tensors) - 1, value)
+    if isinstance(value, dict):
+        return {k: _strip(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_strip(v, tensors) for v in value)
+    return value
+
+
+def _fill(value: Any, tensors: list) -> Any:
+    """_strip undone, with the tensors of `tensors`."""
+    if isinstance(value, _TensorSlot):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {k: _fill(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, comm: Any, root: int = 0) -> None:
+    """Copies ``root``'s optimizer state into every rank's optimizer (as Horovod's
+    ``broadcast_optimizer_state`` does): per-parameter buffers such as momentum and Adam's
+    moments, step counts, and the hyperparameters of every parameter group.
+
+    Call it after `broadcast_parameters`, for example when resuming from a checkpoint that
+    only rank 0 loaded. The structure travels pickled, each tensor by a broadcast of its
+    bytes (any dtype); every rank then loads it with ``optimizer.load_state_dict``.
+    """
+    tensors: list = []
+    skeleton = _strip(optimizer.state_dict(), tensors) if comm.rank == root else None
+    skeleton = comm.broadcast_object(skeleton, root=root)
+    if comm.rank != root:
+        tensors = []
+        _collect_slots(skeleton, tensors)
+    works = []
+    for t in tensors:
+        data = t.detach().reshape(-1).contiguous()
+        if data.numel():
+            works.append(comm.broadcast(data.view(torch.uint8), root=root, async_op=True))
+    for work in works:
+        work.wait()
+    if comm.rank != root:
+        optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _collect_slots(skeleton: Any, tensors: list) -> None:
+    """Empty CPU tensors for every _TensorSlot of `skeleton`, in index order."""
+    slots: list = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, _TensorSlot):
+            slots.append(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(skeleton)
+    for slot in sorted(slots, key=lambda s: s.index):
+        tensors.append(torch.empty(slot.shape, dtype=slot.dtype))

@@ -142,6 +142,36 @@ def _broadcast(comm, dtype, counts):
     return failures
 
 
+def _rooted_and_all_to_all(comm, dtype, counts):
+    """reduce, gather, scatter and all_to_all on device memory, out= given."""
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for root in sorted({0, n - 1}):
+        for count in counts:
+            want = expected(n, count, dtype, "max")
+            out = _poison((count,), dtype)
+            comm.reduce(fake(contribution(r, count, dtype, "max")), "max", root, out=fake(out))
+            if r == root and not same_bits(out, want):
+                failures.append(f"reduce root={root} count={count}")
+            rows = _poison((n, count), dtype)
+            comm.gather(fake(contribution(r, count, dtype, "sum")), root, out=fake(rows))
+            stacked = np.stack([contribution(i, count, dtype, "sum") for i in range(n)])
+            if r == root and not same_bits(rows, stacked):
+                failures.append(f"gather root={root} count={count}")
+            mine = _poison((count,), dtype)
+            comm.scatter(fake(stacked) if r == root else None, root, out=fake(mine))
+            if not same_bits(mine, stacked[r]):
+                failures.append(f"scatter root={root} count={count}")
+    for count in counts:
+        x = np.concatenate([contribution(r * n + d, count, dtype, "sum") for d in range(n)])
+        out = _poison((n * count,), dtype)
+        comm.all_to_all(fake(x), out=fake(out))
+        want = np.concatenate([contribution(s * n + r, count, dtype, "sum") for s in range(n)])
+        if not same_bits(out, want):
+            failures.append(f"all_to_all count={count}")
+    return failures
+
+
 def _random_float32(comm, count, seed):
     n, r = comm.world_size, comm.rank
     parts = [np.random.default_rng(seed + i).standard_normal(count) for i in range(n)]
@@ -244,6 +274,15 @@ def test_all_gather_and_broadcast(fake_group, n, segment):
         group = fake_group(n, segment)
         assert group.run(_all_gather, dtype, counts) == [[]] * n, dtype
         assert group.run(_broadcast, dtype, counts) == [[]] * n, dtype
+
+
+@pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_reduce_gather_scatter_all_to_all(fake_group, n, segment):
+    counts = _counts(n, segment)
+    for dtype in ("bfloat16", "float32", "int8"):
+        got = fake_group(n, segment).run(_rooted_and_all_to_all, dtype, counts)
+        assert got == [[]] * n, dtype
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -42,6 +42,10 @@ from test_collectives import (
     _bytes_on_wire,
     _reduce_scatter,
 )
+from test_collectives_more import _all_to_all, _p2p_any_source, _p2p_ring, _p2p_with_collectives
+from test_collectives_more import _gather as _gather_to_root
+from test_collectives_more import _reduce as _reduce_to_root
+from test_collectives_more import _scatter as _scatter_from_root
 
 import ringreduce as rr
 
@@ -180,6 +184,27 @@ def test_broadcast_barrier_async(comm):
         failures.append("barrier ops")
     if _attempt(_async_in_order, comm) is not True:
         failures.append("async in order")
+    _agree(failures)
+
+
+@on_ranks
+@pytest.mark.parametrize("dtype", ["bfloat16", "int32"])
+def test_rooted_collectives_and_all_to_all(comm, dtype):
+    failures = []
+    for fn in (_reduce_to_root, _gather_to_root, _scatter_from_root, _all_to_all):
+        failures += [f"{fn.__name__}: {f}" for f in _attempt(fn, comm, dtype)]
+    _agree(failures)
+
+
+@on_ranks
+def test_point_to_point(comm):
+    failures = list(_attempt(_p2p_ring, comm, "float64"))
+    if _attempt(_p2p_with_collectives, comm) is not True:
+        failures.append("send/recv alongside all_reduce")
+    got = _attempt(_p2p_any_source, comm)
+    n = comm.world_size
+    if comm.rank == 0 and got != {r: [10 * r] * 4 for r in range(1, n)}:
+        failures.append(f"any source: {got}")
     _agree(failures)
 
 

@@ -1,5 +1,7 @@
 #include "algorithms/call_header.h"
 
+#include <vector>
+
 #include "common/error.h"
 
 namespace rr {
@@ -15,7 +17,8 @@ CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algor
   h.op = static_cast<uint8_t>(args.op);
   h.algorithm = static_cast<uint8_t>(algorithm);
   h.seq = ctx.seq;
-  h.count = args.count;
+  // all_to_all's blocks may differ by pair: exchange_block_sizes checks them.
+  h.count = args.kind == CollectiveKind::kAllToAll && !args.send_counts.empty() ? 0 : args.count;
   h.root = args.root;
   h.segment_bytes = static_cast<uint32_t>(ctx.segment_bytes);
   return h;
@@ -23,7 +26,8 @@ CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algor
 
 // Renders a header the way the user wrote the call.
 std::string describe_header(const CallHeader& h) {
-  const bool known = h.kind >= 1 && h.kind <= 5 && valid_dtype(h.dtype) && valid_op(h.op);
+  const bool known =
+      h.kind >= 1 && h.kind <= kLastCollectiveKind && valid_dtype(h.dtype) && valid_op(h.op);
   if (!known) return "an unknown call (corrupt header)";
   CollectiveArgs args;
   args.kind = static_cast<CollectiveKind>(h.kind);
@@ -83,6 +87,35 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, A
                         left);
   }
   return sent;
+}
+
+void exchange_block_sizes(RingContext& ctx, const CollectiveArgs& args) {
+  Transport& t = ctx.transport;
+  const int size = t.size();
+  const int rank = t.rank();
+  const bool uneven = !args.send_counts.empty();
+  std::vector<uint64_t> mine(static_cast<size_t>(size));
+  std::vector<uint64_t> theirs(static_cast<size_t>(size));
+  std::vector<RequestPtr> requests;
+  for (int i = 1; i < size; ++i) {
+    const int to = (rank + i) % size;
+    const int from = (rank + size - i) % size;
+    mine[static_cast<size_t>(to)] = uneven ? args.send_counts[static_cast<size_t>(to)] : args.count;
+    requests.push_back(t.isend(to, &mine[static_cast<size_t>(to)], sizeof(uint64_t)));
+    requests.push_back(t.irecv(from, &theirs[static_cast<size_t>(from)], sizeof(uint64_t)));
+  }
+  for (RequestPtr& r : requests) t.wait(*r, ctx.deadline());
+  for (int from = 0; from < size; ++from) {
+    if (from == rank) continue;
+    const uint64_t expected = uneven ? args.recv_counts[static_cast<size_t>(from)] : args.count;
+    if (theirs[static_cast<size_t>(from)] != expected) {
+      throw MismatchError("all_to_all: rank " + std::to_string(from) + " sends " +
+                              std::to_string(theirs[static_cast<size_t>(from)]) +
+                              " elements to rank " + std::to_string(rank) + ", which expects " +
+                              std::to_string(expected) + " from it",
+                          from);
+    }
+  }
 }
 
 }  // namespace rr

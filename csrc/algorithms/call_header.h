@@ -34,4 +34,10 @@ static_assert(sizeof(CallHeader) == 32, "the header is part of the wire format")
 RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm,
                                  std::unique_ptr<CallHeader>& storage);
 
+// all_to_all: before any block, every pair of ranks compares the size of the
+// block one sends the other with the size the other expects (8 bytes each
+// way), so uneven blocks that disagree raise MismatchError naming both ranks
+// instead of misreading the stream.
+void exchange_block_sizes(RingContext& ctx, const CollectiveArgs& args);
+
 }  // namespace rr

@@ -3,6 +3,7 @@
 #include "algorithms/call_header.h"
 #include "algorithms/ring_schedule.h"
 #include "algorithms/schedule.h"
+#include "common/error.h"
 #include "executor/device_executor.h"
 #include "executor/host_executor.h"
 
@@ -20,6 +21,14 @@ const char* collective_name(CollectiveKind kind) {
       return "broadcast";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kReduce:
+      return "reduce";
+    case CollectiveKind::kGather:
+      return "gather";
+    case CollectiveKind::kScatter:
+      return "scatter";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -33,9 +42,18 @@ std::string describe_arguments(const CollectiveArgs& args) {
       return s + "()";
     case CollectiveKind::kAllGather:
       return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ")";
+    case CollectiveKind::kAllToAll:
+      if (!args.send_counts.empty())
+        return s + "(" + std::string(dtype_name(args.dtype)) + ", uneven)";
+      return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ")";
     case CollectiveKind::kBroadcast:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter:
       return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) +
              ", root=" + std::to_string(args.root) + ")";
+    case CollectiveKind::kReduce:
+      return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ", " +
+             op_name(args.op) + ", root=" + std::to_string(args.root) + ")";
     default:
       return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ", " +
              op_name(args.op) + ")";
@@ -91,6 +109,10 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
       return algorithm == Algorithm::kRing ? 0 : ring.size * args.count * elem;
     case CollectiveKind::kReduceScatter:
       return ring.size > 2 ? 2 * piece_elems(args, segment_bytes) * elem : 0;
+    case CollectiveKind::kReduce:
+      // The reduce-scatter's pieces, then (off the root) this rank's chunk.
+      return (ring.size > 2 ? 2 * piece_elems(args, segment_bytes) * elem : 0) +
+             chunk_bounds(args.count, ring.size, 0).second * elem;
     case CollectiveKind::kBarrier:
       return 2;  // the token sent and the token received
     default:
@@ -126,8 +148,42 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
     case CollectiveKind::kBarrier:
       ring_barrier(x, ring);
       break;
+    case CollectiveKind::kReduce:
+      ring_reduce(x, ring, args, piece_elems(args, segment_bytes));
+      break;
+    case CollectiveKind::kGather:
+      direct_gather(x, ring, args);
+      break;
+    case CollectiveKind::kScatter:
+      direct_scatter(x, ring, args);
+      break;
+    case CollectiveKind::kAllToAll:
+      direct_all_to_all(x, ring, args);
+      break;
   }
 }
+
+namespace {
+
+// Gather, scatter, reduce (its last step) and all_to_all talk to peers other
+// than the ring neighbours; every transport can, but say so plainly if not.
+void check_links(const Transport& t, const CollectiveArgs& args) {
+  const bool any_peer =
+      args.kind == CollectiveKind::kGather || args.kind == CollectiveKind::kScatter ||
+      args.kind == CollectiveKind::kReduce || args.kind == CollectiveKind::kAllToAll;
+  if (!any_peer) return;
+  for (int peer = 0; peer < t.size(); ++peer) {
+    const bool needed =
+        args.kind == CollectiveKind::kAllToAll || t.rank() == args.root || peer == args.root;
+    if (peer != t.rank() && needed && !t.connects(peer)) {
+      throw Error(std::string(collective_name(args.kind)) + ": the " + t.name() +
+                  " transport of rank " + std::to_string(t.rank()) + " cannot reach rank " +
+                  std::to_string(peer));
+    }
+  }
+}
+
+}  // namespace
 
 void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   // With one rank there is nothing to agree on and nobody to talk to.
@@ -135,7 +191,11 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   RequestPtr header_sent;
   const Algorithm algorithm = choose_algorithm(ctx, args);
   if (ctx.transport.size() > 1) {
+    check_links(ctx.transport, args);
     header_sent = exchange_call_headers(ctx, args, algorithm, header);
+    if (args.kind == CollectiveKind::kAllToAll && !args.send_counts.empty()) {
+      exchange_block_sizes(ctx, args);
+    }
   }
   const Ring ring{ctx.transport.rank(), ctx.transport.size()};
   const ExecutorSetup setup{

@@ -21,11 +21,19 @@ enum class CollectiveKind : uint8_t {
   kAllGather = 3,
   kBroadcast = 4,
   kBarrier = 5,
+  kReduce = 6,
+  kGather = 7,
+  kScatter = 8,
+  kAllToAll = 9,
 };
+constexpr uint8_t kLastCollectiveKind = 9;
 const char* collective_name(CollectiveKind kind);
 
 // One call. `count` is the number of elements of `send`: the whole vector for
-// all_reduce/reduce_scatter/broadcast, one rank's block for all_gather.
+// all_reduce/reduce_scatter/broadcast/reduce, one rank's block for
+// all_gather/gather/scatter/all_to_all (scatter: of `recv`). Rooted calls
+// (broadcast, reduce, gather, scatter) use `root`; only the root's `recv` of
+// reduce and gather, and its `send` of scatter, is touched.
 // `device` >= 0 says that send and recv are memory of that CUDA device, which
 // the transport cannot touch: the call then runs on the device executor
 // (executor/device_executor.h), after the work queued on the caller's
@@ -41,6 +49,10 @@ struct CollectiveArgs {
   int root = 0;
   int device = -1;
   uintptr_t stream = 0;  // a cudaStream_t; 0 is the legacy default stream
+  // all_to_all with blocks that differ by peer (MPI_Alltoallv): element counts
+  // and offsets by rank, into send and recv. Empty: every block is `count`
+  // elements, block p at p x count.
+  std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;
 };
 
 // "all_reduce(count=10, float32, sum)": how errors name a call.

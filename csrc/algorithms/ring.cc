@@ -87,9 +87,13 @@ void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) 
 
 void ring_reduce_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args,
                          size_t piece_elems) {
+  reduce_scatter_into(x, ring, args, piece_elems, static_cast<char*>(args.recv));
+}
+
+void reduce_scatter_into(Executor& x, const Ring& ring, const CollectiveArgs& args,
+                         size_t piece_elems, char* out) {
   const size_t elem = dtype_size(args.dtype);
   const char* src = static_cast<const char*>(args.send);
-  char* out = static_cast<char*>(args.recv);
   if (args.count == 0) return;
   if (ring.size == 1) {
     x.copy(out, src, args.count * elem);

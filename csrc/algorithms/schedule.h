@@ -47,6 +47,15 @@ void ring_reduce_scatter(Executor& x, const Ring& ring, const CollectiveArgs& ar
 void ring_all_gather(Executor& x, const Ring& ring, const CollectiveArgs& args);
 void ring_broadcast(Executor& x, const Ring& ring, const CollectiveArgs& args);
 void ring_barrier(Executor& x, const Ring& ring);
+void ring_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args, size_t piece_elems);
+void direct_gather(Executor& x, const Ring& ring, const CollectiveArgs& args);
+void direct_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args);
+void direct_all_to_all(Executor& x, const Ring& ring, const CollectiveArgs& args);
+
+// The reduce-scatter phases of ring_reduce_scatter, writing this rank's
+// reduced chunk to `out` (whose scratch starts at x.scratch()).
+void reduce_scatter_into(Executor& x, const Ring& ring, const CollectiveArgs& args,
+                         size_t piece_elems, char* out);
 
 // The all-gather phase over `count` elements of `elem` bytes, in place in
 // `buffer`: this rank's chunk must be there; afterwards every chunk is.

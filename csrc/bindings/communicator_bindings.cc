@@ -37,10 +37,56 @@ class PythonInterrupt final : public rr::Interrupt {
 
 void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// The engine's store over a Python object with set(key, value),
+// try_get(key) -> bytes or None, and set_if_absent(key, value) -> bytes: how a
+// torch.distributed store (ringreduce.torch) serves our rendezvous. Calls come
+// from whichever thread the engine runs on, so each takes the GIL.
+class PythonStore final : public rr::Store {
+ public:
+  explicit PythonStore(py::object impl) : impl_(std::move(impl)) {}
+  ~PythonStore() override {
+    if (Py_IsInitialized() == 0) {
+      impl_.release();  // the interpreter is gone: nothing to give the object back to
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+
+  void set(const std::string& key, const std::string& value) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("set")(key, py::bytes(value));
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    py::gil_scoped_acquire gil;
+    py::object value = impl_.attr("try_get")(key);
+    if (value.is_none()) return std::nullopt;
+    return value.cast<std::string>();
+  }
+  std::string set_if_absent(const std::string& key, const std::string& value) override {
+    py::gil_scoped_acquire gil;
+    return impl_.attr("set_if_absent")(key, py::bytes(value)).cast<std::string>();
+  }
+
+ private:
+  py::object impl_;
+};
+
+// Block sizes and offsets of an uneven all_to_all, in elements, by rank:
+// [send_counts, send_offsets, recv_counts, recv_offsets], or empty.
+using Blocks = std::vector<std::vector<size_t>>;
+
 rr::CollectiveArgs make_args(rr::CollectiveKind kind, uintptr_t send, uintptr_t recv, size_t count,
                              rr::DataType dtype, rr::ReduceOp op, int root, int device,
-                             uintptr_t stream) {
+                             uintptr_t stream, const Blocks& blocks = {}) {
   rr::CollectiveArgs args;
+  if (!blocks.empty()) {
+    if (blocks.size() != 4) throw std::invalid_argument("blocks: 4 lists expected");
+    args.send_counts = blocks[0];
+    args.send_offsets = blocks[1];
+    args.recv_counts = blocks[2];
+    args.recv_offsets = blocks[3];
+  }
   args.kind = kind;
   args.send = as_ptr(send);
   args.recv = as_ptr(recv);
@@ -128,9 +174,10 @@ py::object all_reduce_numpy(rr::Communicator& self, py::handle x_obj, py::handle
   }
   if (op == rr::ReduceOp::kAvg && !rr::is_floating(dtype)) return py::none();
   // (A default-constructed py::array would allocate an empty array.)
-  py::array out = out_obj.is_none()
-                      ? py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()))
-                      : py::reinterpret_borrow<py::array>(out_obj);
+  py::array out =
+      out_obj.is_none()
+          ? py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()))
+          : py::reinterpret_borrow<py::array>(out_obj);
   if (!out_obj.is_none()) {
     if (!py::isinstance<py::array>(out_obj)) return py::none();
     if (!out.dtype().is(x.dtype()) && !out.dtype().equal(x.dtype())) return py::none();
@@ -186,12 +233,15 @@ void register_communicator(py::module_& m) {
       .def_readwrite("shm_single_copy_bytes", &rr::Options::shm_single_copy_bytes)
       .def_readwrite("shm_slot_bytes", &rr::Options::shm_slot_bytes)
       .def_readwrite("socket_addr", &rr::Options::socket_addr)
-      .def_readwrite("fake_device", &rr::Options::fake_device);
+      .def_readwrite("fake_device", &rr::Options::fake_device)
+      .def_readwrite("point_to_point", &rr::Options::point_to_point);
 
   py::class_<rr::Work, std::shared_ptr<rr::Work>>(m, "Work")
       .def("wait", &rr::Work::wait, py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
            "Waits at most `seconds` (negative: until the collective ends); True when finished.")
       .def("done", &rr::Work::done)
+      .def_property_readonly("source", &rr::Work::source,
+                             "A receive's sender, once it has arrived (else -1).")
       .def_property_readonly("description", &rr::Work::description);
 
   py::class_<rr::Communicator>(m, "Communicator")
@@ -199,6 +249,19 @@ void register_communicator(py::module_& m) {
                   py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
                   py::arg("store_dir"), py::arg("options"),
                   py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "create_with_store",
+          [](py::object store, int rank, int world_size, const std::string& advertise,
+             const std::string& meeting, const rr::Options& options) {
+            auto impl = std::make_unique<PythonStore>(std::move(store));
+            py::gil_scoped_release release;
+            return rr::create_store_communicator(std::move(impl), rank, world_size, advertise,
+                                                 meeting, options);
+          },
+          py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("advertise"),
+          py::arg("meeting"), py::arg("options"),
+          "A communicator meeting through `store`, an object with set(key, value), "
+          "try_get(key) and set_if_absent(key, value) (bytes values).")
       .def_property_readonly("rank", &rr::Communicator::rank)
       .def_property_readonly("world_size", &rr::Communicator::size)
       .def_property_readonly("local_rank", &rr::Communicator::local_rank)
@@ -209,11 +272,13 @@ void register_communicator(py::module_& m) {
           "submit",
           [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
              size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
-             uintptr_t stream) {
-            return self.submit(make_args(kind, send, recv, count, dtype, op, root, device, stream));
+             uintptr_t stream, const Blocks& blocks) {
+            return self.submit(
+                make_args(kind, send, recv, count, dtype, op, root, device, stream, blocks));
           },
           py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
+          py::arg("blocks") = Blocks{},
           "Queues a collective on raw addresses for the worker thread. device >= 0: they are "
           "memory of that CUDA device, and the collective starts after the work queued so far "
           "on `stream` (a cudaStream_t; 0 is the legacy default stream).")
@@ -221,20 +286,35 @@ void register_communicator(py::module_& m) {
           "run",
           [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
              size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
-             uintptr_t stream) {
+             uintptr_t stream, const Blocks& blocks) {
             const rr::CollectiveArgs args =
-                make_args(kind, send, recv, count, dtype, op, root, device, stream);
+                make_args(kind, send, recv, count, dtype, op, root, device, stream, blocks);
             PythonInterrupt interrupt;
             py::gil_scoped_release release;
             self.run(args, &interrupt);
           },
           py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
+          py::arg("blocks") = Blocks{},
           "Runs a collective on raw addresses to completion: on this thread when nothing is "
           "queued. Ctrl-C abandons it (KeyboardInterrupt) and breaks the communicator.")
       .def("all_reduce_numpy", &all_reduce_numpy, py::arg("x"), py::arg("out"), py::arg("op"),
            "Fast path of all_reduce for host numpy arrays: the result, or None when the "
            "general path must handle the call.")
+      .def(
+          "send",
+          [](rr::Communicator& self, uintptr_t data, size_t bytes, int dst, int64_t tag) {
+            return self.send(as_ptr(data), bytes, dst, tag);
+          },
+          py::arg("data"), py::arg("bytes"), py::arg("dst"), py::arg("tag"),
+          "Posts a point-to-point send of raw host memory; the Work finishes once it left.")
+      .def(
+          "recv",
+          [](rr::Communicator& self, uintptr_t data, size_t bytes, int src, int64_t tag) {
+            return self.recv(as_ptr(data), bytes, src, tag);
+          },
+          py::arg("data"), py::arg("bytes"), py::arg("src"), py::arg("tag"),
+          "Posts a point-to-point receive into raw host memory; src < 0: from any rank.")
       .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
       .def("stats", &stats);
 }

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "config.h"
 #include "reduce/cpu_kernels.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace py = pybind11;
 
@@ -75,7 +76,11 @@ void register_enums(py::module_& m) {
       .value("REDUCE_SCATTER", rr::CollectiveKind::kReduceScatter)
       .value("ALL_GATHER", rr::CollectiveKind::kAllGather)
       .value("BROADCAST", rr::CollectiveKind::kBroadcast)
-      .value("BARRIER", rr::CollectiveKind::kBarrier);
+      .value("BARRIER", rr::CollectiveKind::kBarrier)
+      .value("REDUCE", rr::CollectiveKind::kReduce)
+      .value("GATHER", rr::CollectiveKind::kGather)
+      .value("SCATTER", rr::CollectiveKind::kScatter)
+      .value("ALL_TO_ALL", rr::CollectiveKind::kAllToAll);
 }
 
 // Hooks into the engine's pure parts for tests and benchmarks, kept out of
@@ -126,6 +131,8 @@ PYBIND11_MODULE(_core, m) {
   register_communicator(m);
 
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
+  m.def("local_ip_towards", &rr::local_ip_towards, py::arg("host"),
+        "The address of the local interface that routes to `host` (nothing is sent).");
   m.def("build_info", [] {
     py::dict d;
     d["version"] = RR_VERSION;

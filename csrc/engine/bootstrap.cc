@@ -44,7 +44,6 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
                                          int size, const Options& options,
                                          const NetworkFactory& network, Placement* placement,
                                          const std::string& meeting, const Deadline& deadline) {
-  const std::string& kind = options.transport;
   std::vector<int> local{rank};
   if (size > 1) {
     local = ranks_on_this_host(store, prefix, rank, size, options.host_id, meeting, deadline);
@@ -52,6 +51,16 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
   placement->local_size = static_cast<int>(local.size());
   placement->local_rank =
       static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  placement->local_ranks = local;
+  return connect_links_among(store, prefix, rank, size, options, network, local, deadline);
+}
+
+std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& prefix, int rank,
+                                               int size, const Options& options,
+                                               const NetworkFactory& network,
+                                               const std::vector<int>& local,
+                                               const Deadline& deadline) {
+  const std::string& kind = options.transport;
   if (kind != "auto" && kind != "shm") return network();
   const bool one_host = static_cast<int>(local.size()) == size;
   if (kind == "shm" && !one_host) {
@@ -109,7 +118,15 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
     advertise = local_ip_towards(master_addr);
     meeting = "rank 0's rendezvous store at " + master_addr + ":" + std::to_string(master_port);
   }
+  return create_communicator(std::move(store), rank, size, advertise, meeting, options, deadline);
+}
+
+std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
+                                                  std::string advertise, const std::string& meeting,
+                                                  const Options& options,
+                                                  const Deadline& deadline) {
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
+  if (advertise.empty()) advertise = local_ip_towards("192.0.2.1");  // the default route's
   const std::string prefix = "rr/";
   Store& rendezvous = *store;
   const NetworkFactory tcp = [&] {
@@ -119,8 +136,32 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
   Placement placement;
   auto transport =
       connect_links(*store, prefix, rank, size, options, tcp, &placement, meeting, deadline);
+  std::unique_ptr<Transport> p2p;
+  if (options.point_to_point && size > 1) {
+    const std::string p2p_prefix = prefix + "p2p/";
+    const NetworkFactory lazy = [&] {
+      return TcpTransport::connect_lazy(rendezvous, p2p_prefix, rank, size, advertise,
+                                        std::chrono::microseconds(options.spin_us), deadline);
+    };
+    p2p = connect_links_among(*store, p2p_prefix, rank, size, options, lazy, placement.local_ranks,
+                              deadline);
+  }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
-                                        prefix);
+                                        prefix, std::move(p2p));
+}
+
+std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,
+                                                        int size, const std::string& advertise,
+                                                        const std::string& meeting,
+                                                        const Options& options) {
+  if (size < 1) throw InvalidArgument("world_size must be >= 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgument("rank must be in [0, " + std::to_string(size) + "), got " +
+                          std::to_string(rank));
+  }
+  if (options.timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  return create_communicator(std::move(store), rank, size, advertise, meeting, options,
+                             Deadline::after(options.timeout_seconds));
 }
 
 }  // namespace rr

@@ -37,11 +37,33 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
                                          const NetworkFactory& network, Placement* placement,
                                          const std::string& meeting, const Deadline& deadline);
 
+// The same for ranks whose hosts are known (`local`: the ranks on ours), under
+// another prefix: the point-to-point links beside the collectives' ones.
+std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& prefix, int rank,
+                                               int size, const Options& options,
+                                               const NetworkFactory& network,
+                                               const std::vector<int>& local,
+                                               const Deadline& deadline);
+
 // A communicator whose ranks meet at a TCP store on master_addr:master_port
 // hosted by rank 0 (or a file store in `store_dir` when it is not empty).
 std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
                                                       const std::string& master_addr,
                                                       int master_port, const std::string& store_dir,
                                                       const Options& options);
+
+// A communicator whose ranks meet through a store the caller made (a
+// torch.distributed store, through the bindings): every key goes there, so no
+// port of our own is needed to meet. Sockets advertise `advertise` (empty:
+// the address of the default route's interface, or RINGREDUCE_SOCKET_ADDR).
+std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,
+                                                        int size, const std::string& advertise,
+                                                        const std::string& meeting,
+                                                        const Options& options);
+
+// The common end of both: links and the communicator, once a store is there.
+std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
+                                                  std::string advertise, const std::string& meeting,
+                                                  const Options& options, const Deadline& deadline);
 
 }  // namespace rr

@@ -19,7 +19,8 @@ size_t small_message_bytes(size_t small_bytes, int size) {
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transport> transport,
-                           const Options& options, Placement placement, std::string store_prefix)
+                           const Options& options, Placement placement, std::string store_prefix,
+                           std::unique_ptr<Transport> p2p)
     : rank_(transport->rank()),
       size_(transport->size()),
       transport_name_(transport->name()),
@@ -36,7 +37,37 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_ && !transport_->reaches(peer)) reaches_all_ = false;
   }
+  if (p2p) {
+    p2p_ = std::make_unique<PointToPoint>(std::move(p2p), options_.timeout_seconds,
+                                          options_.segment_bytes);
+  }
   worker_ = std::thread([this] { worker(); });
+}
+
+std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int dst, int64_t tag) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_if_unusable();
+  }
+  if (!p2p_) {
+    throw Error("rank " + std::to_string(rank_) +
+                ": this communicator has no point-to-point links (world of one, or made "
+                "without them)");
+  }
+  return p2p_->send(data, bytes, dst, tag);
+}
+
+std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int src, int64_t tag) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_if_unusable();
+  }
+  if (!p2p_) {
+    throw Error("rank " + std::to_string(rank_) +
+                ": this communicator has no point-to-point links (world of one, or made "
+                "without them)");
+  }
+  return p2p_->recv(data, bytes, src, tag);
 }
 
 Communicator::~Communicator() { close(); }
@@ -185,6 +216,7 @@ void Communicator::close() {
     cv_.wait(lock, [this] { return !busy_ || std::this_thread::get_id() == worker_.get_id(); });
   }
   if (worker_.joinable()) worker_.join();
+  if (p2p_) p2p_->close();
   // After a failure the transport was aborted already; otherwise this is
   // the normal end.
   transport_->close();
@@ -199,8 +231,17 @@ void Communicator::close() {
 }
 
 CommStats Communicator::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  CommStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+  }
+  if (p2p_) {
+    const TransportStats p = p2p_->stats();
+    s.bytes_sent += p.bytes_sent;
+    s.bytes_received += p.bytes_received;
+  }
+  return s;
 }
 
 }  // namespace rr

@@ -24,6 +24,7 @@
 
 #include "algorithms/collective.h"
 #include "engine/options.h"
+#include "engine/p2p.h"
 #include "engine/work.h"
 #include "executor/device.h"
 #include "rendezvous/store.h"
@@ -43,12 +44,15 @@ struct CommStats {
 struct Placement {
   int local_rank = 0;
   int local_size = 1;
+  std::vector<int> local_ranks;  // the ranks on this host, ascending
 };
 
 class Communicator {
  public:
+  // `p2p`: the links for send/recv (may be null: then they are refused).
   Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transport> transport,
-               const Options& options, Placement placement, std::string store_prefix);
+               const Options& options, Placement placement, std::string store_prefix,
+               std::unique_ptr<Transport> p2p = nullptr);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -70,6 +74,11 @@ class Communicator {
   // queued or running, else after the queued ones. `interrupt` (may be null)
   // is asked while it waits, and may abandon the call.
   void run(const CollectiveArgs& args, const Interrupt* interrupt);
+
+  // Point-to-point messages (engine/p2p.h), beside the collectives and in
+  // no order with them. src < 0: from any rank.
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int dst, int64_t tag);
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int src, int64_t tag);
 
   // Finishes the queued work, then closes every connection. Idempotent.
   void close();
@@ -104,6 +113,7 @@ class Communicator {
   std::string prefix_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<PointToPoint> p2p_;
   std::vector<char> scratch_;  // host scratch of the running collective
 
   mutable std::mutex mu_;

@@ -16,8 +16,17 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
   Placement placement;
   auto transport = connect_links(*store, "rr/", channel->rank(), channel->size(), options, mpi,
                                  &placement, "the MPI communicator", deadline);
+  std::unique_ptr<Transport> p2p;
+  if (options.point_to_point && channel->size() > 1) {
+    // A communicator of their own, so point-to-point messages never match
+    // the collectives' (MPI_Comm_idup again: collective, like this call).
+    auto p2p_channel = MpiChannel::open(comm, deadline);
+    const NetworkFactory mpi_p2p = [&] { return std::make_unique<MpiTransport>(p2p_channel); };
+    p2p = connect_links_among(*store, "rr/p2p/", channel->rank(), channel->size(), options, mpi_p2p,
+                              placement.local_ranks, deadline);
+  }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
-                                        "rr/");
+                                        "rr/", std::move(p2p));
 }
 
 }  // namespace rr

@@ -28,6 +28,9 @@ struct Options {
   size_t shm_slot_bytes = 0;
   std::string socket_addr;   // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
   bool fake_device = false;  // tests: the CPU stand-in for CUDA devices
+  // Make the links for send/recv too (engine/p2p.h): shared memory on the
+  // host, TCP connected on first use, a second MPI communicator.
+  bool point_to_point = true;
 };
 
 }  // namespace rr

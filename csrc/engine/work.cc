@@ -30,4 +30,14 @@ void Work::finish(std::exception_ptr error) {
   cv_.notify_all();
 }
 
+int Work::source() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return source_;
+}
+
+void Work::set_source(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  source_ = rank;
+}
+
 }  // namespace rr

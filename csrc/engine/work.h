@@ -1,5 +1,6 @@
-// A handle on one submitted collective: completes on the worker thread,
-// waited on by the caller (with the GIL released, in the bindings).
+// A handle on one submitted collective or point-to-point message: completes
+// on the engine's thread, waited on by the caller (with the GIL released, in
+// the bindings).
 #pragma once
 
 #include <condition_variable>
@@ -23,8 +24,14 @@ class Work {
   // Worker side.
   void finish(std::exception_ptr error = nullptr);
 
+  // A point-to-point receive: the rank the message came from (-1 until it
+  // has arrived, or for anything else).
+  int source() const;
+  void set_source(int rank);
+
  private:
   std::string description_;
+  int source_ = -1;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool finished_ = false;

@@ -57,6 +57,14 @@ bool RoutedTransport::reaches(int peer) const {
   return peer >= 0 && peer < size() && route_[static_cast<size_t>(peer)]->reaches(peer);
 }
 
+bool RoutedTransport::connects(int peer) const {
+  return peer >= 0 && peer < size() && route_[static_cast<size_t>(peer)]->connects(peer);
+}
+
+void RoutedTransport::wake() {
+  for (auto& part : parts_) part->wake();
+}
+
 bool RoutedTransport::progress() {
   bool moved = false;
   for (auto& part : parts_) moved |= part->progress();

@@ -36,6 +36,8 @@ class RoutedTransport : public Transport {
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
   bool reaches(int peer) const override;
+  bool connects(int peer) const override;
+  void wake() override;
   void set_eager(bool eager) override;
   void abort() noexcept override;
   void close() noexcept override;

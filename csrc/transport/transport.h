@@ -86,14 +86,22 @@ class Transport {
   //    never for time: the caller keeps the deadline.
   virtual bool progress() = 0;
   virtual bool wait_for(Request& request, std::chrono::microseconds slice) = 0;
+  // The one call safe from another thread: makes a wait_for() in progress
+  // (or the next one) return soon, so that a thread serving several requests
+  // can take new work. By default waits just run out their slice.
+  virtual void wake() {}
   // How long waits spin before they sleep: eager (the configured spin) for a
   // call run on the caller's thread, where latency is what counts; polite
   // (barely) for a collective in the background, where a spinning thread
   // would take a core from the computation it overlaps.
   virtual void set_eager(bool eager) { (void)eager; }
 
-  // True when this transport carries messages both to and from `peer`.
+  // True when this transport carries messages both to and from `peer` now.
   virtual bool reaches(int peer) const = 0;
+  // True when it can: at once, or by connecting on first use (TCP links
+  // beyond the ring neighbours). Collectives that talk to any peer
+  // (all_to_all, gather, scatter) need this of every peer.
+  virtual bool connects(int peer) const { return reaches(peer); }
 
   // After a failure: tears down every connection, and tells the peers, so
   // that peers blocked on us fail fast instead of waiting for their deadline.

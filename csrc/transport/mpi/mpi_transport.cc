@@ -317,10 +317,11 @@ void MpiTransport::last_call(Request& request, const Deadline& deadline) {
 bool MpiTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   try {
     const Deadline until = Deadline::after(static_cast<double>(slice.count()) * 1e-6);
+    const uint64_t wakes = wakes_.load();
     Backoff backoff;
     while (!request.done()) {
       const bool moved = progress();
-      if (request.done() || until.expired()) break;
+      if (request.done() || until.expired() || wakes_.load() != wakes) break;
       if (backoff.should_poll_control()) {
         channel_->poll();
         if (channel_->announced(request.peer(), MpiChannel::Notice::kAbort)) {

@@ -16,6 +16,7 @@
 // channel, which ends our wait on it early.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,7 @@ class MpiTransport : public Transport {
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
+  void wake() override { wakes_.fetch_add(1); }
   bool reaches(int peer) const override { return peer >= 0 && peer < size() && peer != rank(); }
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
@@ -68,6 +70,7 @@ class MpiTransport : public Transport {
   std::vector<int> completed_;
   std::vector<MPI_Status> statuses_;
   TransportStats stats_;
+  std::atomic<uint64_t> wakes_{0};
   bool failed_ = false;
   bool aborted_ = false;
 };

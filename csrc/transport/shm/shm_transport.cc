@@ -440,17 +440,23 @@ bool ShmTransport::progress() {
   return moved;
 }
 
+void ShmTransport::wake() {
+  wakes_.fetch_add(1);
+  if (header_ != nullptr) header_->doorbell.ring();
+}
+
 bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   auto& op = static_cast<Op&>(request);
   Peer& awaited = peer(op.peer_);
   const Clock::time_point until = Clock::now() + slice;
   const Clock::time_point spin_until = Clock::now() + std::min(spin(), slice);
+  const uint64_t wakes = wakes_.load();
   while (true) {
     const uint32_t seen = header_->doorbell.read();
     progress();
     if (op.done_) return true;
     const Clock::time_point now = Clock::now();
-    if (now >= until) return false;
+    if (now >= until || wakes_.load() != wakes) return false;
     if (now < spin_until) {
       pause();
       continue;

@@ -29,6 +29,7 @@
 // aborted flag) fails within a sleep slice (100 ms), naming it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -74,6 +75,7 @@ class ShmTransport : public Transport {
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
+  void wake() override;
   bool reaches(int peer) const override;
   void set_eager(bool eager) override { eager_ = eager; }
   void abort() noexcept override;
@@ -107,6 +109,7 @@ class ShmTransport : public Transport {
   char* home_ = nullptr;  // our segment
   size_t home_bytes_ = 0;
   shm::Header* header_ = nullptr;
+  std::atomic<uint64_t> wakes_{0};
   int local_ = -1;                            // our index among the local ranks
   std::vector<std::unique_ptr<Peer>> peers_;  // by global rank; null for other hosts
   ViewPool bounce_;                           // views of messages that are not one inline slot

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,6 +41,9 @@ struct TcpTransport::Link {
   int peer;
   bool sending;
   Fd fd;
+  // A receiving link whose peer has not connected yet: operations queue
+  // until accept_arrivals() finds its connection.
+  bool awaiting = false;
   std::deque<std::shared_ptr<Op>> queue;
   // The peer closed a link we only send on. Harmless unless we send again.
   bool peer_closed = false;
@@ -61,12 +65,24 @@ struct Hello {
 
 std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
 
+std::string addr_key(const std::string& prefix, int rank) {
+  return prefix + "addr/" + std::to_string(rank);
+}
+
 std::pair<std::string, int> split_host_port(const std::string& addr) {
   auto colon = addr.rfind(':');
   return {addr.substr(0, colon), std::stoi(addr.substr(colon + 1))};
 }
 
 }  // namespace
+
+// A connection accepted on our listener, until its Hello says who it is.
+struct TcpTransport::Arrival {
+  explicit Arrival(Fd fd) : fd(std::move(fd)) {}
+  Fd fd;
+  Hello hello{};
+  size_t got = 0;
+};
 
 std::string local_ip_towards(const std::string& host) {
   // connect() on a UDP socket only picks a route; it sends nothing.
@@ -85,74 +101,173 @@ std::string local_ip_towards(const std::string& host) {
 }
 
 TcpTransport::TcpTransport(int rank, int size, std::chrono::microseconds spin)
-    : rank_(rank), size_(size), spin_(spin) {}
+    : rank_(rank), size_(size), wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin) {}
+
+void TcpTransport::wake() {
+  wakes_.fetch_add(1);
+  if (!wake_fd_.valid()) return;
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(wake_fd_.get(), &one, sizeof one);
+  (void)ignored;
+}
 TcpTransport::~TcpTransport() = default;
+
+std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::string& prefix,
+                                                   int rank, int size,
+                                                   const std::string& advertise_host,
+                                                   std::chrono::microseconds spin,
+                                                   const Deadline& deadline) {
+  std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, spin));
+  if (size == 1) return t;
+
+  // Every rank learns one session number from rank 0, so a stale connection
+  // from an earlier job on the same port is recognised and dropped.
+  if (rank == 0) {
+    t->session_ = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
+                  (static_cast<uint64_t>(::getpid()) << 32);
+    store.set(prefix + "session", std::to_string(t->session_));
+  } else {
+    t->session_ = std::stoull(store.get(prefix + "session", deadline));
+  }
+  // The listener stays open: ranks other than our left neighbour connect
+  // when they first send to us.
+  t->listener_ = listen_tcp("", 0, 1024);
+  store.set(addr_key(prefix, rank),
+            advertise_host + ":" + std::to_string(bound_port(t->listener_.get())));
+  t->store_ = &store;
+  t->prefix_ = prefix;
+  t->connect_seconds_ = deadline.seconds();
+  return t;
+}
+
+std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(Store& store, const std::string& prefix,
+                                                         int rank, int size,
+                                                         const std::string& advertise_host,
+                                                         std::chrono::microseconds spin,
+                                                         const Deadline& deadline) {
+  return listen(store, prefix, rank, size, advertise_host, spin, deadline);
+}
 
 std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
                                                          int rank, int size,
                                                          const std::string& advertise_host,
                                                          std::chrono::microseconds spin,
                                                          const Deadline& deadline) {
-  std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, spin));
+  std::unique_ptr<TcpTransport> t =
+      listen(store, prefix, rank, size, advertise_host, spin, deadline);
   if (size == 1) return t;
-
-  // Every rank learns one session number from rank 0, so a stale connection
-  // from an earlier job on the same port is recognised and dropped.
-  uint64_t session = 0;
-  if (rank == 0) {
-    session = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-              (static_cast<uint64_t>(::getpid()) << 32);
-    store.set(prefix + "session", std::to_string(session));
-  } else {
-    session = std::stoull(store.get(prefix + "session", deadline));
-  }
-
-  Fd listener = listen_tcp("", 0);
-  store.set(prefix + "addr/" + std::to_string(rank),
-            advertise_host + ":" + std::to_string(bound_port(listener.get())));
-
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
 
   // Connect first: the kernel completes the handshake from the listener's
   // backlog even before the neighbour calls accept(), so this cannot deadlock.
-  auto [host, port] =
-      split_host_port(store.get(prefix + "addr/" + std::to_string(right), deadline));
+  auto [host, port] = split_host_port(store.get(addr_key(prefix, right), deadline));
   Fd out = connect_tcp(host, port, deadline, peer_name(right));
-  Hello hello{kHelloMagic, rank, session};
+  Hello hello{kHelloMagic, rank, t->session_};
   send_exact(out.get(), &hello, sizeof hello, deadline, right, peer_name(right));
+  t->links_.push_back(std::make_unique<Link>(right, true, std::move(out)));
 
   Fd in;
   while (!in.valid()) {
-    Fd candidate = accept_tcp(listener.get(), deadline, peer_name(left));
+    Fd candidate = accept_tcp(t->listener_.get(), deadline, peer_name(left));
     Hello theirs{};
     try {
       recv_exact(candidate.get(), &theirs, sizeof theirs, deadline, left, peer_name(left));
     } catch (const PeerError&) {
       continue;  // a connection that died before saying hello is not our neighbour
     }
-    if (theirs.magic == kHelloMagic && theirs.rank == left && theirs.session == session) {
+    if (theirs.magic != kHelloMagic || theirs.session != t->session_) continue;
+    if (theirs.rank == left) {
       in = std::move(candidate);
+    } else if (theirs.rank >= 0 && theirs.rank < size && !t->find_link(theirs.rank, false)) {
+      // Another rank already sending to us (its first all_to_all, say): keep it.
+      t->links_.push_back(std::make_unique<Link>(theirs.rank, false, std::move(candidate)));
     }
   }
-
-  t->links_.push_back(std::make_unique<Link>(right, true, std::move(out)));
   t->links_.push_back(std::make_unique<Link>(left, false, std::move(in)));
   return t;
 }
 
-TcpTransport::Link& TcpTransport::link_to(int peer, bool sending) {
+TcpTransport::Link* TcpTransport::find_link(int peer, bool sending) {
   for (auto& link : links_) {
-    if (link->peer == peer && link->sending == sending) return *link;
+    if (link->peer == peer && link->sending == sending) return link.get();
   }
-  throw Error("tcp transport: rank " + std::to_string(rank_) + " has no link to " +
-              (sending ? "send to" : "receive from") + " rank " + std::to_string(peer) +
-              " (only ring neighbours are connected)");
+  return nullptr;
+}
+
+TcpTransport::Link& TcpTransport::link_to(int peer, bool sending) {
+  if (Link* link = find_link(peer, sending)) return *link;
+  if (store_ == nullptr || peer < 0 || peer >= size_ || peer == rank_) {
+    throw Error("tcp transport: rank " + std::to_string(rank_) + " has no link to " +
+                (sending ? "send to" : "receive from") + " rank " + std::to_string(peer));
+  }
+  if (!sending) {
+    // The peer connects when it first sends to us; until then receives queue.
+    links_.push_back(std::make_unique<Link>(peer, false, Fd()));
+    links_.back()->awaiting = true;
+    Link& link = *links_.back();
+    accept_arrivals();
+    return link;
+  }
+  const Deadline deadline = Deadline::after(connect_seconds_);
+  auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline));
+  Fd out = connect_tcp(host, port, deadline, peer_name(peer));
+  Hello hello{kHelloMagic, rank_, session_};
+  send_exact(out.get(), &hello, sizeof hello, deadline, peer, peer_name(peer));
+  links_.push_back(std::make_unique<Link>(peer, true, std::move(out)));
+  return *links_.back();
+}
+
+void TcpTransport::accept_arrivals() {
+  if (!listener_.valid()) return;
+  while (true) {
+    int fd = ::accept(listener_.get(), nullptr, nullptr);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      throw Error(errno_message("rank " + std::to_string(rank_) + ": accept()", errno));
+    }
+    set_nonblocking(fd);
+    tune_stream_socket(fd);
+    arrivals_.push_back(std::make_unique<Arrival>(Fd(fd)));
+  }
+  for (size_t i = 0; i < arrivals_.size();) {
+    Arrival& a = *arrivals_[i];
+    ssize_t k = ::recv(a.fd.get(), reinterpret_cast<char*>(&a.hello) + a.got,
+                       sizeof a.hello - a.got, MSG_DONTWAIT);
+    if (k > 0) a.got += static_cast<size_t>(k);
+    const bool dead =
+        k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (!dead && a.got < sizeof a.hello) {
+      ++i;
+      continue;
+    }
+    const Hello h = a.hello;
+    Fd fd = std::move(a.fd);
+    arrivals_.erase(arrivals_.begin() + static_cast<std::ptrdiff_t>(i));
+    // Not one of this job's ranks (a stale connection from an earlier job on
+    // a reused port, a port scanner): dropped.
+    if (dead || h.magic != kHelloMagic || h.session != session_ || h.rank < 0 || h.rank >= size_ ||
+        h.rank == rank_) {
+      continue;
+    }
+    Link* link = find_link(h.rank, false);
+    if (link == nullptr) {
+      links_.push_back(std::make_unique<Link>(h.rank, false, std::move(fd)));
+    } else if (link->awaiting) {
+      link->fd = std::move(fd);
+      link->awaiting = false;
+    }
+  }
 }
 
 RequestPtr TcpTransport::post(std::shared_ptr<Op> op) {
   if (op->total > 0) {
     Link& link = link_to(op->peer_, op->sending);
+    if (link.awaiting) {
+      link.queue.push_back(op);
+      return op;
+    }
     if (!link.fd.valid()) {
       throw PeerError("connection to rank " + std::to_string(op->peer_) + " is closed", op->peer_);
     }
@@ -190,6 +305,7 @@ void TcpTransport::release(Request& view) {
 }
 
 void TcpTransport::progress(Link& link) {
+  if (link.awaiting) return;
   while (!link.queue.empty()) {
     Op& op = *link.queue.front();
     ssize_t k = link.sending
@@ -221,7 +337,9 @@ void TcpTransport::progress(Link& link) {
 void TcpTransport::poll_links(const Deadline& deadline) {
   std::vector<pollfd> fds;
   std::vector<Link*> owners;
+  bool awaiting = false;
   for (auto& link : links_) {
+    awaiting = awaiting || (link->awaiting && !link->queue.empty());
     if (!link->fd.valid()) continue;
     short events = 0;
     if (!link->queue.empty()) {
@@ -235,8 +353,20 @@ void TcpTransport::poll_links(const Deadline& deadline) {
       owners.push_back(link.get());
     }
   }
+  const size_t links = fds.size();
+  if (wake_fd_.valid()) fds.push_back({wake_fd_.get(), POLLIN, 0});
+  if (awaiting || !arrivals_.empty()) {
+    // A connection we wait for, or the rest of a Hello.
+    if (listener_.valid()) fds.push_back({listener_.get(), POLLIN, 0});
+    for (auto& a : arrivals_) fds.push_back({a->fd.get(), POLLIN, 0});
+  }
   if (::poll(fds.data(), fds.size(), deadline.poll_ms(100)) <= 0) return;
-  for (size_t i = 0; i < fds.size(); ++i) {
+  if (wake_fd_.valid() && fds[links].revents) {
+    uint64_t count = 0;
+    ssize_t ignored = ::read(wake_fd_.get(), &count, sizeof count);
+    (void)ignored;
+  }
+  for (size_t i = 0; i < links; ++i) {
     Link& link = *owners[i];
     if (link.sending && link.queue.empty() && fds[i].revents) link.peer_closed = true;
   }
@@ -276,33 +406,49 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
 
 bool TcpTransport::progress() {
   uint64_t before = stats_.bytes_sent + stats_.bytes_received;
+  bool awaiting = !arrivals_.empty();
+  for (auto& link : links_) awaiting = awaiting || link->awaiting;
+  if (awaiting) accept_arrivals();
   for (auto& link : links_) progress(*link);
   return stats_.bytes_sent + stats_.bytes_received != before;
 }
 
 bool TcpTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   const Deadline until = Deadline::after(static_cast<double>(slice.count()) * 1e-6);
+  const uint64_t wakes = wakes_.load();
   while (!request.done()) {
     progress();
-    if (request.done() || until.expired()) break;
+    if (request.done() || until.expired() || wakes_.load() != wakes) break;
     poll_links(until);
   }
   return request.done();
 }
 
-// Both ways: we only send to the right neighbour and receive from the left,
-// so at three ranks or more no peer is reached both ways.
+// Both ways, now: we only send to the right neighbour and receive from the
+// left, so at three ranks or more no peer is reached both ways until a
+// collective connects more.
 bool TcpTransport::reaches(int peer) const {
   bool to = false;
   bool from = false;
   for (const auto& link : links_) {
-    if (link->peer == peer) (link->sending ? to : from) = true;
+    if (link->peer == peer && !link->awaiting) (link->sending ? to : from) = true;
   }
   return to && from;
 }
 
+bool TcpTransport::connects(int peer) const {
+  return store_ != nullptr ? peer >= 0 && peer < size_ && peer != rank_ : reaches(peer);
+}
+
 void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline) {
   const auto& op = static_cast<const Op&>(request);
+  const Link* link = find_link(op.peer_, op.sending);
+  if (link != nullptr && link->awaiting) {
+    throw TimeoutError("rank " + std::to_string(op.peer_) + " did not connect to rank " +
+                           std::to_string(rank_) + " within " + format_seconds(deadline.seconds()) +
+                           " s to send it " + std::to_string(op.total) + " bytes",
+                       op.peer_);
+  }
   std::string what = op.sending ? "sending to" : "receiving from";
   throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " + what +
                          " rank " + std::to_string(op.peer_) + " (" +
@@ -312,6 +458,8 @@ void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline
 }
 
 void TcpTransport::abort() noexcept {
+  listener_.reset();
+  arrivals_.clear();
   for (auto& link : links_) {
     link->queue.clear();
     if (link->fd.valid()) {

@@ -1,5 +1,7 @@
 // The TCP transport: one stream socket to the right ring neighbour (we only
-// send on it) and one from the left neighbour (we only receive on it).
+// send on it) and one from the left neighbour (we only receive on it),
+// connected up front; sockets to and from any other rank are connected the
+// first time a message goes there (all_to_all, gather, point-to-point).
 //
 // A socket is a byte stream, and messages are simply consecutive bytes on it:
 // both ends agree on every message's size (transport.h), so no framing is
@@ -11,6 +13,7 @@
 // awaited request completes or the deadline passes.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -34,6 +37,12 @@ class TcpTransport : public Transport {
                                                     const std::string& advertise_host,
                                                     std::chrono::microseconds spin,
                                                     const Deadline& deadline);
+  // The same without the ring: every link is connected on first use.
+  static std::unique_ptr<TcpTransport> connect_lazy(Store& store, const std::string& prefix,
+                                                    int rank, int size,
+                                                    const std::string& advertise_host,
+                                                    std::chrono::microseconds spin,
+                                                    const Deadline& deadline);
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -47,7 +56,9 @@ class TcpTransport : public Transport {
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
+  void wake() override;
   bool reaches(int peer) const override;
+  bool connects(int peer) const override;
   void set_eager(bool eager) override { eager_ = eager; }
   void abort() noexcept override;
   TransportStats stats() const override { return stats_; }
@@ -55,9 +66,19 @@ class TcpTransport : public Transport {
  private:
   struct Op;
   struct Link;
+  struct Arrival;
 
   TcpTransport(int rank, int size, std::chrono::microseconds spin);
-  Link& link_to(int peer, bool sending);
+  // Publishes our listening address and learns the session; the first half
+  // of connect_ring and connect_lazy.
+  static std::unique_ptr<TcpTransport> listen(Store& store, const std::string& prefix, int rank,
+                                              int size, const std::string& advertise_host,
+                                              std::chrono::microseconds spin,
+                                              const Deadline& deadline);
+  Link* find_link(int peer, bool sending);
+  Link& link_to(int peer, bool sending);  // the link, connecting it first if need be
+  // Takes in the connections other ranks made to us, without blocking.
+  void accept_arrivals();
   RequestPtr post(std::shared_ptr<Op> op);
   void progress(Link& link);
   void poll_links(const Deadline& deadline);
@@ -66,6 +87,17 @@ class TcpTransport : public Transport {
   int rank_;
   int size_;
   std::vector<std::unique_ptr<Link>> links_;
+  // For links connected on first use: where the other ranks' addresses are
+  // (the communicator's store, which outlives us), our listening socket, the
+  // connections accepted but not yet introduced, and how long a connect may take.
+  Store* store_ = nullptr;
+  std::string prefix_;
+  uint64_t session_ = 0;
+  Fd listener_;
+  std::vector<std::unique_ptr<Arrival>> arrivals_;
+  double connect_seconds_ = 0;
+  Fd wake_fd_;  // an eventfd that wake() signals, polled with the links
+  std::atomic<uint64_t> wakes_{0};
   TransportStats stats_;
   // How long wait() retries (yielding) before it blocks in poll(), when
   // eager; a polite wait blocks at once.

@@ -1,0 +1,424 @@
+#include "engine/p2p.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace rr {
+namespace {
+
+constexpr uint32_t kMagic = 0x52525032;  // "RRP2"
+
+struct Header {
+  uint32_t magic;
+  uint32_t reserved;
+  int64_t tag;
+  uint64_t bytes;
+};
+static_assert(sizeof(Header) == 24, "the header is part of the wire format");
+
+// How long the thread sleeps in one wait on the transport; wake() cuts it
+// short when a new operation comes in.
+constexpr std::chrono::milliseconds kSlice{50};
+
+std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
+
+}  // namespace
+
+struct PointToPoint::Op {
+  bool sending = false;
+  char* data = nullptr;
+  size_t bytes = 0;
+  int peer = -1;  // for a receive, -1: any
+  int64_t tag = 0;
+  std::shared_ptr<Work> work;
+  Header header{};
+  std::vector<RequestPtr> requests;  // header (sends) and segments in flight
+  Clock::time_point last_progress;
+  size_t done_requests = 0;
+};
+
+struct PointToPoint::Incoming {
+  Header header{};
+  RequestPtr header_request;        // posted, or null
+  bool active = false;              // header read, payload not yet all in
+  std::shared_ptr<Op> target;       // the receive the payload goes to
+  std::vector<char> keep;           // or kept here, for a later receive
+  bool discard = false;             // or dropped (a receive of another size)
+  std::vector<RequestPtr> payload;  // segments in flight
+  Clock::time_point last_progress;
+};
+
+struct PointToPoint::Kept {
+  int peer;
+  int64_t tag;
+  std::vector<char> data;
+};
+
+PointToPoint::PointToPoint(std::unique_ptr<Transport> transport, double timeout_seconds,
+                           size_t segment_bytes)
+    : rank_(transport->rank()),
+      size_(transport->size()),
+      timeout_(timeout_seconds),
+      segment_(std::clamp<size_t>(segment_bytes, 1, size_t{1} << 30)),
+      transport_(std::move(transport)) {
+  incoming_.resize(static_cast<size_t>(size_));
+  for (auto& in : incoming_) in = std::make_unique<Incoming>();
+  thread_ = std::thread([this] { loop(); });
+}
+
+PointToPoint::~PointToPoint() { close(); }
+
+std::shared_ptr<Work> PointToPoint::send(const void* data, size_t bytes, int dst, int64_t tag) {
+  if (dst < 0 || dst >= size_ || dst == rank_) {
+    throw InvalidArgument("send: dst must be another rank in [0, " + std::to_string(size_) +
+                          "), got " + std::to_string(dst) + " on rank " + std::to_string(rank_));
+  }
+  auto op = std::make_shared<Op>();
+  op->sending = true;
+  op->data = static_cast<char*>(const_cast<void*>(data));
+  op->bytes = bytes;
+  op->peer = dst;
+  op->tag = tag;
+  op->work = std::make_shared<Work>("send(" + std::to_string(bytes) + " bytes, dst=" +
+                                    std::to_string(dst) + ", tag=" + std::to_string(tag) + ")");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) throw Error(rank_name(rank_) + ": the communicator is closed");
+    if (!broken_.empty())
+      throw Error(rank_name(rank_) + ": point-to-point failed earlier: " + broken_);
+    submitted_.push_back(op);
+  }
+  cv_.notify_all();
+  transport_->wake();
+  return op->work;
+}
+
+std::shared_ptr<Work> PointToPoint::recv(void* data, size_t bytes, int src, int64_t tag) {
+  if (src >= size_ || src == rank_) {
+    throw InvalidArgument("recv: src must be another rank in [0, " + std::to_string(size_) +
+                          ") or any, got " + std::to_string(src) + " on rank " +
+                          std::to_string(rank_));
+  }
+  auto op = std::make_shared<Op>();
+  op->data = static_cast<char*>(data);
+  op->bytes = bytes;
+  op->peer = src < 0 ? -1 : src;
+  op->tag = tag;
+  op->work = std::make_shared<Work>("recv(" + std::to_string(bytes) +
+                                    " bytes, src=" + (src < 0 ? "any" : std::to_string(src)) +
+                                    ", tag=" + std::to_string(tag) + ")");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) throw Error(rank_name(rank_) + ": the communicator is closed");
+    if (!broken_.empty())
+      throw Error(rank_name(rank_) + ": point-to-point failed earlier: " + broken_);
+    submitted_.push_back(op);
+  }
+  cv_.notify_all();
+  transport_->wake();
+  return op->work;
+}
+
+TransportStats PointToPoint::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+bool PointToPoint::pending() const {
+  if (!sends_.empty() || !recvs_.empty()) return true;
+  for (const auto& in : incoming_) {
+    if (in->header_request || in->active) return true;
+  }
+  return false;
+}
+
+void PointToPoint::take_new_ops(std::deque<std::shared_ptr<Op>>& ops) {
+  for (auto& op : ops) {
+    op->last_progress = Clock::now();
+    if (op->sending) {
+      post_send(op);
+    } else if (!match_kept(op)) {
+      recvs_.push_back(op);
+    }
+  }
+  ops.clear();
+}
+
+void PointToPoint::post_send(const std::shared_ptr<Op>& op) {
+  op->header = Header{kMagic, 0, op->tag, op->bytes};
+  op->requests.push_back(transport_->isend(op->peer, &op->header, sizeof op->header));
+  for (size_t at = 0; at < op->bytes; at += segment_) {
+    op->requests.push_back(
+        transport_->isend(op->peer, op->data + at, std::min(segment_, op->bytes - at)));
+  }
+  sends_.push_back(op);
+}
+
+// A receive posted after its message arrived.
+bool PointToPoint::match_kept(const std::shared_ptr<Op>& op) {
+  for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+    Kept& k = **it;
+    if ((op->peer >= 0 && k.peer != op->peer) || k.tag != op->tag) continue;
+    if (k.data.size() != op->bytes) {
+      op->work->finish(std::make_exception_ptr(MismatchError(
+          rank_name(k.peer) + " sent " + std::to_string(k.data.size()) + " bytes with tag " +
+              std::to_string(k.tag) + "; " + rank_name(rank_) + " expected " +
+              std::to_string(op->bytes) + " (" + op->work->description() + ")",
+          k.peer)));
+    } else {
+      if (op->bytes > 0) std::memcpy(op->data, k.data.data(), op->bytes);
+      op->work->set_source(k.peer);
+      op->work->finish();
+    }
+    kept_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+// Reads the next header from every peer some posted receive could take a
+// message from.
+void PointToPoint::post_headers() {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Incoming& in = *incoming_[static_cast<size_t>(peer)];
+    if (in.header_request || in.active) continue;
+    const bool wanted = std::any_of(recvs_.begin(), recvs_.end(), [&](const auto& op) {
+      return op->peer == peer || op->peer < 0;
+    });
+    if (!wanted) continue;
+    in.header_request = transport_->irecv(peer, &in.header, sizeof in.header);
+    in.last_progress = Clock::now();
+  }
+}
+
+void PointToPoint::on_header(int peer) {
+  Incoming& in = *incoming_[static_cast<size_t>(peer)];
+  in.header_request.reset();
+  in.active = true;
+  if (in.header.magic != kMagic) {
+    throw Error(rank_name(rank_) + ": a point-to-point message from " + rank_name(peer) +
+                " has a corrupt header");
+  }
+  const size_t bytes = in.header.bytes;
+  // The first posted receive that takes this message, in posting order.
+  auto it = std::find_if(recvs_.begin(), recvs_.end(), [&](const auto& op) {
+    return (op->peer == peer || op->peer < 0) && op->tag == in.header.tag;
+  });
+  char* into = nullptr;
+  if (it != recvs_.end()) {
+    std::shared_ptr<Op> op = *it;
+    recvs_.erase(it);
+    if (op->bytes == bytes) {
+      in.target = op;
+      into = op->data;
+    } else {
+      op->work->finish(std::make_exception_ptr(
+          MismatchError(rank_name(peer) + " sent " + std::to_string(bytes) + " bytes with tag " +
+                            std::to_string(in.header.tag) + "; " + rank_name(rank_) + " expected " +
+                            std::to_string(op->bytes) + " (" + op->work->description() + ")",
+                        peer)));
+      in.discard = true;
+    }
+  }
+  if (into == nullptr) {
+    in.keep.resize(bytes);
+    into = in.keep.data();
+  }
+  for (size_t at = 0; at < bytes; at += segment_) {
+    in.payload.push_back(transport_->irecv(peer, into + at, std::min(segment_, bytes - at)));
+  }
+  in.last_progress = Clock::now();
+}
+
+bool PointToPoint::advance() {
+  transport_->progress();
+  bool any = false;
+  const Clock::time_point now = Clock::now();
+  // Sends.
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    Op& op = **it;
+    while (op.done_requests < op.requests.size() && op.requests[op.done_requests]->done()) {
+      ++op.done_requests;
+      op.last_progress = now;
+    }
+    if (op.done_requests == op.requests.size()) {
+      op.work->finish();
+      it = sends_.erase(it);
+      any = true;
+    } else {
+      ++it;
+    }
+  }
+  // Receives, peer by peer: a header, then its payload.
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Incoming& in = *incoming_[static_cast<size_t>(peer)];
+    if (in.header_request && in.header_request->done()) {
+      on_header(peer);
+      any = true;
+    }
+    if (!in.active) continue;
+    size_t done = 0;
+    while (done < in.payload.size() && in.payload[done]->done()) ++done;
+    if (done > 0) in.last_progress = now;
+    if (done < in.payload.size()) continue;
+    // The whole message is in.
+    in.payload.clear();
+    in.active = false;
+    if (in.target) {
+      in.target->work->set_source(peer);
+      in.target->work->finish();
+      in.target.reset();
+    } else if (!in.discard) {
+      kept_.push_back(std::unique_ptr<Kept>(new Kept{peer, in.header.tag, std::move(in.keep)}));
+      // A receive may have been posted for it meanwhile.
+      for (auto it = recvs_.begin(); it != recvs_.end();) {
+        if (match_kept(*it)) {
+          it = recvs_.erase(it);
+          break;
+        }
+        ++it;
+      }
+    }
+    in.keep = {};
+    in.discard = false;
+    any = true;
+  }
+  return any;
+}
+
+// An operation with no progress for the timeout fails, naming its peer; one
+// side of a conversation giving up does not break the others.
+void PointToPoint::check_deadlines() {
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_));
+  const Clock::time_point now = Clock::now();
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    Op& op = **it;
+    if (now - op.last_progress < limit) {
+      ++it;
+      continue;
+    }
+    const int blame = op.peer;
+    const std::string who = blame >= 0 ? rank_name(blame) : std::string("any rank");
+    op.work->finish(std::make_exception_ptr(
+        TimeoutError("no message for " + op.work->description() + " on " + rank_name(rank_) +
+                         " came from " + who + " within " + format_seconds(timeout_) + " s",
+                     blame)));
+    it = recvs_.erase(it);
+  }
+  for (const auto& op : sends_) {
+    if (now - op->last_progress >= limit) {
+      // Part of a message may be on its way: the link cannot be trusted.
+      throw TimeoutError(rank_name(op->peer) + " did not take " + op->work->description() +
+                             " from " + rank_name(rank_) + " within " + format_seconds(timeout_) +
+                             " s (it never posted the matching receive?)",
+                         op->peer);
+    }
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Incoming& in = *incoming_[static_cast<size_t>(peer)];
+    if (!in.payload.empty() && now - in.last_progress >= limit) {
+      throw TimeoutError(rank_name(peer) + " stopped in the middle of a message to " +
+                             rank_name(rank_) + " for " + format_seconds(timeout_) + " s",
+                         peer);
+    }
+  }
+}
+
+RequestPtr PointToPoint::any_request() const {
+  for (const auto& op : sends_) {
+    if (op->done_requests < op->requests.size()) return op->requests[op->done_requests];
+  }
+  for (const auto& in : incoming_) {
+    if (in->header_request) return in->header_request;
+    for (const auto& r : in->payload) {
+      if (!r->done()) return r;
+    }
+  }
+  return nullptr;
+}
+
+void PointToPoint::fail_all(std::exception_ptr error) {
+  for (auto& op : sends_) op->work->finish(error);
+  for (auto& op : recvs_) op->work->finish(error);
+  for (auto& in : incoming_) {
+    if (in->target) in->target->work->finish(error);
+    in->target.reset();
+  }
+  sends_.clear();
+  recvs_.clear();
+}
+
+void PointToPoint::loop() {
+  transport_->set_eager(false);
+  std::deque<std::shared_ptr<Op>> fresh;
+  // On close, sends in flight get this long to leave; receives end at once.
+  const auto flush = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::min(timeout_, 10.0)));
+  Clock::time_point closing_since{};
+  try {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!pending()) {
+          cv_.wait(lock, [this] { return closing_ || !submitted_.empty(); });
+        }
+        fresh.swap(submitted_);
+        stats_ = transport_->stats();
+        if (closing_) {
+          if (closing_since == Clock::time_point{}) closing_since = Clock::now();
+          if (fresh.empty() && (sends_.empty() || Clock::now() - closing_since > flush)) break;
+        }
+      }
+      take_new_ops(fresh);
+      post_headers();
+      const bool moved = advance();
+      check_deadlines();
+      if (moved) continue;
+      RequestPtr request = any_request();
+      if (request)
+        transport_->wait_for(*request,
+                             std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
+    }
+  } catch (...) {
+    std::exception_ptr error = std::current_exception();
+    std::string what = "point-to-point failed";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_ = what;
+      for (auto& op : submitted_) op->work->finish(error);
+      submitted_.clear();
+    }
+    for (auto& op : fresh) op->work->finish(error);
+    fail_all(error);
+    transport_->abort();
+  }
+}
+
+void PointToPoint::close() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_ && !thread_.joinable()) return;
+    closing_ = true;
+  }
+  cv_.notify_all();
+  transport_->wake();
+  if (thread_.joinable()) thread_.join();
+  // Receives nobody sent to: they end here.
+  fail_all(std::make_exception_ptr(
+      Error(rank_name(rank_) + ": the communicator was closed before the message arrived")));
+  transport_->close();
+}
+
+}  // namespace rr

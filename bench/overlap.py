@@ -12,7 +12,9 @@ that all of them see the same machine:
   (a) compute   forward + backward, no communication;
   (b) flat      forward + backward, then one all-reduce of all gradients (no overlap);
   (c) gradsync  rr.torch.GradSync: buckets all-reduced during backward;
-  (d) ddp       torch DistributedDataParallel on Gloo (also overlapped).
+  (d) ddp       torch DistributedDataParallel on Gloo (also overlapped);
+  (e) ddp-rr    the same DDP on the ringreduce torch.distributed backend
+                (``dist.new_group(backend="ringreduce")``), to read against (d).
 
 Exposed communication of a mode = its step time minus (a) of the same run: the part of the
 step spent on communication that backward did not hide. The table shows the median over
@@ -34,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-MODES = ("compute", "flat", "gradsync", "ddp")
+MODES = ("compute", "flat", "gradsync", "ddp", "ddp-rr")
 
 
 def free_port() -> int:
@@ -85,6 +87,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     import torch.distributed as dist
 
     import ringreduce as rr
+    import ringreduce.torch  # noqa: F401 (registers the torch.distributed backend)
 
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
     # MASTER_ADDR names rank 0's host when ranks run on several (emulated) hosts,
@@ -104,6 +107,12 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     # hooks never fire in the other modes.
     ddp = torch.nn.parallel.DistributedDataParallel(
         copy.deepcopy(model),
+        bucket_cap_mb=args.bucket_mb,
+        gradient_as_bucket_view=args.grad_views,
+    )
+    ddp_rr = torch.nn.parallel.DistributedDataParallel(
+        copy.deepcopy(model),
+        process_group=dist.new_group(backend="ringreduce"),
         bucket_cap_mb=args.bucket_mb,
         gradient_as_bucket_view=args.grad_views,
     )
@@ -144,6 +153,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
         for p in model.parameters():
             p.grad = None  # the other modes start from gradients of their own
         results["ddp"] = timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
+        results["ddp-rr"] = timed_steps(lambda: compute(ddp_rr), comm, args.warmup, args.steps)
         # The job is as slow as its slowest rank.
         medians = np.array([statistics.median(results[m]) for m in MODES])
         runs.append(comm.all_reduce(medians, op="max"))
@@ -174,6 +184,11 @@ def report(runs: list, world: int, n_params: int, args: argparse.Namespace, thre
             f"| {mode} | {step * 1e3:.1f} [{min(steps) * 1e3:.1f}..{max(steps) * 1e3:.1f}] "
             f"| {statistics.median(ratio):.2f} | {hidden * 1e3:.1f} | {hidden / step:.1%} |"
         )
+    backend = [r[4] / r[3] for r in runs]
+    print(
+        f"DDP step on the ringreduce backend / on Gloo: {statistics.median(backend):.2f} "
+        f"[{min(backend):.2f}..{max(backend):.2f}]"
+    )
     ahead = sum(g <= d for g, d in zip(exposed["gradsync"], exposed["ddp"]))
     print(
         f"GradSync exposed no more communication than DDP in {ahead} of {len(runs)} runs; "

@@ -41,7 +41,9 @@ def test_auto_on_one_host_is_shared_memory(n):
             group.run(_names_and_mappings)
         ):
             assert (name, local, local_size, ok) == ("shm", rank, n, True)
-            assert mapped == n  # our segment and every peer's
+            # Our segment and every peer's, once for the collectives' links and once
+            # for the point-to-point links (send/recv).
+            assert mapped == 2 * n
 
 
 def _close_then_look(comm):

@@ -222,7 +222,12 @@ def test_launched_by_mpirun_without_mpi_support_says_what_runs():
 
 @pytest.mark.parametrize(
     "script, args",
-    [("numpy_mlp.py", ["--steps", "5"]), ("torch_gradsync.py", ["--steps", "40"])],
+    [
+        ("numpy_mlp.py", ["--steps", "5"]),
+        ("numpy_zero.py", ["--steps", "5"]),
+        ("torch_gradsync.py", ["--steps", "40"]),
+        ("torch_ddp.py", ["--epochs", "3"]),
+    ],
 )
 def test_examples_run_as_documented(script, args):
     if script.startswith("torch"):
@@ -231,3 +236,6 @@ def test_examples_run_as_documented(script, args):
     r = _run([*CLI, "launch", "-n", "2", "--", sys.executable, path, *args], timeout=300)
     assert r.returncode == 0, r.stderr
     assert "replicas identical: True" in r.stdout, r.stdout
+    if script == "numpy_zero.py":
+        diff = float(r.stdout.split("max |ZeRO - plain data parallel| = ")[1].split()[0])
+        assert diff <= 1e-12, r.stdout

@@ -143,8 +143,12 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
       return TcpTransport::connect_lazy(rendezvous, p2p_prefix, rank, size, advertise,
                                         std::chrono::microseconds(options.spin_us), deadline);
     };
-    p2p = connect_links_among(*store, p2p_prefix, rank, size, options, lazy, placement.local_ranks,
-                              deadline);
+    // Messages are rarer than collectives here: small slots keep the second set of
+    // shared-memory inboxes small (a message larger than a slot spans several).
+    Options p2p_options = options;
+    if (p2p_options.shm_slot_bytes == 0) p2p_options.shm_slot_bytes = 64 << 10;
+    p2p = connect_links_among(*store, p2p_prefix, rank, size, p2p_options, lazy,
+                              placement.local_ranks, deadline);
   }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         prefix, std::move(p2p));

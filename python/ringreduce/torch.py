@@ -1,7 +1,11 @@
-"""PyTorch adapter: data-parallel gradient averaging on top of GradientBucketer.
+"""PyTorch adapter: the torch.distributed backend "ringreduce", and data-parallel
+gradient averaging on top of GradientBucketer (GradSync) for use without DDP.
 
 Import it as ``ringreduce.torch`` (``rr.torch``); importing ``ringreduce`` alone never
-imports torch.
+imports torch. Importing it registers the backend::
+
+    import ringreduce.torch
+    torch.distributed.init_process_group("ringreduce")    # any init method
 
 Example::
 
@@ -25,9 +29,18 @@ import numpy as np
 import torch
 
 from ._bucket_plan import as_dtype
+from ._torch_backend import ProcessGroupRingReduce, register
 from .bucketing import GradientBucketer, Handle
 
-__all__ = ["GradSync", "broadcast_optimizer_state", "broadcast_parameters"]
+__all__ = [
+    "GradSync",
+    "ProcessGroupRingReduce",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]
+
+# torch.distributed.init_process_group("ringreduce") works once this module is imported.
+register()
 
 
 def _numpy_view(t: torch.Tensor) -> np.ndarray:

@@ -42,8 +42,17 @@ def _bad_inputs_then_good_call(comm):
         (lambda: comm.broadcast(x, root=comm.world_size), ValueError),
         (lambda: comm.broadcast(x, root=-1), ValueError),
         (lambda: comm.all_reduce("not an array"), TypeError),
+        # Non-native byte order would be reduced as native numbers: refused, in and out.
+        (lambda: comm.all_reduce(x.astype(">f4")), TypeError),
+        (lambda: comm.all_reduce(x, out=np.ones(10, dtype=">f4")), TypeError),
+        (lambda: comm.broadcast(np.ones(4, dtype=">i8"), root=0), TypeError),
     ]
     errors = expect_errors(cases)
+    try:
+        comm.all_reduce(x.astype(">f4"))
+    except TypeError as exc:
+        if "byte order" not in str(exc):
+            errors.append(f"byte order not named: {exc}")
     y = comm.all_reduce(np.full(5, comm.rank, dtype=np.int64))
     if not np.all(y == sum(range(comm.world_size))):
         errors.append("the communicator is broken after bad input")

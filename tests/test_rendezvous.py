@@ -36,6 +36,17 @@ def test_no_environment_means_a_world_of_one(monkeypatch):
         _env.rank_and_size(3, None)
 
 
+@pytest.mark.parametrize("present", ["RANK", "WORLD_SIZE"])
+def test_half_of_rank_and_world_size_is_an_error(monkeypatch, present):
+    for var in ALL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(present, "1")
+    missing = "WORLD_SIZE" if present == "RANK" else "RANK"
+    with pytest.raises(ValueError, match=f"{present}=1 is set but {missing} is not"):
+        _env.rank_and_size(None, None)
+    assert _env.rank_and_size(0, 2) == (0, 2)  # both given: the environment is not read
+
+
 def test_master_address_defaults_and_validation(monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("RINGREDUCE_PORT", raising=False)

@@ -132,7 +132,10 @@ _dtype_names: Dict[np.dtype, str] = {}
 def _dtype_name(dtype: np.dtype) -> str:
     name = _dtype_names.get(dtype)
     if name is None:
-        name = _dtype_names[dtype] = dtype.name
+        name = dtype.name
+        if not dtype.isnative:  # never reduced as if native: that gives wrong numbers
+            name = f"{dtype.str} (non-native byte order: convert with .astype('{dtype.name}'))"
+        _dtype_names[dtype] = name
     return name
 
 

@@ -19,6 +19,14 @@ def rank_and_size(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, 
     """Fills in rank/world size from the environment where the caller gave none."""
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
+    # Half of RANK/WORLD_SIZE is a mistake that a world of one would hide. (Only this
+    # pair, which people set by hand: schedulers may set half of theirs legitimately.)
+    if ("RANK" in os.environ) != ("WORLD_SIZE" in os.environ):
+        there, missing = ("RANK", "WORLD_SIZE") if "RANK" in os.environ else ("WORLD_SIZE", "RANK")
+        raise ValueError(
+            f"{there}={os.environ[there]} is set but {missing} is not: set both (or "
+            "neither), or pass rank= and world_size= to init()"
+        )
     for rank_var, size_var in _LAUNCHERS:
         if rank_var in os.environ and size_var in os.environ:
             r = int(os.environ[rank_var]) if rank is None else int(rank)

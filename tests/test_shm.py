@@ -105,3 +105,22 @@ def test_shm_refuses_ranks_on_other_hosts():
     for status, value, tb in failure.value.outcomes:
         assert status == "err" and isinstance(value, ValueError), tb
         assert "every rank on one host" in str(value)
+
+
+def _messages_over_many_slots(comm):
+    """Collectives and messages whose segments span several slots each."""
+    from test_collectives import _all_gather, _reduce_scatter
+    from test_collectives_more import _p2p_ring
+
+    failures = list(_p2p_ring(comm, "float32"))
+    failures += _reduce_scatter(comm, "float64") + _all_gather(comm, "int8")
+    return failures
+
+
+@pytest.mark.parametrize("transport", ["shm", "shm+tcp"])
+def test_segments_larger_than_a_slot(transport):
+    # 4 KiB slots under 128 KiB segments: every message spans 32 slots (8 in the ring),
+    # so a receiver reads a slot's fields only before handing the slot back.
+    env = {"RINGREDUCE_SHM_SLOT_BYTES": "4096"}
+    with RankGroup(3, transport=transport, env=env) as group:
+        assert group.run(_messages_over_many_slots) == [[], [], []]

@@ -44,7 +44,7 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
   worker_ = std::thread([this] { worker(); });
 }
 
-std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int dst, int64_t tag) {
+PointToPoint& Communicator::point_to_point() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     refuse_if_unusable();
@@ -54,20 +54,15 @@ std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int dst
                 ": this communicator has no point-to-point links (world of one, or made "
                 "without them)");
   }
-  return p2p_->send(data, bytes, dst, tag);
+  return *p2p_;
+}
+
+std::shared_ptr<Work> Communicator::send(const void* data, size_t bytes, int dst, int64_t tag) {
+  return point_to_point().send(data, bytes, dst, tag);
 }
 
 std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int src, int64_t tag) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    refuse_if_unusable();
-  }
-  if (!p2p_) {
-    throw Error("rank " + std::to_string(rank_) +
-                ": this communicator has no point-to-point links (world of one, or made "
-                "without them)");
-  }
-  return p2p_->recv(data, bytes, src, tag);
+  return point_to_point().recv(data, bytes, src, tag);
 }
 
 Communicator::~Communicator() { close(); }

@@ -86,6 +86,9 @@ class Communicator {
   CommStats stats() const;
 
  private:
+  // The point-to-point links; an error if the communicator is broken or has none.
+  PointToPoint& point_to_point();
+
   struct Item {
     CollectiveArgs args;
     std::shared_ptr<Work> work;

@@ -70,6 +70,19 @@ PointToPoint::PointToPoint(std::unique_ptr<Transport> transport, double timeout_
 
 PointToPoint::~PointToPoint() { close(); }
 
+std::shared_ptr<Work> PointToPoint::submit(const std::shared_ptr<Op>& op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) throw Error(rank_name(rank_) + ": the communicator is closed");
+    if (!broken_.empty())
+      throw Error(rank_name(rank_) + ": point-to-point failed earlier: " + broken_);
+    submitted_.push_back(op);
+  }
+  cv_.notify_all();
+  transport_->wake();
+  return op->work;
+}
+
 std::shared_ptr<Work> PointToPoint::send(const void* data, size_t bytes, int dst, int64_t tag) {
   if (dst < 0 || dst >= size_ || dst == rank_) {
     throw InvalidArgument("send: dst must be another rank in [0, " + std::to_string(size_) +
@@ -83,16 +96,7 @@ std::shared_ptr<Work> PointToPoint::send(const void* data, size_t bytes, int dst
   op->tag = tag;
   op->work = std::make_shared<Work>("send(" + std::to_string(bytes) + " bytes, dst=" +
                                     std::to_string(dst) + ", tag=" + std::to_string(tag) + ")");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) throw Error(rank_name(rank_) + ": the communicator is closed");
-    if (!broken_.empty())
-      throw Error(rank_name(rank_) + ": point-to-point failed earlier: " + broken_);
-    submitted_.push_back(op);
-  }
-  cv_.notify_all();
-  transport_->wake();
-  return op->work;
+  return submit(op);
 }
 
 std::shared_ptr<Work> PointToPoint::recv(void* data, size_t bytes, int src, int64_t tag) {
@@ -109,16 +113,7 @@ std::shared_ptr<Work> PointToPoint::recv(void* data, size_t bytes, int src, int6
   op->work = std::make_shared<Work>("recv(" + std::to_string(bytes) +
                                     " bytes, src=" + (src < 0 ? "any" : std::to_string(src)) +
                                     ", tag=" + std::to_string(tag) + ")");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) throw Error(rank_name(rank_) + ": the communicator is closed");
-    if (!broken_.empty())
-      throw Error(rank_name(rank_) + ": point-to-point failed earlier: " + broken_);
-    submitted_.push_back(op);
-  }
-  cv_.notify_all();
-  transport_->wake();
-  return op->work;
+  return submit(op);
 }
 
 TransportStats PointToPoint::stats() const {

@@ -56,6 +56,8 @@ class PointToPoint {
   struct Incoming;  // a peer's next message, header first
   struct Kept;      // a message that arrived before any receive wanted it
 
+  // Queues an op for the thread (refused once closing or broken).
+  std::shared_ptr<Work> submit(const std::shared_ptr<Op>& op);
   void loop();
   void take_new_ops(std::deque<std::shared_ptr<Op>>& ops);
   void post_send(const std::shared_ptr<Op>& op);

@@ -402,10 +402,13 @@ bool ShmTransport::progress_recvs(Peer& p) {
         dst = op.bounce->data();
         op.view_ptr = dst;
       }
+      // Read the slot's fields before handing it back: once consumed, the sender
+      // may reuse it at once.
+      const bool last = s->last != 0;
       std::memcpy(dst + op.moved, shm::slot_data(s), s->bytes);
       op.moved += s->bytes;
       consume(p, index);
-      if (!s->last) continue;
+      if (!last) continue;
     }
     op.done_ = true;
     stats_.bytes_received += op.bytes;

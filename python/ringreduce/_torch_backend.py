@@ -29,6 +29,7 @@ from torch.futures import Future
 from . import _core
 from ._env import engine_options
 from .communicator import Communicator
+from .errors import RingReduceError, TimeoutError
 
 __all__ = ["ProcessGroupRingReduce", "register"]
 
@@ -78,6 +79,19 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _as_torch_sees_it(exc: BaseException) -> BaseException:
+    """The engine's error, with a timeout worded as torch's backends word it ("Timed
+    out"), which scripts and torch's own tests look for; same class, same ``peer``."""
+    if isinstance(exc, TimeoutError) and " Timed out " not in str(exc):
+        seconds = getattr(exc, "seconds", None)
+        worded = type(exc)(f"ringreduce: Timed out waiting on another rank; {exc}")
+        worded.peer = exc.peer
+        if seconds is not None:
+            worded.seconds = seconds
+        return worded
+    return exc
 
 
 # ---- completion of futures ----------------------------------------------------------
@@ -158,8 +172,8 @@ class _Work(dist._Work):
                 if self._finish is not None:
                     self._finish()
             except BaseException as exc:
-                self._error = exc
-                raise
+                self._error = _as_torch_sees_it(exc)
+                raise self._error from None
             finally:
                 self._done = True
 
@@ -284,7 +298,10 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         """Runs ``call(async_op)``: blocking (on this thread) when torch says the caller
         waits at once, else queued; returns the torch Work."""
         if not getattr(opts, "asyncOp", True):
-            call(False)
+            try:
+                call(False)
+            except RingReduceError as exc:
+                raise _as_torch_sees_it(exc) from None
             if finish is not None:
                 finish()
             return _done_work(self, outputs)
@@ -623,8 +640,8 @@ class _Chain(_Work):
                 for w in self._parts:
                     w._wait_engine()
             except BaseException as exc:
-                self._error = exc
-                raise
+                self._error = _as_torch_sees_it(exc)
+                raise self._error from None
             finally:
                 self._done = True
 

@@ -159,6 +159,12 @@ def _every_operation(rank, n):
         zs, torch.arange(3 * n, dtype=torch.float64).to(torch.complex128) * (1 + 2j) + rank
     )
     out["reduce_scatter_complex"] = torch.view_as_real(zs).reshape(-1)
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[rank % 3, 4]]), torch.tensor([1.5, 2.0], dtype=torch.float64) * (rank + 1),
+        (6,),
+    )  # fmt: skip
+    dist.all_reduce(sparse)
+    out["all_reduce_sparse"] = sparse.to_dense()
     flags = torch.tensor([rank == 0, True, False])
     dist.all_reduce(flags, op=R.MAX)
     out["all_reduce_bool_max"] = flags

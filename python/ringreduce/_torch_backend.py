@@ -312,7 +312,24 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
     # -- all_reduce ---------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         opts = opts if opts is not None else dist.AllreduceOptions()
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+            return self._sparse_allreduce(tensors[0], opts.reduceOp)
         return self._allreduce(tensors, opts.reduceOp, opts)
+
+    def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> _Work:
+        """Sum of sparse COO tensors: every rank's (indices, values) gathered, then
+        coalesced, in rank order on every rank (so every rank gets the same bits)."""
+        if op != _R.SUM:
+            raise ValueError(f"ringreduce: sparse all_reduce supports SUM only, not {op}")
+        if t.is_cuda:
+            raise ValueError("ringreduce: sparse all_reduce takes CPU tensors")
+        c = t.coalesce()
+        indices = self.comm.all_gather(c.indices().t().contiguous(), uneven=True)
+        values = self.comm.all_gather(_bytes(c.values().contiguous()), uneven=True)
+        values = _view_as(values, c.values().new_empty((indices.shape[0],) + c.values().shape[1:]))
+        total = torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce()
+        t.copy_(total)
+        return _done_work(self, [t])
 
     def _allreduce(self, tensors: List[torch.Tensor], op: Any, opts: Any) -> _Work:
         (t,) = _one(tensors, "allreduce")

@@ -5,243 +5,38 @@ group (the default one, and each ``new_group``) is a ringreduce communicator of 
 which meets through the c10d store torch hands the backend (``env://``, ``tcp://``,
 ``file://``, torchrun: whatever init method made it), so the backend opens no port of
 its own to meet. Every operation torch calls runs on the engine: collectives on the
-communicator's ordered worker, point-to-point messages on links of their own.
-
-Work objects complete asynchronously. ``wait()`` waits on the engine directly; a future
-(``get_future()``, which DDP's comm hooks and FSDP use) is completed by a small watcher
-thread, and its callbacks run on a pool thread, never on the engine's, so a callback may
-launch and wait on further collectives (as PowerSGD does).
+communicator's ordered worker, point-to-point messages on links of their own. Work
+objects and futures: _torch_work.py.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import os
-import queue
-import threading
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
 from . import _core
 from ._env import engine_options
+from ._torch_tensors import (
+    _R,
+    _bytes,
+    _check_list,
+    _contiguous,
+    _one,
+    _op_name,
+    _reducible,
+    _view_as,
+)
+from ._torch_work import _as_torch_sees_it, _Chain, _done_work, _Watcher, _Work
 from .communicator import Communicator
-from .errors import RingReduceError, TimeoutError
+from .errors import RingReduceError
 
 __all__ = ["ProcessGroupRingReduce", "register"]
 
 BACKEND = "ringreduce"
-
-_R = dist.ReduceOp
-_OPS = {
-    _R.SUM: "sum",
-    _R.PRODUCT: "prod",
-    _R.MIN: "min",
-    _R.MAX: "max",
-    _R.AVG: "avg",
-}
-# What the engine reduces and moves as it is; other dtypes move as bytes.
-_ENGINE_DTYPES = {
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-}
-# Reduced in a wider type and narrowed back (sums wrap the same way modulo 2^16).
-_WIDENED = {torch.int16: torch.int32, torch.bool: torch.uint8}
-
-
-def _op_name(op: Any, dtype: torch.dtype) -> str:
-    for known, name in _OPS.items():
-        if op == known:
-            if name == "avg" and not dtype.is_floating_point:
-                raise ValueError(f"ringreduce: ReduceOp.AVG needs a floating dtype, not {dtype}")
-            return name
-    raise ValueError(
-        f"ringreduce does not support {op} (SUM, PRODUCT, MIN, MAX and AVG are supported; "
-        "PREMUL_SUM is NCCL's, and BAND/BOR/BXOR are not implemented)"
-    )
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's memory as uint8, for moving data of any dtype."""
-    if t.dtype in _ENGINE_DTYPES:
-        return t
-    return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1).to(torch.uint8)
-
-
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _as_torch_sees_it(exc: BaseException) -> BaseException:
-    """The engine's error, with a timeout worded as torch's backends word it ("Timed
-    out"), which scripts and torch's own tests look for; same class, same ``peer``."""
-    if isinstance(exc, TimeoutError) and " Timed out " not in str(exc):
-        seconds = getattr(exc, "seconds", None)
-        worded = type(exc)(f"ringreduce: Timed out waiting on another rank; {exc}")
-        worded.peer = exc.peer
-        if seconds is not None:
-            worded.seconds = seconds
-        return worded
-    return exc
-
-
-# ---- completion of futures ----------------------------------------------------------
-
-_callbacks = concurrent.futures.ThreadPoolExecutor(
-    max_workers=4, thread_name_prefix="ringreduce-future"
-)
-
-
-class _Watcher:
-    """One thread per process group that waits for works whose futures were asked for,
-    in the order they were asked for, and completes each future on a pool thread."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-
-    def watch(self, work: _Work) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="ringreduce-watcher", daemon=True
-                )
-                self._thread.start()
-        self._queue.put(work)
-
-    def _run(self) -> None:
-        while True:
-            work = self._queue.get()
-            if work is None:
-                return
-            try:
-                work._wait_engine()
-                error = None
-            except BaseException as exc:  # the future carries it to whoever waits
-                error = exc
-            _callbacks.submit(work._complete_future, error)
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                self._queue.put(None)
-
-
-class _Work(dist._Work):
-    """A torch Work over ringreduce Works: ``wait()`` finishes them, then runs
-    ``finish`` (copies out of staging buffers) once; ``result()`` is the outputs."""
-
-    def __init__(
-        self,
-        pg: ProcessGroupRingReduce,
-        works: Sequence[Any],
-        outputs: List[torch.Tensor],
-        finish: Optional[Callable[[], None]] = None,
-        source: Optional[Callable[[], int]] = None,
-    ):
-        super().__init__()
-        self._pg = pg
-        self._works = list(works)
-        self._outputs = outputs
-        self._finish = finish
-        self._source = source
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: Optional[BaseException] = None
-        self._future: Optional[Future] = None
-
-    def _wait_engine(self) -> None:
-        with self._lock:
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                return
-            try:
-                for w in self._works:
-                    w.wait()
-                if self._finish is not None:
-                    self._finish()
-            except BaseException as exc:
-                self._error = _as_torch_sees_it(exc)
-                raise self._error from None
-            finally:
-                self._done = True
-
-    def _complete_future(self, error: Optional[BaseException]) -> None:
-        fut = self._future
-        if fut is None or fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(self._outputs)
-
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        self._wait_engine()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done or all(w.done() for w in self._works)
-
-    def is_success(self) -> bool:
-        if not self.is_completed():
-            raise RuntimeError("ringreduce: is_success() asked before the work completed")
-        try:
-            self._wait_engine()
-        except Exception:
-            return False
-        return True
-
-    def exception(self) -> Optional[BaseException]:
-        return self._error
-
-    def source_rank(self) -> int:
-        if self._source is None:
-            raise ValueError("source_rank() is defined for recv from any source only")
-        self._wait_engine()
-        return self._source()
-
-    _source_rank = source_rank  # what torch.distributed.recv calls
-
-    def result(self) -> List[torch.Tensor]:
-        self._wait_engine()
-        return self._outputs
-
-    def synchronize(self) -> None:
-        self._wait_engine()
-
-    def get_future(self) -> Future:
-        with self._lock:
-            if self._future is None:
-                self._future = Future()
-                if self._done:
-                    done_now = True
-                else:
-                    done_now = False
-            else:
-                return self._future
-        if done_now:
-            self._complete_future(self._error)
-        else:
-            self._pg._watcher.watch(self)
-        return self._future
-
-
-def _done_work(pg: ProcessGroupRingReduce, outputs: List[torch.Tensor]) -> _Work:
-    work = _Work(pg, [], outputs)
-    work._done = True
-    return work
-
 
 # ---- the process group ---------------------------------------------------------------
 
@@ -640,78 +435,7 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
     abort = shutdown
 
 
-class _Chain(_Work):
-    """Several Works as one (coalesced calls)."""
-
-    def __init__(self, pg: ProcessGroupRingReduce, works: List[_Work], outputs: List[torch.Tensor]):
-        super().__init__(pg, [], outputs)
-        self._parts = works
-
-    def _wait_engine(self) -> None:
-        with self._lock:
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                return
-            try:
-                for w in self._parts:
-                    w._wait_engine()
-            except BaseException as exc:
-                self._error = _as_torch_sees_it(exc)
-                raise self._error from None
-            finally:
-                self._done = True
-
-    def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._parts)
-
-
-# ---- helpers --------------------------------------------------------------------------
-
-
-def _one(tensors: Any, what: str) -> list:
-    if len(tensors) != 1:
-        raise ValueError(
-            f"{what}: ringreduce takes one tensor per call (one device per process), "
-            f"got {len(tensors)}"
-        )
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
-            raise ValueError(f"{what}: ringreduce takes dense tensors, not {t.layout}")
-    return list(tensors)
-
-
-def _check_list(tensors: List[torch.Tensor], n: int, like: torch.Tensor, what: str) -> None:
-    if len(tensors) != n:
-        raise ValueError(
-            f"{what}: a list of {n} tensors (one per rank) expected, got {len(tensors)}"
-        )
-    for t in tensors:
-        if t.numel() != like.numel() or t.dtype != like.dtype:
-            raise ValueError(
-                f"{what}: every tensor of the list must have {like.numel()} elements of "
-                f"{like.dtype}, got {t.numel()} of {t.dtype}"
-            )
-
-
-def _view_as(block: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A staging block (possibly bytes) read as ``like``'s dtype and shape."""
-    if block.dtype != like.dtype:
-        block = block.reshape(-1).view(like.dtype) if like.numel() else block.to(like.dtype)
-    return block.reshape(like.shape)
-
-
-def _reducible(t: torch.Tensor):
-    """(what the engine reduces, what copies it back into t afterwards, or None)."""
-    if t.dtype in _ENGINE_DTYPES and t.is_contiguous():
-        return t, None
-    if t.is_complex():  # sums of (re, im) pairs: torch refuses the other ops for complex
-        c = _contiguous(t)
-        return torch.view_as_real(c), (None if c is t else lambda: t.copy_(c))
-    wide = t.to(_WIDENED.get(t.dtype, t.dtype)).contiguous()
-    if wide.dtype not in _ENGINE_DTYPES:
-        raise ValueError(f"ringreduce cannot reduce tensors of {t.dtype}")
-    return wide, lambda: t.copy_(wide.to(t.dtype))
+# ---- meeting through torch's store ------------------------------------------------
 
 
 class _StoreAdapter:

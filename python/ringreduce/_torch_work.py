@@ -100,6 +100,12 @@ class _Work(dist._Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[Future] = None
 
+    def _wait_parts(self) -> None:
+        for w in self._works:
+            w.wait()
+        if self._finish is not None:
+            self._finish()
+
     def _wait_engine(self) -> None:
         with self._lock:
             if self._done:
@@ -107,10 +113,7 @@ class _Work(dist._Work):
                     raise self._error
                 return
             try:
-                for w in self._works:
-                    w.wait()
-                if self._finish is not None:
-                    self._finish()
+                self._wait_parts()
             except BaseException as exc:
                 self._error = _as_torch_sees_it(exc)
                 raise self._error from None
@@ -190,20 +193,9 @@ class _Chain(_Work):
         super().__init__(pg, [], outputs)
         self._parts = works
 
-    def _wait_engine(self) -> None:
-        with self._lock:
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                return
-            try:
-                for w in self._parts:
-                    w._wait_engine()
-            except BaseException as exc:
-                self._error = _as_torch_sees_it(exc)
-                raise self._error from None
-            finally:
-                self._done = True
+    def _wait_parts(self) -> None:
+        for w in self._parts:
+            w._wait_engine()
 
     def is_completed(self) -> bool:
         return self._done or all(w.is_completed() for w in self._parts)

@@ -54,6 +54,10 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
             options,
         )  # fmt: skip
         self.comm = Communicator(core)
+        # Every rank has finished reading the store before any returns: a rank that
+        # returns and exits at once (a short script) would otherwise take the store it
+        # hosts away from ranks still meeting through it.
+        self.comm.barrier()
         self._watcher = _Watcher()
         self._name = ""
         self._desc = ""

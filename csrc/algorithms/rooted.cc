@@ -12,12 +12,42 @@
 //   scatter    - the root sends every rank its block.
 //   all_to_all - every rank sends block p to rank p; blocks may differ in size
 //                by pair (their sizes were checked before: call_header.h).
+#include <utility>
 #include <vector>
 
 #include "algorithms/ring_schedule.h"
 #include "algorithms/schedule.h"
 
 namespace rr {
+
+namespace {
+
+// The root's side of a rooted collective: one step per other rank r, all in
+// flight at once, receiving into (recv_base) or sending from (send_base) the
+// region that `region(r)` gives as (byte offset, bytes).
+template <typename Region>
+void root_exchange(Executor& x, const Ring& ring, char* recv_base, const char* send_base,
+                   Region region) {
+  std::vector<StepPlan> plans;
+  for (int r = 0; r < ring.size; ++r) {
+    if (r == ring.rank) continue;
+    const auto [offset, bytes] = region(r);
+    StepPlan p;
+    if (recv_base != nullptr) {
+      p.recv_from = r;
+      p.recv = recv_base + offset;
+      p.recv_bytes = bytes;
+    } else {
+      p.send_to = r;
+      p.send = send_base + offset;
+      p.send_bytes = bytes;
+    }
+    plans.push_back(p);
+  }
+  x.exchange(plans);
+}
+
+}  // namespace
 
 void ring_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args, size_t piece_elems) {
   const size_t elem = dtype_size(args.dtype);
@@ -41,16 +71,9 @@ void ring_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args, size
     x.step(p);
     return;
   }
-  std::vector<StepPlan> plans;
-  for (int r = 0; r < ring.size; ++r) {
-    if (r == ring.rank) continue;
-    StepPlan p;
-    p.recv_from = r;
-    p.recv = static_cast<char*>(args.recv) + at(r).first * elem;
-    p.recv_bytes = (at(r).second - at(r).first) * elem;
-    plans.push_back(p);
-  }
-  x.exchange(plans);
+  root_exchange(x, ring, static_cast<char*>(args.recv), nullptr, [&](int r) {
+    return std::pair<size_t, size_t>{at(r).first * elem, (at(r).second - at(r).first) * elem};
+  });
 }
 
 void direct_gather(Executor& x, const Ring& ring, const CollectiveArgs& args) {
@@ -66,16 +89,9 @@ void direct_gather(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   }
   char* out = static_cast<char*>(args.recv);
   x.copy(out + ring.rank * block, args.send, block);
-  std::vector<StepPlan> plans;
-  for (int r = 0; r < ring.size; ++r) {
-    if (r == ring.rank) continue;
-    StepPlan p;
-    p.recv_from = r;
-    p.recv = out + r * block;
-    p.recv_bytes = block;
-    plans.push_back(p);
-  }
-  x.exchange(plans);
+  root_exchange(x, ring, out, nullptr, [&](int r) {
+    return std::pair<size_t, size_t>{static_cast<size_t>(r) * block, block};
+  });
 }
 
 void direct_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args) {
@@ -91,16 +107,9 @@ void direct_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   }
   const char* in = static_cast<const char*>(args.send);
   x.copy(args.recv, in + ring.rank * block, block);
-  std::vector<StepPlan> plans;
-  for (int r = 0; r < ring.size; ++r) {
-    if (r == ring.rank) continue;
-    StepPlan p;
-    p.send_to = r;
-    p.send = in + r * block;
-    p.send_bytes = block;
-    plans.push_back(p);
-  }
-  x.exchange(plans);
+  root_exchange(x, ring, nullptr, in, [&](int r) {
+    return std::pair<size_t, size_t>{static_cast<size_t>(r) * block, block};
+  });
 }
 
 void direct_all_to_all(Executor& x, const Ring& ring, const CollectiveArgs& args) {

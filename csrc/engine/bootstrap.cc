@@ -93,16 +93,24 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
   return std::make_unique<RoutedTransport>(std::move(parts), name);
 }
 
-std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
-                                                      const std::string& master_addr,
-                                                      int master_port, const std::string& store_dir,
-                                                      const Options& options) {
+namespace {
+
+void check_arguments(int rank, int size, const Options& options) {
   if (size < 1) throw InvalidArgument("world_size must be >= 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size) {
     throw InvalidArgument("rank must be in [0, " + std::to_string(size) + "), got " +
                           std::to_string(rank));
   }
   if (options.timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
+                                                      const std::string& master_addr,
+                                                      int master_port, const std::string& store_dir,
+                                                      const Options& options) {
+  check_arguments(rank, size, options);
   const Deadline deadline = Deadline::after(options.timeout_seconds);
   std::unique_ptr<Store> store;
   std::string advertise;
@@ -158,12 +166,7 @@ std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> s
                                                         int size, const std::string& advertise,
                                                         const std::string& meeting,
                                                         const Options& options) {
-  if (size < 1) throw InvalidArgument("world_size must be >= 1, got " + std::to_string(size));
-  if (rank < 0 || rank >= size) {
-    throw InvalidArgument("rank must be in [0, " + std::to_string(size) + "), got " +
-                          std::to_string(rank));
-  }
-  if (options.timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
+  check_arguments(rank, size, options);
   return create_communicator(std::move(store), rank, size, advertise, meeting, options,
                              Deadline::after(options.timeout_seconds));
 }

@@ -392,20 +392,24 @@ def test_every_init_method(init, tmp_path):
 
 def test_under_torchrun(tmp_path):
     script = tmp_path / "train.py"
+    # Each rank reports in a file of its own: lines printed by three processes into
+    # one pipe can interleave.
     script.write_text(
-        "import torch, torch.distributed as dist, ringreduce.torch\n"
+        "import sys, torch, torch.distributed as dist, ringreduce.torch\n"
         "dist.init_process_group('ringreduce')\n"
         "t = torch.ones(4) * dist.get_rank()\n"
         "dist.all_reduce(t)\n"
         "assert t.tolist() == [3.0] * 4, t\n"
-        "print('rank', dist.get_rank(), 'ok', dist.get_backend())\n"
+        "with open(f'{sys.argv[1]}/rank{dist.get_rank()}', 'w') as f:\n"
+        "    f.write(f'ok {dist.get_backend()}')\n"
         "dist.destroy_process_group()\n"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-           "--master-port", str(free_port()), str(script)]  # fmt: skip
+           "--master-port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ringreduce") == 3, proc.stdout
+    reports = [(tmp_path / f"rank{r}").read_text() for r in range(3)]
+    assert reports == ["ok ringreduce"] * 3, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

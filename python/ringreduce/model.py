@@ -1,0 +1,690 @@
+"""An alpha-beta cost model of ringreduce's collectives, its algorithms and a training step.
+
+Every collective is a sequence of *phases*. A phase takes some dependent *steps* (each
+costs the link's latency ``alpha``: a step cannot start before the previous one's
+message has arrived), moves some bytes over its slowest link, per direction (each costs
+the link's ``beta``, seconds per byte = 1 / bandwidth) and reduces some bytes on one
+rank (each costs ``gamma`` = 1 / reduction throughput)::
+
+    time = sum over phases of  steps x alpha + wire bytes x beta + reduced bytes x gamma
+
+The phases follow the engine's schedules (``csrc/algorithms``), not textbook ones:
+
+==================  ================================================================
+all_reduce  ring    reduce-scatter then all-gather, N-1 steps each of S/N: every rank
+                    sends 2(N-1)/N x S, whatever N (the bandwidth-optimal count).
+all_reduce  small   all-gather of every rank's whole vector around the ring (N-1 steps
+                    of S), then N-1 local reductions; for small S only.
+all_reduce  direct  every rank sends S to every other at once (one step): where the
+                    transport reaches every peer (shared memory, MPI, 2 ranks).
+all_reduce  hier.   reduce-scatter on each host, one cross-host ring all-reduce per
+                    local rank (all of a host's ranks share its network link), all-gather
+                    on each host; cross-host bytes per host 2(H-1)/H x S.
+reduce_scatter      the ring's reduce-scatter, run once per piece of 4 segments (so
+                    ceil(S/N / piece) x (N-1) steps): (N-1)/N x S sent per rank.
+all_gather          the ring's all-gather: N-1 steps of the block.
+broadcast           a segment-pipelined chain from the root: N-1 step latencies, then
+                    S plus N-2 segments through the slowest link.
+reduce              reduce_scatter, then every rank sends its chunk to the root (one step).
+gather / scatter    every rank's block to / from the root, all at once (one step).
+all_to_all          block p of every rank to rank p, all at once (one step).
+barrier             N-1 one-byte token rounds (the call header is the first).
+==================  ================================================================
+
+Every call with more than one rank first swaps a call header with its ring neighbours
+(one more step). ``nbytes`` is always the size of the array a rank passes (the root's
+for scatter). Ranks sit on ``hosts`` hosts, ``ranks_per_host`` each; hops on a host use
+``intra_link``, hops between hosts ``inter_link``, and the ring visits hosts in order, so
+a flat ring crosses each host's network link once per direction.
+
+Example (the design's worked example: a 7B model's fp16 gradients over 8 ranks)::
+
+    >>> from ringreduce.model import CostModel, Link
+    >>> m = CostModel(hosts=8, links={"tcp": Link.from_gbps(800)})
+    >>> round(m.predict("all_reduce", 14e9).seconds, 3)
+    0.245
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+__all__ = [
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "DEFAULT_LINKS",
+    "Choice",
+    "CostModel",
+    "Link",
+    "Phase",
+    "Prediction",
+    "Sample",
+    "StepEstimate",
+    "fit",
+    "itemsize",
+]
+
+COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "barrier",
+)
+ALGORITHMS = ("ring", "small", "direct", "hierarchical")  # of all_reduce
+
+_ITEMSIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "int64": 8,
+}
+
+# The engine's defaults (csrc/engine/options.h): the message size of every step, and
+# the all_reduce size at 2 ranks up to which the latency paths run (scaled by 2/N).
+DEFAULT_SEGMENT_BYTES = 128 << 10
+DEFAULT_SMALL_BYTES = 64 << 10
+# reduce_scatter moves each chunk in pieces of this many segments (collective.cc).
+_PIECE_SEGMENTS = 4
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name ringreduce supports ("float16", "bfloat16", ...)."""
+    try:
+        return _ITEMSIZE[str(dtype)]
+    except KeyError:
+        raise ValueError(f"dtype: one of {', '.join(_ITEMSIZE)}, got {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: ``alpha`` seconds per dependent step, ``beta`` seconds per byte
+    per direction (1 / bandwidth)."""
+
+    alpha: float
+    beta: float
+
+    @classmethod
+    def from_gbps(cls, gbit_per_s: float, alpha: float = 10e-6) -> Link:
+        """A link of ``gbit_per_s`` Gbit/s per direction (800 -> 100 GB/s)."""
+        return cls(alpha, 8.0 / (gbit_per_s * 1e9))
+
+    @classmethod
+    def from_gbs(cls, gbyte_per_s: float, alpha: float = 10e-6) -> Link:
+        """A link of ``gbyte_per_s`` GB/s (1e9 bytes) per direction."""
+        return cls(alpha, 1.0 / (gbyte_per_s * 1e9))
+
+    @property
+    def gbs(self) -> float:
+        """Bandwidth in GB/s (1e9 bytes per second); inf for a free link."""
+        return math.inf if self.beta <= 0 else 1e-9 / self.beta
+
+
+# Assumed when nothing is given or probed: shared memory of a recent server with several
+# ranks copying at once, and a 10 Gbit/s Ethernet link. Printed as "assumed".
+DEFAULT_LINKS: Mapping[str, Link] = {
+    "shm": Link.from_gbs(5.0, alpha=3e-6),
+    "tcp": Link.from_gbps(10.0, alpha=25e-6),
+    "mpi": Link.from_gbps(10.0, alpha=10e-6),
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One part of a collective: ``steps`` dependent latencies and ``wire_bytes`` per
+    direction on ``link`` (its slowest link), and ``reduce_bytes`` reduced by one rank."""
+
+    name: str
+    link: str
+    steps: float
+    wire_bytes: float
+    reduce_bytes: float = 0.0
+
+    def seconds(self, model: CostModel) -> float:
+        """This phase's time under ``model``'s parameters."""
+        link = model.link(self.link)
+        return (
+            self.steps * link.alpha + self.wire_bytes * link.beta + self.reduce_bytes * model.gamma
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted time of one call: ``seconds``, and the phases it is the sum of."""
+
+    collective: str
+    algorithm: str
+    nbytes: float
+    ranks: int
+    seconds: float
+    phases: tuple[Phase, ...]
+    sent_bytes: float  # bytes one rank sends, over all its links
+
+    @property
+    def algbw(self) -> float:
+        """nbytes / seconds, GB/s (nccl-tests' algbw)."""
+        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else math.inf
+
+    @property
+    def busbw(self) -> float:
+        """Bytes one rank sends per second, GB/s: for a ring all_reduce
+        ``algbw x 2(N-1)/N``, nccl-tests' busbw."""
+        return self.sent_bytes / self.seconds / 1e9 if self.seconds > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which all_reduce algorithm runs at a size (``engine``: the engine's rule as built)
+    and which the model predicts fastest (``fastest``), with every candidate's time and a
+    sentence saying why."""
+
+    nbytes: float
+    engine: str
+    fastest: str
+    seconds: Mapping[str, float]
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """A data-parallel training step: ``compute_s`` plus the gradients' all_reduce.
+
+    ``comm_s`` is the model's all_reduce of all gradients at once and ``seed_comm_s`` the
+    design's back-of-envelope (2 x S bytes at the link's bandwidth, no latency).
+    ``exposed_s`` is what stays on the step when buckets are reduced while backward
+    runs: at least the last bucket (the first layers' gradients are ready last), more if
+    the buckets take longer than backward.
+    """
+
+    grad_bytes: float
+    compute_s: float
+    backward_s: float
+    ring_factor: float  # 2(N-1)/N
+    link: str
+    comm_s: float
+    seed_comm_s: float
+    bucketed_comm_s: float
+    last_bucket_s: float
+    exposed_s: float
+    seed_exposed_s: float
+
+    @property
+    def fraction(self) -> float:
+        """Communication's share of a step without overlap."""
+        return self.comm_s / (self.compute_s + self.comm_s)
+
+    @property
+    def seed_fraction(self) -> float:
+        """The seed's share: 2 x S at link bandwidth against compute."""
+        return self.seed_comm_s / (self.compute_s + self.seed_comm_s)
+
+    @property
+    def overlap_fraction(self) -> float:
+        """Communication's exposed share of a step overlapped with backward."""
+        return self.exposed_s / (self.compute_s + self.exposed_s)
+
+    @property
+    def seed_overlap_fraction(self) -> float:
+        """The seed's arithmetic, overlapped with backward."""
+        return self.seed_exposed_s / (self.compute_s + self.seed_exposed_s)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Ranks, their links and the reduction rate; predicts collectives and steps.
+
+    Args:
+        hosts, ranks_per_host: the job's shape (N = hosts x ranks_per_host).
+        links: alpha/beta per link kind ("shm", "tcp", "mpi"); kinds not given take
+            ``DEFAULT_LINKS``.
+        intra_link, inter_link: the kinds of the hops on a host and between hosts.
+        reduce_gbs: reduction throughput of one rank, GB/s of output; None: free (as on
+            a GPU, and in the seed's arithmetic).
+        segment_bytes, small_bytes: the engine's RINGREDUCE_SEGMENT_BYTES and
+            RINGREDUCE_SMALL_BYTES.
+        reaches_all: whether the transport reaches every peer directly (then small
+            all_reduces go "direct", else "small"); None derives it as the engine does.
+    """
+
+    hosts: int = 1
+    ranks_per_host: int = 1
+    links: Mapping[str, Link] = field(default_factory=dict)
+    intra_link: str = "shm"
+    inter_link: str = "tcp"
+    reduce_gbs: Optional[float] = None
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    small_bytes: int = DEFAULT_SMALL_BYTES
+    reaches_all: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.ranks_per_host < 1:
+            raise ValueError(
+                f"hosts and ranks_per_host must be >= 1, got {self.hosts}, {self.ranks_per_host}"
+            )
+        if self.reduce_gbs is not None and not self.reduce_gbs > 0:
+            raise ValueError(f"reduce_gbs must be positive or None, got {self.reduce_gbs}")
+
+    # -- parameters -----------------------------------------------------------------
+    @property
+    def ranks(self) -> int:
+        """N, the number of ranks."""
+        return self.hosts * self.ranks_per_host
+
+    @property
+    def gamma(self) -> float:
+        """Seconds per byte reduced (0 when the reduction is free)."""
+        return 0.0 if self.reduce_gbs is None else 1.0 / (self.reduce_gbs * 1e9)
+
+    def link(self, kind: str) -> Link:
+        """The parameters of link kind ``kind`` (given, else assumed)."""
+        if kind in self.links:
+            return self.links[kind]
+        if kind in DEFAULT_LINKS:
+            return DEFAULT_LINKS[kind]
+        raise ValueError(f"no parameters for link kind {kind!r}")
+
+    def link_kinds(self) -> tuple[str, ...]:
+        """The kinds of link this job's rings use."""
+        kinds = []
+        if self.ranks_per_host > 1:
+            kinds.append(self.intra_link)
+        if self.hosts > 1 and self.inter_link not in kinds:
+            kinds.append(self.inter_link)
+        return tuple(kinds) or (self.intra_link,)
+
+    def small_limit(self) -> int:
+        """all_reduce sizes up to this take a latency path: small_bytes x 2 / N, as
+        ``small_message_bytes`` in csrc/engine/communicator.cc (0 at one rank)."""
+        return self.small_bytes * 2 // self.ranks if self.ranks > 1 else 0
+
+    def reaches_every_peer(self) -> bool:
+        """Whether every peer is reached directly: shared memory and MPI reach all, TCP
+        only the ring neighbours (both ways only at 2 ranks)."""
+        if self.reaches_all is not None:
+            return self.reaches_all
+        return self.ranks == 2 or "tcp" not in self.link_kinds()
+
+    # -- phases ---------------------------------------------------------------------
+    def _slowest(
+        self, name: str, options: Sequence[tuple[str, float, float]], reduce: float = 0.0
+    ) -> Phase:
+        """Of simultaneous transfers (link, steps, wire bytes), the one that takes longest."""
+        phases = [Phase(name, k, s, w, reduce) for k, s, w in options if s > 0 or w > 0]
+        if not phases:
+            return Phase(name, self.link_kinds()[0], 0.0, 0.0, reduce)
+        return max(phases, key=lambda p: p.seconds(self))
+
+    def _ring(self, name: str, steps: float, wire: float, reduce: float = 0.0) -> Phase:
+        """A phase around the flat ring: every hop busy at once, the slowest sets the pace."""
+        return self._slowest(name, [(k, steps, wire) for k in self.link_kinds()], reduce)
+
+    def _fanout(self, name: str, block: float, reduce: float = 0.0) -> Phase:
+        """One step in which every rank sends ``block`` to every other rank at once: a host's
+        network link carries its L ranks' blocks to the N-L ranks elsewhere."""
+        n, local = self.ranks, self.ranks_per_host
+        return self._slowest(
+            name,
+            [
+                (self.intra_link, 1, (local - 1) * block),
+                (self.inter_link, 1 if self.hosts > 1 else 0, local * (n - local) * block),
+            ],
+            reduce,
+        )
+
+    def _rooted(self, name: str, block: float) -> Phase:
+        """One step in which the root exchanges ``block`` with every other rank at once."""
+        n, local = self.ranks, self.ranks_per_host
+        return self._slowest(
+            name,
+            [
+                (self.intra_link, 1, (local - 1) * block),
+                (self.inter_link, 1 if self.hosts > 1 else 0, (n - local) * block),
+            ],
+        )
+
+    def _rounds(self, nbytes: float, elem: int) -> int:
+        """reduce_scatter's rounds: pieces of 4 segments of the largest chunk."""
+        count = int(nbytes) // elem
+        largest = -(-count // self.ranks)
+        piece = _PIECE_SEGMENTS * max(1, self.segment_bytes // elem)
+        return max(1, -(-largest // piece))
+
+    def phases(
+        self, collective: str, nbytes: float, algorithm: Optional[str] = None, elem: int = 4
+    ) -> tuple[list[Phase], str, float]:
+        """(phases, algorithm, bytes one rank sends) of one call; see :meth:`predict`."""
+        n, s = self.ranks, float(nbytes)
+        if collective not in COLLECTIVES:
+            raise ValueError(f"collective: one of {', '.join(COLLECTIVES)}, got {collective!r}")
+        if collective == "all_reduce":
+            algorithm = algorithm or self.engine_algorithm(s)
+            if algorithm not in ALGORITHMS:
+                raise ValueError(f"algorithm: one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+        elif algorithm not in (None, "ring" if collective != "all_to_all" else "direct"):
+            raise ValueError(f"{collective} has one algorithm; got {algorithm!r}")
+        algorithm = algorithm or {
+            "gather": "direct",
+            "scatter": "direct",
+            "all_to_all": "direct",
+        }.get(collective, "ring")
+        if n == 1 or (s <= 0 and collective != "barrier"):
+            return [], algorithm, 0.0  # a local copy at most
+        header = self._ring("call header", 1, 0)
+        chunk = s / n
+        if collective == "all_reduce":
+            if algorithm == "ring":
+                return (
+                    [
+                        header,
+                        self._ring("reduce-scatter", n - 1, (n - 1) * chunk, (n - 1) * chunk),
+                        self._ring("all-gather", n - 1, (n - 1) * chunk),
+                    ],
+                    algorithm,
+                    2 * (n - 1) * chunk,
+                )
+            if algorithm == "small":
+                return (
+                    [header, self._ring("all-gather of S", n - 1, (n - 1) * s, (n - 1) * s)],
+                    algorithm,
+                    (n - 1) * s,
+                )
+            if algorithm == "direct":
+                return (
+                    [header, self._fanout("S to every peer", s, (n - 1) * s)],
+                    algorithm,
+                    (n - 1) * s,
+                )
+            return self._hierarchical(s, header)
+        if collective == "reduce_scatter":
+            rounds = self._rounds(s, elem)
+            rs = self._ring("reduce-scatter", rounds * (n - 1), (n - 1) * chunk, (n - 1) * chunk)
+            return [header, rs], algorithm, (n - 1) * chunk
+        if collective == "all_gather":
+            return [header, self._ring("all-gather", n - 1, (n - 1) * s)], algorithm, (n - 1) * s
+        if collective == "broadcast":
+            segment = min(float(self.segment_bytes), s)
+            return [header, self._ring("pipeline", n - 1, s + (n - 2) * segment)], algorithm, s
+        if collective == "reduce":
+            rounds = self._rounds(s, elem)
+            rs = self._ring("reduce-scatter", rounds * (n - 1), (n - 1) * chunk, (n - 1) * chunk)
+            return [header, rs, self._rooted("chunks to root", chunk)], algorithm, n * chunk
+        if collective == "gather":
+            return [header, self._rooted("blocks to root", s)], algorithm, s
+        if collective == "scatter":
+            return [header, self._rooted("blocks from root", chunk)], algorithm, (n - 1) * chunk
+        if collective == "all_to_all":
+            return [header, self._fanout("block to every peer", chunk)], algorithm, (n - 1) * chunk
+        return [self._ring("token rounds", n - 1, 0)], algorithm, 0.0  # barrier
+
+    def _hierarchical(self, s: float, header: Phase) -> tuple[list[Phase], str, float]:
+        hosts, local = self.hosts, self.ranks_per_host
+        if hosts == 1 or local == 1:
+            raise ValueError("hierarchical all_reduce needs several hosts of several ranks")
+        shard = s / local
+        on_host = (local - 1) * shard
+        # The L cross-host rings run at once and share the host's network link, which so
+        # carries every local rank's bytes: 2(H-1)/H x S per host in all.
+        cross = 2 * (hosts - 1) * s / hosts
+        return (
+            [
+                header,
+                Phase("reduce-scatter on host", self.intra_link, local - 1, on_host, on_host),
+                Phase(
+                    "all-reduce across hosts",
+                    self.inter_link,
+                    2 * (hosts - 1),
+                    cross,
+                    (hosts - 1) * shard / hosts,
+                ),
+                Phase("all-gather on host", self.intra_link, local - 1, on_host),
+            ],
+            "hierarchical",
+            2 * on_host + cross / local,
+        )
+
+    # -- predictions ----------------------------------------------------------------
+    def predict(
+        self,
+        collective: str,
+        nbytes: float,
+        algorithm: Optional[str] = None,
+        dtype: str = "float32",
+    ) -> Prediction:
+        """The predicted time of one call of ``collective`` on arrays of ``nbytes``.
+
+        Args:
+            collective: one of :data:`COLLECTIVES`.
+            nbytes: the size of the array each rank passes (the root's for scatter).
+            algorithm: all_reduce only: "ring", "small", "direct" or "hierarchical";
+                None takes the engine's rule (:meth:`engine_algorithm`).
+            dtype: sets the element size (reduce_scatter's pieces are whole elements).
+        """
+        phases, algorithm, sent = self.phases(collective, nbytes, algorithm, itemsize(dtype))
+        seconds = sum(p.seconds(self) for p in phases)
+        return Prediction(
+            collective, algorithm, float(nbytes), self.ranks, seconds, tuple(phases), sent
+        )
+
+    def engine_algorithm(self, nbytes: float) -> str:
+        """The all_reduce algorithm the engine runs at ``nbytes`` (choose_algorithm in
+        csrc/algorithms/collective.cc): a latency path up to :meth:`small_limit`, else the
+        ring. The engine has no hierarchical all_reduce yet; :meth:`choose` says when it
+        would pay."""
+        if self.ranks > 1 and nbytes <= self.small_limit():
+            return "direct" if self.reaches_every_peer() else "small"
+        return "ring"
+
+    def candidates(self) -> tuple[str, ...]:
+        """The all_reduce algorithms that can run on this job's shape and links."""
+        out = ["ring", "direct" if self.reaches_every_peer() else "small"]
+        if self.hosts > 1 and self.ranks_per_host > 1:
+            out.append("hierarchical")
+        return tuple(out)
+
+    def choose(self, nbytes: float) -> Choice:
+        """The all_reduce algorithm for ``nbytes``: the engine's rule, the model's fastest,
+        and why."""
+        times = {a: self.predict("all_reduce", nbytes, a).seconds for a in self.candidates()}
+        engine = self.engine_algorithm(nbytes)
+        fastest = min(times, key=lambda a: (times[a], a != engine))
+        limit = self.small_limit()
+        if engine == "ring":
+            rule = f"{_size(nbytes)} > {_size(limit)} (small_bytes x 2/N): ring"
+        else:
+            way = "every peer reached directly" if engine == "direct" else "ring neighbours only"
+            rule = f"{_size(nbytes)} <= {_size(limit)} (small_bytes x 2/N), {way}: {engine}"
+        ranked = ", ".join(f"{a} {_time(t)}" for a, t in sorted(times.items(), key=lambda x: x[1]))
+        best = self.predict("all_reduce", nbytes, fastest)
+        latency = sum(p.steps * self.link(p.link).alpha for p in best.phases)
+        bound = "latency" if latency >= best.seconds / 2 else "bandwidth"
+        why = {
+            ("ring", "bandwidth"): "fewest bytes per rank, 2(N-1)/N x S",
+            ("ring", "latency"): "no other path runs here",
+            ("small", "latency"): "N-1 steps instead of 2(N-1)",
+            ("small", "bandwidth"): "N-1 steps instead of 2(N-1)",
+            ("direct", "latency"): "one step instead of 2(N-1)",
+            ("direct", "bandwidth"): "one step instead of 2(N-1)",
+            ("hierarchical", "latency"): "2(H-1) steps cross hosts, not 2(N-1)",
+            ("hierarchical", "bandwidth"): "2(H-1)/H x S cross each host's link, not 2(N-1)/N x S",
+        }[fastest, bound]
+        return Choice(
+            float(nbytes),
+            engine,
+            fastest,
+            times,
+            f"engine: {rule}; model: {ranked} ({bound}-bound; {fastest}: {why})",
+        )
+
+    def step(
+        self,
+        grad_bytes: float,
+        compute_s: float,
+        *,
+        backward_fraction: float = 2.0 / 3.0,
+        bucket_bytes: float = 25 << 20,
+        first_bucket_bytes: float = 1 << 20,
+    ) -> StepEstimate:
+        """A training step of ``compute_s`` seconds whose gradients (``grad_bytes``) are
+        all-reduced, with and without overlapping backward.
+
+        Backward is ``backward_fraction`` of compute (about twice forward). Overlapped, the
+        gradients go in buckets as ``GradientBucketer`` makes them (a first bucket of
+        ``first_bucket_bytes``, then ``bucket_bytes`` each; defaults as its 1 and 25 MiB),
+        each reduced as soon as backward has produced it.
+        """
+        if compute_s < 0 or not 0 <= backward_fraction <= 1:
+            raise ValueError("compute_s must be >= 0 and backward_fraction in [0, 1]")
+        backward = compute_s * backward_fraction
+        full = self.predict("all_reduce", grad_bytes, self.choose(grad_bytes).fastest)
+        buckets = _buckets(grad_bytes, first_bucket_bytes, bucket_bytes)
+        times = [self.predict("all_reduce", b, self.choose(b).fastest).seconds for b in buckets]
+        bucketed = sum(times)
+        last = times[-1] if times else 0.0
+        n = self.ranks
+        ring_link = self.link(full.phases[-1].link) if full.phases else Link(0.0, 0.0)
+        seed = 2 * grad_bytes * ring_link.beta if n > 1 else 0.0
+        seed_last = 2 * (buckets[-1] if buckets else 0) * ring_link.beta if n > 1 else 0.0
+        return StepEstimate(
+            grad_bytes=float(grad_bytes),
+            compute_s=float(compute_s),
+            backward_s=backward,
+            ring_factor=2 * (n - 1) / n,
+            link=full.phases[-1].link if full.phases else self.intra_link,
+            comm_s=full.seconds,
+            seed_comm_s=seed,
+            bucketed_comm_s=bucketed,
+            last_bucket_s=last,
+            exposed_s=max(last, bucketed - backward),
+            seed_exposed_s=max(seed_last, seed - backward),
+        )
+
+    def with_links(self, **links: Link) -> CostModel:
+        """A copy with some link kinds' parameters replaced."""
+        return replace(self, links={**self.links, **links})
+
+
+def _buckets(total: float, first: float, rest: float) -> list[float]:
+    """Bucket sizes in the order they are reduced (the last layers' gradients first)."""
+    out: list[float] = []
+    left = float(total)
+    cap = first
+    while left > 0:
+        out.append(min(cap, left))
+        left -= out[-1]
+        cap = rest
+    return out
+
+
+def _size(nbytes: float) -> str:
+    """A byte count as the CLI prints it: 64 KiB, 14.0 GB."""
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def _time(seconds: float) -> str:
+    """A duration as the CLI prints it: 12.3 us, 4.56 ms, 0.245 s."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.3f} s"
+
+
+# -- calibration ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sample:
+    """One measured call: ``seconds`` per call of ``collective`` on ``nbytes`` arrays,
+    ``ranks`` ranks on one host over link kind ``link``."""
+
+    collective: str
+    nbytes: float
+    ranks: int
+    link: str
+    seconds: float
+    algorithm: Optional[str] = None
+
+
+def _coefficients(sample: Sample, small_bytes: int, segment_bytes: int) -> dict[str, float]:
+    """The sample's time as a linear form in alpha_<link>, beta_<link> and gamma."""
+    m = CostModel(
+        ranks_per_host=sample.ranks,
+        intra_link=sample.link,
+        links={sample.link: Link(0.0, 0.0)},
+        small_bytes=small_bytes,
+        segment_bytes=segment_bytes,
+    )
+    phases, _, _ = m.phases(sample.collective, sample.nbytes, sample.algorithm)
+    coef = {f"alpha_{sample.link}": 0.0, f"beta_{sample.link}": 0.0, "gamma": 0.0}
+    for p in phases:
+        coef[f"alpha_{p.link}"] += p.steps
+        coef[f"beta_{p.link}"] += p.wire_bytes
+        coef["gamma"] += p.reduce_bytes
+    return coef
+
+
+def fit(
+    samples: Sequence[Sample],
+    *,
+    small_bytes: int = DEFAULT_SMALL_BYTES,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> tuple[dict[str, Link], Optional[float]]:
+    """Fits alpha and beta per link kind, and one reduction rate, to measured calls.
+
+    Least squares on relative error (every size counts alike), with every parameter
+    >= 0: each sample's time is linear in the parameters (:meth:`CostModel.phases`).
+    Calls that reduce (all_reduce) next to calls that do not (all_gather) separate the
+    reduction from the wire. Returns ``(links, reduce_gbs)``; reduce_gbs is None when
+    the fit finds the reduction hidden (gamma = 0).
+    """
+    rows = [_coefficients(s, small_bytes, segment_bytes) for s in samples]
+    names = sorted({k for r in rows for k in r if any(r2.get(k, 0.0) > 0 for r2 in rows)})
+    if not names:
+        raise ValueError("fit: no samples with a cost (need at least 2 ranks)")
+    a = np.array([[r.get(k, 0.0) for k in names] for r in rows])
+    y = np.array([s.seconds for s in samples], dtype=np.float64)
+    if not np.all(y > 0):
+        raise ValueError("fit: every sample needs a positive time")
+    a, y = a / y[:, None], np.ones_like(y)
+    scale = np.abs(a).max(axis=0)
+    x = _nnls(a / scale, y) / scale
+    value = dict(zip(names, x))
+    links = {}
+    for kind in sorted({s.link for s in samples}):
+        links[kind] = Link(
+            float(value.get(f"alpha_{kind}", 0.0)), float(value.get(f"beta_{kind}", 0.0))
+        )
+    gamma = float(value.get("gamma", 0.0))
+    return links, (1e-9 / gamma if gamma > 0 else None)
+
+
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min |a x - y| with x >= 0, by trying every set of free parameters (a handful)."""
+    best, best_x = math.inf, np.zeros(a.shape[1])
+    for k in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), k):
+            sub, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            if np.any(sub < 0):
+                continue
+            x = np.zeros(a.shape[1])
+            x[list(cols)] = sub
+            residual = float(np.sum((a @ x - y) ** 2))
+            if residual < best:
+                best, best_x = residual, x
+    return best_x

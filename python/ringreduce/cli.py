@@ -1,4 +1,4 @@
-"""The ``ringreduce`` command: ``launch``, ``bench`` and ``info`` subcommands."""
+"""The ``ringreduce`` command: ``launch``, ``bench``, ``model`` and ``info`` subcommands."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ usage: ringreduce <command> [options]
 commands:
   launch   run a program as N ranks:  ringreduce launch -n 4 -- python train.py
   bench    all_reduce benchmark (nccl-tests style table):  ringreduce bench -n 4
+  model    cost model: predicted collective times, algorithm choice, a step's communication
+           share:  ringreduce model --params 7e9 --dtype float16 --ranks 8 --link-gbps 800
   info     what this build contains (version, transports, CUDA, CPU kernels) as JSON
 
 'ringreduce <command> -h' describes a command's options.
@@ -62,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(rest, prog="ringreduce bench")
+    if command == "model":
+        from ._model_cli import main as model_main
+
+        return model_main(rest, prog="ringreduce model")
     if command == "info":
         return _info(rest)
     print(f"ringreduce: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr, end="")

@@ -194,9 +194,11 @@ def _print_model(model: CostModel, source: dict[str, str], reduce_given: bool) -
     print(
         f"job:       N = {model.ranks} ranks = {h} host{'s' * (h > 1)} x {lo} rank{'s' * (lo > 1)}"
     )
-    for kind in model.link_kinds():
+    used = model.link_kinds()
+    for kind in used + tuple(k for k in sorted(source) if k not in used):
         link = model.link(kind)
         where = "between hosts" if kind == model.inter_link and h > 1 else "on a host"
+        where = where if kind in used else "(not used)"
         print(
             f"link {kind:<4}  {where:<13}  {link.gbs * 8:9.4g} Gbit/s = {link.gbs:8.4g} GB/s, "
             f"alpha {link.alpha * 1e6:.3g} us/step  ({source.get(kind, 'assumed')})"

@@ -15,8 +15,39 @@ _LAUNCHERS = (
 )
 
 
+# Variables an MPI launcher sets for each process it starts, which RANK/WORLD_SIZE set by
+# hand must agree with. (Not SLURM's: they describe the allocation or job step, and are
+# inherited by whatever a batch script starts, so they may differ legitimately.)
+_MPI_LAUNCHERS = _LAUNCHERS[1:4]
+# Set by per-host launchers (torchrun, ringreduce launch) along with RANK/WORLD_SIZE: the
+# ranks are theirs, and an outer launcher's variables (mpirun, srun) describe the
+# launcher processes instead.
+_LOCAL_LAUNCHER_VAR = "LOCAL_WORLD_SIZE"
+
+
+def _env_int(name: str) -> int:
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {text!r}") from None
+
+
+def _checked(rank: int, size: int, rank_from: str, size_from: str) -> Tuple[int, int]:
+    if size < 1:
+        raise ValueError(f"{size_from} must be >= 1")
+    if not 0 <= rank < size:
+        raise ValueError(f"{rank_from} is not a rank of {size_from}: it must be in [0, {size})")
+    return rank, size
+
+
 def rank_and_size(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
-    """Fills in rank/world size from the environment where the caller gave none."""
+    """Fills in rank/world size from the environment where the caller gave none.
+
+    ValueError naming the variables for a partial or inconsistent environment: half of
+    RANK/WORLD_SIZE, values that are not whole numbers or out of range, and RANK/WORLD_SIZE
+    that disagree with the MPI launcher that started this process.
+    """
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
     # Half of RANK/WORLD_SIZE is a mistake that a world of one would hide. (Only this
@@ -29,9 +60,17 @@ def rank_and_size(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, 
         )
     for rank_var, size_var in _LAUNCHERS:
         if rank_var in os.environ and size_var in os.environ:
-            r = int(os.environ[rank_var]) if rank is None else int(rank)
-            s = int(os.environ[size_var]) if world_size is None else int(world_size)
-            return r, s
+            if rank is None and world_size is None:
+                r, s = _env_int(rank_var), _env_int(size_var)
+                _checked(r, s, f"{rank_var}={r}", f"{size_var}={s}")
+                if rank_var == "RANK":
+                    _agree_with_mpi_launcher(r, s)
+                return r, s
+            if rank is None:  # world_size given: the environment's rank in it
+                r = _env_int(rank_var)
+                return _checked(r, int(world_size), f"{rank_var}={r}", f"world_size={world_size}")
+            s = _env_int(size_var)
+            return _checked(int(rank), s, f"rank={rank}", f"{size_var}={s}")
     if rank is None and world_size is None:
         return 0, 1  # a plain `python script.py`: a world of one
     raise ValueError(
@@ -41,9 +80,51 @@ def rank_and_size(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, 
     )
 
 
+def _agree_with_mpi_launcher(rank: int, size: int) -> None:
+    """RANK/WORLD_SIZE set by hand in a process an MPI launcher started must be that
+    launcher's: a copied WORLD_SIZE, or one RANK exported to every process, would
+    otherwise make ranks wait for peers that never come, or two ranks claim one place."""
+    if _LOCAL_LAUNCHER_VAR in os.environ:
+        return
+    for rank_var, size_var in _MPI_LAUNCHERS:
+        if rank_var in os.environ and size_var in os.environ:
+            theirs = (_env_int(rank_var), _env_int(size_var))
+            if theirs != (rank, size):
+                raise ValueError(
+                    f"RANK={rank}, WORLD_SIZE={size} disagree with the launcher that started "
+                    f"this process ({rank_var}={theirs[0]}, {size_var}={theirs[1]}): unset "
+                    "RANK and WORLD_SIZE under mpirun/mpiexec, or make them agree"
+                )
+
+
 def launched_by_mpirun() -> bool:
     """True under mpirun/mpiexec (Open MPI, MPICH, Intel MPI) or srun with PMI."""
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+# (local size, world size) variables of launchers that say how many ranks share a host.
+_LOCAL_SIZES = (
+    ("LOCAL_WORLD_SIZE", "WORLD_SIZE"),  # ringreduce launch, torchrun
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"),  # Open MPI
+    ("MPI_LOCALNRANKS", "PMI_SIZE"),  # MPICH (Hydra)
+)
+
+
+def _spans_hosts() -> Optional[str]:
+    """The variables that show this job's ranks are on several hosts, or None."""
+    for local_var, size_var in _LOCAL_SIZES:
+        local, size = os.environ.get(local_var, ""), os.environ.get(size_var, "")
+        if local.isdigit() and size.isdigit() and int(local) < int(size):
+            return f"{local_var}={local} < {size_var}={size}"
+    return None
+
+
+def _port_env(name: str) -> int:
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a port number, got {text!r}") from None
 
 
 def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
@@ -54,13 +135,29 @@ def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
     (and torch.distributed's env:// init uses that store). ``ringreduce launch`` sets
     RINGREDUCE_PORT to MASTER_PORT + 1 for the same reason: a script may call both
     ``dist.init_process_group`` (env://) and ``rr.init()``.
+
+    Loopback serves ranks of one host only: without MASTER_ADDR, a job whose launcher
+    says it spans hosts is a ValueError (each host's ranks would look for rank 0 on
+    their own host, and time out).
     """
+    if addr is None and "MASTER_ADDR" not in os.environ:
+        spread = _spans_hosts()
+        if spread is not None:
+            given = (
+                f"MASTER_PORT={os.environ['MASTER_PORT']} is set but "
+                if ("MASTER_PORT" in os.environ)
+                else ""
+            )
+            raise ValueError(
+                f"{given}MASTER_ADDR is not set, and the ranks are on several hosts "
+                f"({spread}): set MASTER_ADDR to rank 0's host (or pass master_addr=)"
+            )
     host = addr if addr is not None else os.environ.get("MASTER_ADDR", "127.0.0.1")
     if port is None:
         if os.environ.get("RINGREDUCE_PORT"):
-            port = int(os.environ["RINGREDUCE_PORT"])
+            port = _port_env("RINGREDUCE_PORT")
         else:
-            port = int(os.environ.get("MASTER_PORT", "29500"))
+            port = _port_env("MASTER_PORT") if "MASTER_PORT" in os.environ else 29500
             if os.environ.get("TORCHELASTIC_RUN_ID"):  # set by torchrun for its workers
                 port += 1
     if not 0 < int(port) < 65536:

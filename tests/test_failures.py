@@ -275,3 +275,18 @@ def test_ranks_choosing_different_algorithms_get_mismatch_error():
         kind, message = value
         assert kind == "MismatchError", message
         assert "small-message path" in message
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_killed_store_host_is_named_by_every_survivor(n, links):
+    # Rank 0 also hosts the rendezvous store, where failures are published: with
+    # it gone, ranks that only saw a neighbour close its link must still name rank 0.
+    with RankGroup(n, timeout=60, transport=links) as group:
+        outcomes = group.outcomes(_kill_self_later, 0, 0.5, timeout=120)
+    assert outcomes[0][0] == "dead"
+    for status, value, tb in outcomes[1:]:
+        assert status == "ok", tb
+        kind, peer, message, elapsed = value
+        assert kind == "PeerError", message
+        assert peer == 0, message
+        assert elapsed < 30

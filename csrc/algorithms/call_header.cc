@@ -7,7 +7,7 @@
 namespace rr {
 namespace {
 
-constexpr uint32_t kHeaderMagic = 0x52524331;  // "RRC1"
+constexpr uint32_t kHeaderMagic = kCallHeaderMagic;
 
 CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
   CallHeader h{};
@@ -44,6 +44,27 @@ std::string describe_header(const CallHeader& h) {
 
 }  // namespace
 
+void check_call_header(const CallHeader& theirs, const CallHeader& mine, int left, int rank) {
+  if (theirs.magic == kHeaderMagic && theirs.segment_bytes != mine.segment_bytes) {
+    throw MismatchError("ranks " + std::to_string(left) + " and " + std::to_string(rank) +
+                            " cut messages differently: rank " + std::to_string(left) +
+                            " uses segments of " + std::to_string(theirs.segment_bytes) +
+                            " bytes, rank " + std::to_string(rank) + " of " +
+                            std::to_string(mine.segment_bytes) +
+                            " (set RINGREDUCE_SEGMENT_BYTES alike on every rank)",
+                        left);
+  }
+  if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
+      theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq ||
+      theirs.count != mine.count || theirs.root != mine.root) {
+    throw MismatchError("collective mismatch between rank " + std::to_string(left) + " and rank " +
+                            std::to_string(rank) + ": rank " + std::to_string(left) + " called " +
+                            describe_header(theirs) + ", rank " + std::to_string(rank) +
+                            " called " + describe_header(mine),
+                        left);
+  }
+}
+
 RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm,
                                  std::unique_ptr<CallHeader>& storage) {
   Transport& t = ctx.transport;
@@ -67,25 +88,7 @@ RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, A
                            std::to_string(rank) + " waited for it",
                        left);
   }
-  const CallHeader& mine = *storage;
-  if (theirs.magic == kHeaderMagic && theirs.segment_bytes != mine.segment_bytes) {
-    throw MismatchError("ranks " + std::to_string(left) + " and " + std::to_string(rank) +
-                            " cut messages differently: rank " + std::to_string(left) +
-                            " uses segments of " + std::to_string(theirs.segment_bytes) +
-                            " bytes, rank " + std::to_string(rank) + " of " +
-                            std::to_string(mine.segment_bytes) +
-                            " (set RINGREDUCE_SEGMENT_BYTES alike on every rank)",
-                        left);
-  }
-  if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
-      theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq ||
-      theirs.count != mine.count || theirs.root != mine.root) {
-    throw MismatchError("collective mismatch between rank " + std::to_string(left) + " and rank " +
-                            std::to_string(rank) + ": rank " + std::to_string(left) + " called " +
-                            describe_header(theirs) + ", rank " + std::to_string(rank) +
-                            " called " + describe_header(mine),
-                        left);
-  }
+  check_call_header(theirs, *storage, left, rank);
   return sent;
 }
 

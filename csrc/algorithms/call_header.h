@@ -13,6 +13,8 @@
 
 namespace rr {
 
+constexpr uint32_t kCallHeaderMagic = 0x52524331;  // "RRC1"
+
 struct CallHeader {
   uint32_t magic;
   uint8_t kind;
@@ -27,6 +29,10 @@ struct CallHeader {
   uint32_t segment_bytes;
 };
 static_assert(sizeof(CallHeader) == 32, "the header is part of the wire format");
+
+// Raises MismatchError naming both ranks and calls unless the left
+// neighbour's header `theirs` (any 32 bytes off the wire) matches ours.
+void check_call_header(const CallHeader& theirs, const CallHeader& mine, int left, int rank);
 
 // Sends our header right, receives the left neighbour's and checks it. The
 // returned request (our header send) must be waited on before the call ends;

@@ -233,6 +233,7 @@ void register_communicator(py::module_& m) {
       .def_readwrite("shm_single_copy_bytes", &rr::Options::shm_single_copy_bytes)
       .def_readwrite("shm_slot_bytes", &rr::Options::shm_slot_bytes)
       .def_readwrite("socket_addr", &rr::Options::socket_addr)
+      .def_readwrite("token", &rr::Options::token)
       .def_readwrite("fake_device", &rr::Options::fake_device)
       .def_readwrite("point_to_point", &rr::Options::point_to_point);
 

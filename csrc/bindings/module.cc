@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "config.h"
 #include "reduce/cpu_kernels.h"
+#include "security/auth.h"
+#include "testing/fuzz.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace py = pybind11;
@@ -44,6 +46,8 @@ void translate(std::exception_ptr p) {
     raise_python("TimeoutError", e.what(), e.peer());
   } catch (const rr::PeerError& e) {
     raise_python("PeerError", e.what(), e.peer());
+  } catch (const rr::AuthenticationError& e) {
+    raise_python("AuthenticationError", e.what(), -1);
   } catch (const rr::InvalidArgument& e) {
     PyErr_SetString(PyExc_ValueError, e.what());
   } catch (const rr::Error& e) {
@@ -119,6 +123,44 @@ void register_testing(py::module_& t) {
       },
       py::arg("dtype"), py::arg("data"), py::arg("n"), py::arg("divisor"),
       "data /= divisor on a raw buffer with the CPU kernels.");
+  t.def(
+      "hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        const rr::Digest d = rr::hmac_sha256(std::string(key), std::string(message));
+        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      },
+      py::arg("key"), py::arg("message"), "HMAC-SHA256 as the engine computes it.");
+  t.def(
+      "sha256",
+      [](const py::bytes& data) {
+        const rr::Digest d = rr::sha256(std::string(data));
+        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      },
+      py::arg("data"), "SHA-256 as the engine computes it.");
+  t.def(
+      "fuzz_parsers",
+      [](uint64_t frames, uint64_t seed) {
+        std::map<std::string, rr::FuzzCounts> counts;
+        {
+          py::gil_scoped_release nogil;
+          counts = rr::fuzz_parsers(frames, seed);
+        }
+        py::dict out;
+        for (const auto& [name, c] : counts) {
+          py::dict d;
+          d["frames"] = c.frames;
+          d["accepted"] = c.accepted;
+          d["rejected"] = c.rejected;
+          d["incomplete"] = c.incomplete;
+          d["violations"] = c.violations;
+          d["first_violation"] = c.first_violation;
+          out[py::str(name)] = d;
+        }
+        return out;
+      },
+      py::arg("frames"), py::arg("seed"),
+      "Feeds `frames` random and mutated inputs to each wire parser; per parser the counts "
+      "of accepted, rejected and incomplete inputs and of contract violations.");
 }
 
 }  // namespace

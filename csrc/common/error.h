@@ -57,6 +57,13 @@ class InvalidArgument : public Error {
   explicit InvalidArgument(const std::string& what) : Error(what) {}
 };
 
+// A process without the job's token (or with another one) tried to join, or a
+// peer failed to prove it knows the token (Python AuthenticationError).
+class AuthenticationError : public Error {
+ public:
+  explicit AuthenticationError(const std::string& what) : Error(what) {}
+};
+
 // Formats errno into "what: strerror".
 std::string errno_message(const std::string& what, int err);
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 
 #include "common/error.h"
 #include "common/host_id.h"
+#include "security/auth.h"
 #include "transport/routed.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -122,7 +124,8 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
     advertise = master_addr.empty() ? "127.0.0.1" : local_ip_towards(master_addr);
     meeting = "the file store in " + store_dir;
   } else {
-    store = make_tcp_store(master_addr, master_port, rank == 0, deadline, options.timeout_seconds);
+    store = make_tcp_store(master_addr, master_port, rank == 0, deadline, options.timeout_seconds,
+                           options.token);
     advertise = local_ip_towards(master_addr);
     meeting = "rank 0's rendezvous store at " + master_addr + ":" + std::to_string(master_port);
   }
@@ -136,10 +139,21 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
   if (advertise.empty()) advertise = local_ip_towards("192.0.2.1");  // the default route's
   const std::string prefix = "rr/";
+  std::string link_token = options.token;
+  if (link_token.empty() && size > 1) {
+    // No job token: the data links still prove a secret, agreed through the
+    // store, so that only processes that reached the store (a torch.distributed
+    // store, a shared directory) can connect to a rank.
+    char hex[33];
+    const Nonce n = random_nonce();
+    for (size_t i = 0; i < n.size(); ++i) std::snprintf(hex + 2 * i, 3, "%02x", n[i]);
+    link_token = store->set_if_absent(prefix + "link_token", hex);
+  }
   Store& rendezvous = *store;
   const NetworkFactory tcp = [&] {
     return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,
-                                      std::chrono::microseconds(options.spin_us), deadline);
+                                      std::chrono::microseconds(options.spin_us), deadline,
+                                      link_token);
   };
   Placement placement;
   auto transport =
@@ -149,7 +163,8 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
     const std::string p2p_prefix = prefix + "p2p/";
     const NetworkFactory lazy = [&] {
       return TcpTransport::connect_lazy(rendezvous, p2p_prefix, rank, size, advertise,
-                                        std::chrono::microseconds(options.spin_us), deadline);
+                                        std::chrono::microseconds(options.spin_us), deadline,
+                                        link_token);
     };
     // Messages are rarer than collectives here: small slots keep the second set of
     // shared-memory inboxes small (a message larger than a slot spans several).

@@ -1,6 +1,7 @@
 #include "engine/failure_report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -11,31 +12,42 @@
 #include "common/error.h"
 
 namespace rr {
+
+std::string FailureRecord::encode() const {
+  return kind + "\n" + std::to_string(peer) + "\n" + std::to_string(rank) + "\n" + message;
+}
+
+FailureRecord FailureRecord::decode(const std::string& text, int world_size) {
+  // Written by a peer, read back from a store anyone may have written to:
+  // every field is checked, and what is not understood is said plainly.
+  FailureRecord r;
+  std::istringstream in(text);
+  std::string peer, rank;
+  std::getline(in, r.kind);
+  std::getline(in, peer);
+  std::getline(in, rank);
+  std::getline(in, r.message, '\0');
+  auto to_rank = [world_size](const std::string& field) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(field.c_str(), &end, 10);
+    const bool ok =
+        !field.empty() && end != nullptr && *end == '\0' && errno == 0 && v >= 0 && v < world_size;
+    return ok ? static_cast<int>(v) : -1;
+  };
+  r.peer = to_rank(peer);
+  r.rank = to_rank(rank);
+  if (r.kind != "mismatch" && r.kind != "timeout" && r.kind != "peer" && r.kind != "error") {
+    r.kind = "error";
+  }
+  if (r.message.size() > kMaxMessage) r.message.resize(kMaxMessage);
+  if (r.rank < 0) r.message = "(a failure report that names no valid rank) " + r.message;
+  return r;
+}
+
 namespace {
 
-// A failure as published in the store: "kind\npeer\nrank\nmessage".
-struct Report {
-  std::string kind;  // "mismatch" | "timeout" | "peer" | "error"
-  int peer = -1;
-  int rank = -1;
-  std::string message;
-
-  std::string encode() const {
-    return kind + "\n" + std::to_string(peer) + "\n" + std::to_string(rank) + "\n" + message;
-  }
-  static Report decode(const std::string& text) {
-    Report r;
-    std::istringstream in(text);
-    std::string peer, rank;
-    std::getline(in, r.kind);
-    std::getline(in, peer);
-    std::getline(in, rank);
-    std::getline(in, r.message, '\0');
-    r.peer = std::atoi(peer.c_str());
-    r.rank = std::atoi(rank.c_str());
-    return r;
-  }
-};
+using Report = FailureRecord;
 
 Report classify(std::exception_ptr error, int rank) {
   Report r;
@@ -71,7 +83,7 @@ bool is_timeout(std::exception_ptr error) {
 // its end, the wait on a rank that is not itself waiting. All ranks then
 // report that one record, so they all name the same culprit.
 Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& mine,
-                         double timeout) {
+                         double timeout, int world_size) {
   const std::string first_key = prefix + "first_error";
   auto timeout_key = [&prefix](int rank) { return prefix + "timeout/" + std::to_string(rank); };
   store.set(timeout_key(mine.rank), mine.encode());
@@ -85,7 +97,7 @@ Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& 
     while (end.peer >= 0 && seen.insert(end.peer).second) {
       std::optional<std::string> next = store.try_get(timeout_key(end.peer));
       if (!next) break;
-      end = Report::decode(*next);
+      end = Report::decode(*next, world_size);
     }
   } catch (const std::exception&) {
     // The store went away mid-walk: the chain so far is still our best answer.
@@ -125,14 +137,28 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
   // sockets close then finds the reason already in the store.
   Report first = mine;
   try {
-    if (is_timeout(error)) first = end_of_wait_chain(store, prefix, mine, timeout);
+    if (is_timeout(error)) {
+      first = end_of_wait_chain(store, prefix, mine, timeout, transport.size());
+    }
   } catch (const std::exception&) {
     // The store is gone before we could record our wait: go by what we saw.
   }
   try {
-    first = Report::decode(store.set_if_absent(prefix + "first_error", first.encode()));
+    first = Report::decode(store.set_if_absent(prefix + "first_error", first.encode()),
+                           transport.size());
   } catch (const std::exception&) {
-    // The store is gone (its host died): report what we know ourselves.
+    // The store is gone: report what we know ourselves, unless the store's
+    // going is itself the news. Its host (rank 0) would have published a
+    // failure of its own before leaving, and every client would hold the
+    // notice of it: a store that closed on us with no such report means its
+    // process died (killed, crashed). What we saw (a neighbour closing its
+    // link, say) is most likely the echo of that.
+    if (store.host_lost() && rank != 0 && mine.peer != 0) {
+      first = {"peer", 0, 0,
+               "rank 0 is gone: the rendezvous store it hosts closed every connection without "
+               "a failure report from it, so its process died (killed, crashed or exited "
+               "without closing the communicator)"};
+    }
   }
   transport.abort();
   if (store.hosted_here()) {

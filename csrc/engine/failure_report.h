@@ -13,6 +13,20 @@
 
 namespace rr {
 
+// A failure as published in the store: "kind\npeer\nrank\nmessage".
+struct FailureRecord {
+  static constexpr size_t kMaxMessage = 64 << 10;
+  std::string kind;  // "mismatch" | "timeout" | "peer" | "error"
+  int peer = -1;
+  int rank = -1;
+  std::string message;
+
+  std::string encode() const;
+  // Never fails: an unknown kind reads as "error", a rank outside
+  // [0, world_size) as -1 (no rank), an overlong message is cut.
+  static FailureRecord decode(const std::string& text, int world_size);
+};
+
 struct FailureOutcome {
   std::exception_ptr error;  // what to raise on this rank
   std::string message;       // why the communicator is broken, for later calls

@@ -26,7 +26,10 @@ struct Options {
   // size, so that every message fits one slot and is read where it lies).
   size_t shm_single_copy_bytes = 0;
   size_t shm_slot_bytes = 0;
-  std::string socket_addr;   // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
+  std::string socket_addr;  // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
+  // The job's secret (RINGREDUCE_TOKEN / init(token=...)): every store
+  // connection and data link proves it holds it; empty: no proof asked.
+  std::string token;
   bool fake_device = false;  // tests: the CPU stand-in for CUDA devices
   // Make the links for send/recv too (engine/p2p.h): shared memory on the
   // host, TCP connected on first use, a second MPI communicator.

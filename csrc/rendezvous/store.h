@@ -27,14 +27,20 @@ class Store {
 
   // True when this process serves the store, so that it ends with us.
   virtual bool hosted_here() const { return false; }
+  // True once the store's host closed our connection without a goodbye: its
+  // process is gone (killed, crashed, or exited).
+  virtual bool host_lost() const { return false; }
 };
 
 // A store hosted by one rank: `is_server` ranks run the server on host:port,
 // everybody (the host included) connects to it as a client. Each request gives
 // up after `io_seconds`, so a failure report to an unreachable store cannot
-// delay the error it reports for long.
+// delay the error it reports for long. With a `token`, every client proves it
+// holds the same one before its first request (AuthenticationError if not).
+// The server listens on loopback only when `host` is a loopback address.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      const Deadline& deadline, double io_seconds);
+                                      const Deadline& deadline, double io_seconds,
+                                      const std::string& token = "");
 
 // A store in this process's memory: for a world of one, and for tests.
 std::unique_ptr<Store> make_local_store();

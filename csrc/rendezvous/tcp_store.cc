@@ -1,11 +1,12 @@
-// The TCP store: a tiny request/response protocol on one connection per rank.
-//
-//   request  = u8 command, u32 key length, key, u32 value length, value
-//   response = u8 status (0 = ok, 1 = missing), u32 value length, value
-//   notice   = u8 status 2, u32 length, key '\0' value
+// The TCP store: a tiny request/response protocol on one connection per rank
+// (the wire format, its limits and its handshake: store_protocol.h).
 //
 // The server is a thread on the hosting rank that polls its listening socket
 // and every client; requests are small, so replies are written synchronously.
+// A client first proves it holds the job's token (when one is set); until it
+// has, nothing it sends is read as a request. A malformed or oversized frame,
+// a wrong proof or a silent unauthenticated client closes that one
+// connection, with one line on stderr, and the store goes on serving.
 //
 // When set_if_absent stores a key for the first time, the server also pushes
 // a notice of it to every other client. set_if_absent keys are final, so a
@@ -13,12 +14,15 @@
 // the client's socket buffer at once, it survives the server: when the
 // hosting rank fails, publishes why and exits, the others still read its
 // report after the server is gone.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -28,20 +32,42 @@
 #include "common/error.h"
 #include "common/socket.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_protocol.h"
 
 namespace rr {
 namespace {
 
-enum Command : uint8_t { kSet = 1, kGet = 2, kSetIfAbsent = 3 };
-enum Status : uint8_t { kOk = 0, kMissing = 1, kNotice = 2 };
 // How long the server waits for a client to take a reply.
 constexpr double kServerIoSeconds = 30.0;
+// How long a connection may take to prove the token before it is dropped.
+constexpr double kHandshakeSeconds = 10.0;
+// More simultaneous connections than any job needs: the rest are refused.
+constexpr size_t kMaxClients = 16384;
 
-void append_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<char*>(&v), 4); }
+std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(text) + ":" + std::to_string(port);
+}
 
 class StoreServer {
  public:
-  explicit StoreServer(Fd listener) : listener_(std::move(listener)) {
+  StoreServer(Fd listener, std::string token)
+      : listener_(std::move(listener)),
+        token_(std::move(token)),
+        port_(bound_port(listener_.get())) {
     thread_ = std::thread([this] { run(); });
   }
   ~StoreServer() {
@@ -53,6 +79,10 @@ class StoreServer {
   struct Client {
     Fd fd;
     std::string inbox;
+    bool welcomed = false;  // proved the token (or none is needed)
+    Nonce nonce{};          // our half of its handshake
+    Deadline handshake = Deadline::after(kHandshakeSeconds);
+    std::string address;
   };
 
   void run() {
@@ -60,10 +90,14 @@ class StoreServer {
       std::vector<pollfd> fds;
       fds.push_back({listener_.get(), POLLIN, 0});
       for (auto& c : clients_) fds.push_back({c.fd.get(), POLLIN, 0});
-      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
-      if (fds[0].revents & POLLIN) accept_all();
-      for (size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents) serve(clients_[i - 1]);
+      if (::poll(fds.data(), fds.size(), 100) > 0) {
+        if (fds[0].revents & POLLIN) accept_all();
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents) serve(clients_[i - 1]);
+        }
+      }
+      for (auto& c : clients_) {
+        if (c.fd.valid() && !c.welcomed && c.handshake.expired()) drop(c, "no handshake in time");
       }
       clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
                                     [](const Client& c) { return !c.fd.valid(); }),
@@ -75,9 +109,29 @@ class StoreServer {
     while (true) {
       int fd = ::accept(listener_.get(), nullptr, nullptr);
       if (fd < 0) return;
+      Fd owned(fd);
+      if (clients_.size() >= kMaxClients) continue;  // closed at once
       set_nonblocking(fd);
-      clients_.push_back(Client{Fd(fd), {}});
+      Client c;
+      c.fd = std::move(owned);
+      c.address = peer_address(fd);
+      c.nonce = random_nonce();
+      const std::string greeting = encode_greeting({!token_.empty(), c.nonce});
+      // A fresh socket's buffer takes the few bytes at once.
+      if (::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+          static_cast<ssize_t>(greeting.size())) {
+        continue;
+      }
+      clients_.push_back(std::move(c));
     }
+  }
+
+  // Closes one client's connection and says why, once.
+  void drop(Client& c, const std::string& why) {
+    std::fprintf(stderr,
+                 "ringreduce: rendezvous store on port %d closed the connection from %s: %s\n",
+                 port_, c.address.c_str(), why.c_str());
+    c.fd.reset();
   }
 
   void serve(Client& c) {
@@ -86,6 +140,11 @@ class StoreServer {
       ssize_t k = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
       if (k > 0) {
         c.inbox.append(buf, static_cast<size_t>(k));
+        // No request is longer than this: a client sending more is not one of ours.
+        if (c.inbox.size() > kStoreMaxRequest + kStoreAnswerBytes) {
+          drop(c, "sent more than the largest request");
+          return;
+        }
         continue;
       }
       if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -95,55 +154,74 @@ class StoreServer {
       break;
     }
     try {
-      while (handle_one(c)) {
+      if (!c.welcomed && !handshake(c)) return;
+      while (c.fd.valid() && handle_one(c)) {
       }
     } catch (const Error&) {
       c.fd.reset();  // a client that stops reading replies is dropped, not waited on
     }
   }
 
+  // Checks the client's proof of the token once its answer is in.
+  bool handshake(Client& c) {
+    if (c.inbox.size() < kStoreAnswerBytes) return false;
+    const std::string_view answer(c.inbox.data(), kStoreAnswerBytes);
+    const std::string_view client_nonce = answer.substr(0, 16);
+    Digest claimed;
+    std::memcpy(claimed.data(), answer.data() + 16, claimed.size());
+    const bool ok =
+        token_.empty() ||
+        digests_equal(claimed, prove(token_, "rr-store-client", {bytes_of(c.nonce), client_nonce}));
+    const Digest ours = prove(token_, "rr-store-server", {bytes_of(c.nonce), client_nonce});
+    std::string verdict(1, ok ? 0 : 1);
+    verdict.append(reinterpret_cast<const char*>(ours.data()), ok ? ours.size() : 0);
+    if (!ok) verdict.append(32, '\0');
+    c.inbox.erase(0, kStoreAnswerBytes);
+    send_exact(c.fd.get(), verdict.data(), verdict.size(), Deadline::after(1.0), -1,
+               "store client");
+    if (!ok) {
+      drop(c, "it did not prove the job's token (RINGREDUCE_TOKEN)");
+      return false;
+    }
+    c.welcomed = true;
+    return true;
+  }
+
   // Parses and answers one complete request from the client's inbox.
   bool handle_one(Client& c) {
-    const std::string& in = c.inbox;
-    if (in.size() < 5) return false;
-    uint32_t klen, vlen;
-    std::memcpy(&klen, in.data() + 1, 4);
-    if (in.size() < 9 + klen) return false;
-    std::memcpy(&vlen, in.data() + 5 + klen, 4);
-    size_t total = 9 + size_t{klen} + vlen;
-    if (in.size() < total) return false;
-    uint8_t cmd = static_cast<uint8_t>(in[0]);
-    std::string key = in.substr(5, klen);
-    std::string value = in.substr(9 + klen, vlen);
-    c.inbox.erase(0, total);
+    StoreRequest req;
+    size_t consumed = 0;
+    std::string error;
+    const Parse parsed = parse_store_request(c.inbox, &req, &consumed, &error);
+    if (parsed == Parse::kNeedMore) return false;
+    if (parsed == Parse::kMalformed) {
+      drop(c, "malformed request: " + error);
+      return false;
+    }
+    c.inbox.erase(0, consumed);
 
-    uint8_t status = 0;
+    uint8_t status = kStoreOk;
     std::string reply;
-    if (cmd == kSet) {
-      data_[key] = value;
-    } else if (cmd == kGet) {
-      auto it = data_.find(key);
+    if (req.command == kStoreSet) {
+      data_[req.key] = req.value;
+    } else if (req.command == kStoreGet) {
+      auto it = data_.find(req.key);
       if (it == data_.end()) {
-        status = 1;
+        status = kStoreMissing;
       } else {
         reply = it->second;
       }
-    } else if (cmd == kSetIfAbsent) {
-      auto [it, inserted] = data_.emplace(key, value);
-      reply = it->second;
-      if (inserted) notify_others(c, key, value);
     } else {
-      c.fd.reset();
-      return false;
+      auto [it, inserted] = data_.emplace(req.key, req.value);
+      reply = it->second;
+      if (inserted) notify_others(c, req.key, req.value);
     }
     send_message(c, status, reply);
     return true;
   }
 
   void send_message(Client& c, uint8_t status, const std::string& body) {
-    std::string out(1, static_cast<char>(status));
-    append_u32(out, static_cast<uint32_t>(body.size()));
-    out += body;
+    const std::string out = encode_store_reply(status, body);
     send_exact(c.fd.get(), out.data(), out.size(), Deadline::after(kServerIoSeconds), -1,
                "store client");
   }
@@ -151,9 +229,9 @@ class StoreServer {
   void notify_others(const Client& from, const std::string& key, const std::string& value) {
     const std::string body = key + '\0' + value;
     for (auto& other : clients_) {
-      if (&other == &from || !other.fd.valid()) continue;
+      if (&other == &from || !other.fd.valid() || !other.welcomed) continue;
       try {
-        send_message(other, kNotice, body);
+        send_message(other, kStoreNotice, body);
       } catch (const Error&) {
         other.fd.reset();
       }
@@ -161,6 +239,8 @@ class StoreServer {
   }
 
   Fd listener_;
+  std::string token_;
+  int port_;
   std::vector<Client> clients_;
   std::map<std::string, std::string> data_;
   std::atomic<bool> stop_{false};
@@ -172,20 +252,23 @@ class TcpStore : public Store {
   TcpStore(std::unique_ptr<StoreServer> server, Fd fd, double io_seconds)
       : server_(std::move(server)), fd_(std::move(fd)), io_seconds_(io_seconds) {}
 
-  void set(const std::string& key, const std::string& value) override { request(kSet, key, value); }
+  void set(const std::string& key, const std::string& value) override {
+    request(kStoreSet, key, value);
+  }
   std::optional<std::string> try_get(const std::string& key) override {
     std::string value;
     if (auto known = noticed(key)) return known;
-    if (request(kGet, key, "", &value) != kOk) return noticed(key);
+    if (request(kStoreGet, key, "", &value) != kStoreOk) return noticed(key);
     return value;
   }
   bool hosted_here() const override { return server_ != nullptr; }
+  bool host_lost() const override { return lost_; }
 
   std::string set_if_absent(const std::string& key, const std::string& value) override {
     if (auto known = noticed(key)) return *known;
     std::string stored;
     try {
-      request(kSetIfAbsent, key, value, &stored);
+      request(kStoreSetIfAbsent, key, value, &stored);
     } catch (const Error&) {
       // The server may be gone; a notice it sent before going may not be.
       if (auto known = noticed(key)) return *known;
@@ -194,33 +277,92 @@ class TcpStore : public Store {
     return stored;
   }
 
+  // Proves we hold `token` (and checks the server does) before any request.
+  void handshake(const std::string& token, const std::string& where, const Deadline& deadline) {
+    std::string greeting(kStoreGreetingBytes, '\0');
+    recv_exact(fd_.get(), greeting.data(), greeting.size(), deadline, 0, kWhat);
+    StoreGreeting g;
+    std::string error;
+    if (!parse_greeting(greeting, &g, &error)) {
+      throw Error("the rendezvous store at " + where + " answered as " + error +
+                  ": is another program on that port?");
+    }
+    if (g.token_required && token.empty()) {
+      throw AuthenticationError(
+          "the rendezvous store at " + where +
+          " requires the job's token and this process has none: set RINGREDUCE_TOKEN (or "
+          "init(token=...)) to the job's token on every rank");
+    }
+    if (!g.token_required && !token.empty()) {
+      throw AuthenticationError("this process has a token but the rendezvous store at " + where +
+                                " (rank 0) has none: give every rank the same RINGREDUCE_TOKEN");
+    }
+    const Nonce mine = random_nonce();
+    const Digest proof = prove(token, "rr-store-client", {bytes_of(g.nonce), bytes_of(mine)});
+    std::string answer(bytes_of(mine));
+    answer.append(reinterpret_cast<const char*>(proof.data()), proof.size());
+    send_exact(fd_.get(), answer.data(), answer.size(), deadline, 0, kWhat);
+    std::string verdict(kStoreVerdictBytes, '\0');
+    try {
+      recv_exact(fd_.get(), verdict.data(), verdict.size(), deadline, 0, kWhat);
+    } catch (const PeerError&) {
+      verdict[0] = 1;  // refused: the server may close before we read its verdict
+    }
+    if (verdict[0] != 0) {
+      throw AuthenticationError("the rendezvous store at " + where +
+                                " refused this process's token: every rank needs the same "
+                                "RINGREDUCE_TOKEN as rank 0");
+    }
+    Digest theirs;
+    std::memcpy(theirs.data(), verdict.data() + 1, theirs.size());
+    if (!digests_equal(theirs,
+                       prove(token, "rr-store-server", {bytes_of(g.nonce), bytes_of(mine)}))) {
+      throw AuthenticationError("the rendezvous store at " + where +
+                                " could not prove it knows the job's token: another program "
+                                "may be listening on that port");
+    }
+  }
+
  private:
   static constexpr const char* kWhat = "the rendezvous store (rank 0)";
 
   uint8_t request(uint8_t cmd, const std::string& key, const std::string& value,
                   std::string* reply = nullptr) {
+    if (key.size() > kStoreMaxKey || value.size() > kStoreMaxValue) {
+      throw InvalidArgument("store key '" + key.substr(0, 64) + "' or its value (" +
+                            std::to_string(value.size()) + " bytes) is over the store's limits");
+    }
     std::lock_guard<std::mutex> lock(mu_);
     const Deadline deadline = Deadline::after(io_seconds_);
-    std::string msg(1, static_cast<char>(cmd));
-    append_u32(msg, static_cast<uint32_t>(key.size()));
-    msg += key;
-    append_u32(msg, static_cast<uint32_t>(value.size()));
-    msg += value;
-    send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, kWhat);
-    while (true) {
-      std::string body;
-      uint8_t status = read_message(deadline, &body);
-      if (status != kNotice) {
-        if (reply) *reply = std::move(body);
-        return status;
+    const std::string msg = encode_store_request(cmd, key, value);
+    try {
+      send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, kWhat);
+      while (true) {
+        std::string body;
+        uint8_t status = read_message(deadline, &body);
+        if (status != kStoreNotice) {
+          if (reply) *reply = std::move(body);
+          return status;
+        }
+        keep_notice(body);
       }
-      keep_notice(body);
+    } catch (const PeerError&) {
+      lost_ = true;  // the server closed our connection: its process is gone
+      throw;
     }
   }
 
   uint8_t read_message(const Deadline& deadline, std::string* body) {
     char head[5];
     recv_exact(fd_.get(), head, 5, deadline, 0, kWhat);
+    uint8_t status = 0;
+    size_t consumed = 0;
+    std::string error;
+    // The head alone tells whether the frame is acceptable before its body is read.
+    std::string probe(head, 5);
+    if (parse_store_reply(probe, &status, body, &consumed, &error) == Parse::kMalformed) {
+      throw Error("the rendezvous store sent a malformed reply (" + error + ")");
+    }
     uint32_t len;
     std::memcpy(&len, head + 1, 4);
     body->assign(len, '\0');
@@ -229,8 +371,8 @@ class TcpStore : public Store {
   }
 
   void keep_notice(const std::string& body) {
-    const size_t split = body.find('\0');
-    if (split != std::string::npos) notices_[body.substr(0, split)] = body.substr(split + 1);
+    std::string key, value;
+    if (split_notice(body, &key, &value)) notices_[key] = std::move(value);
   }
 
   // The value of `key` if a notice of it has arrived, reading any notices
@@ -242,9 +384,12 @@ class TcpStore : public Store {
       std::string body;
       try {
         // Whole messages only: the server writes each one in a single send.
-        if (read_message(Deadline::after(0.1), &body) != kNotice) break;
+        if (read_message(Deadline::after(0.1), &body) != kStoreNotice) break;
+      } catch (const PeerError&) {
+        lost_ = true;  // the server closed the connection; notices before that are kept
+        break;
       } catch (const Error&) {
-        break;  // the server closed the connection; notices before that are kept
+        break;
       }
       keep_notice(body);
     }
@@ -259,17 +404,28 @@ class TcpStore : public Store {
   double io_seconds_;
   std::mutex mu_;
   std::map<std::string, std::string> notices_;
+  std::atomic<bool> lost_{false};
 };
+
+bool is_loopback(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "ip6-localhost") return true;
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
 
 }  // namespace
 
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      const Deadline& deadline, double io_seconds) {
+                                      const Deadline& deadline, double io_seconds,
+                                      const std::string& token) {
   std::unique_ptr<StoreServer> server;
   if (is_server) {
-    // Listen on every interface: MASTER_ADDR names this host as the others see it.
+    // MASTER_ADDR names this host as the others see it: listen on every
+    // interface, unless it is a loopback address (a job on one host), where
+    // nothing off this host should reach the store.
+    const std::string bind = is_loopback(host) ? "127.0.0.1" : "";
     try {
-      server = std::make_unique<StoreServer>(listen_tcp("", port));
+      server = std::make_unique<StoreServer>(listen_tcp(bind, port), token);
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + ": rank 0 hosts ringreduce's rendezvous store on port " +
                   std::to_string(port) +
@@ -280,7 +436,9 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
   Fd fd = connect_tcp(host, port, deadline,
                       "rank 0's rendezvous store (is rank 0 running, with the same "
                       "MASTER_ADDR, MASTER_PORT and RINGREDUCE_PORT?)");
-  return std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
+  auto store = std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
+  store->handshake(token, host + ":" + std::to_string(port), deadline);
+  return store;
 }
 
 }  // namespace rr

@@ -9,7 +9,14 @@ from ._bootstrap import init
 from ._cuda import cuda_available
 from .bucketing import GradientBucketer
 from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds
-from .errors import MismatchError, PeerError, RingReduceError, TimeoutError
+from .errors import (
+    AuthenticationError,
+    ConcurrentUseError,
+    MismatchError,
+    PeerError,
+    RingReduceError,
+    TimeoutError,
+)
 
 __version__ = "0.1.0"
 
@@ -27,6 +34,8 @@ __all__ = [
     "TimeoutError",
     "PeerError",
     "MismatchError",
+    "AuthenticationError",
+    "ConcurrentUseError",
 ]
 
 

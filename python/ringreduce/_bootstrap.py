@@ -29,6 +29,7 @@ def init(
     master_port: Optional[int] = None,
     timeout: float = 60.0,
     store_dir: Optional[str] = None,
+    token: Optional[str] = None,
 ) -> Communicator:
     """Joins the job and returns its communicator.
 
@@ -47,7 +48,15 @@ def init(
     - "shm": shared memory only; every rank must be on this host.
 
     Under mpirun without MASTER_ADDR, the socket-based transports meet over MPI
-    (mpi4py): rank 0 picks the address and a free port.
+    (mpi4py): rank 0 picks the address, a free port and a random job token.
+
+    ``token`` (default: the RINGREDUCE_TOKEN variable; ``ringreduce launch`` sets a
+    random one for its ranks) is the job's secret: every connection to the rendezvous
+    store and every TCP link between ranks proves it holds the same token (HMAC
+    challenge-response; the token itself never goes on the wire). A process with a
+    missing or different token gets :class:`ringreduce.AuthenticationError` and the
+    job is not disturbed. Without a token anyone who reaches the store's port can
+    join; it then listens on loopback only when MASTER_ADDR is a loopback address.
     """
     env_transport = os.environ.get("RINGREDUCE_TRANSPORT")
     if transport == "auto" and env_transport:
@@ -68,6 +77,7 @@ def init(
         )
     if over_mpi:
         # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
+        # MPI authenticates its own ranks; a token (if any) is not needed there.
         comm = Communicator(_mpi.create_world(engine_options(transport, timeout)))
         _mpi.track(comm)
         mine = (comm.rank, comm.world_size)
@@ -79,6 +89,7 @@ def init(
             )
         return comm
     options = engine_options(transport, timeout)
+    options.token = _token(token)
     r, n = rank_and_size(rank, world_size)
     if n < 1 or not 0 <= r < n:
         raise ValueError(f"rank {r} is not in [0, world_size={n})")
@@ -98,3 +109,14 @@ def init(
         return Communicator(_mpi.create_tcp(MPI.COMM_WORLD, options, master_port))
     host, port = master_address(master_addr, master_port)
     return Communicator(_core.Communicator.create_tcp(r, n, host, port, store_dir or "", options))
+
+
+def _token(token: Optional[str]) -> str:
+    """The job token: the argument, else RINGREDUCE_TOKEN, else none ("")."""
+    if token is None:
+        token = os.environ.get("RINGREDUCE_TOKEN", "")
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a str, got {type(token).__name__}")
+    if token and not token.isprintable():
+        raise ValueError("token must be printable text (RINGREDUCE_TOKEN)")
+    return token

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import importlib.util
+import secrets
 import socket
 import time
 import weakref
@@ -184,7 +185,9 @@ def create_tcp(comm: Any, options: Any, port: Any = None) -> Any:
     overrides the port)."""
     from . import _core
 
-    host, agreed = tcp_rendezvous(comm, float(options.timeout_seconds))
+    host, agreed, token = tcp_rendezvous(comm, float(options.timeout_seconds))
+    if not options.token:
+        options.token = token  # MPI told every rank the same one
     return _core.Communicator.create_tcp(
         comm.Get_rank(),
         comm.Get_size(),
@@ -195,11 +198,13 @@ def create_tcp(comm: Any, options: Any, port: Any = None) -> Any:
     )
 
 
-def tcp_rendezvous(comm: Any, timeout: float) -> Tuple[str, int]:
-    """(host, port) for the TCP store, agreed over an mpi4py communicator.
+def tcp_rendezvous(comm: Any, timeout: float) -> Tuple[str, int, str]:
+    """(host, port, token) for the TCP store, agreed over an mpi4py communicator.
 
     Rank 0 of ``comm`` will host the store: it picks a free port, and loopback
-    when every rank runs on its host, else its address towards the others. The
+    when every rank runs on its host, else its address towards the others, and a
+    random job token that MPI hands to every rank (so that no process outside the
+    MPI job can join the store or connect to a rank). The
     exchange uses non-blocking collectives so a missing rank costs a
     TimeoutError, not a hang.
     """
@@ -219,8 +224,9 @@ def tcp_rendezvous(comm: Any, timeout: float) -> Tuple[str, int]:
     if comm.Get_rank() == 0:
         others = [h for h in hosts if h != hosts[0]]
         host = _address_towards(others[0]) if others else "127.0.0.1"
-        text = f"{host}:{_free_port()}".encode()
+        text = f"{secrets.token_hex(16)} {host}:{_free_port()}".encode()
         answer[: len(text)] = np.frombuffer(text, dtype=np.uint8)
     _wait(comm.Ibcast([answer, MPI.BYTE], root=0), deadline, "the TCP rendezvous")
-    host, _, port = bytes(answer).rstrip(b"\0").decode().rpartition(":")
-    return host, int(port)
+    token, _, address = bytes(answer).rstrip(b"\0").decode().partition(" ")
+    host, _, port = address.rpartition(":")
+    return host, int(port), token

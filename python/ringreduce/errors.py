@@ -10,7 +10,14 @@ from __future__ import annotations
 import builtins
 from typing import Optional
 
-__all__ = ["RingReduceError", "TimeoutError", "PeerError", "MismatchError"]
+__all__ = [
+    "RingReduceError",
+    "TimeoutError",
+    "PeerError",
+    "MismatchError",
+    "ConcurrentUseError",
+    "AuthenticationError",
+]
 
 
 class RingReduceError(RuntimeError):
@@ -29,3 +36,17 @@ class PeerError(RingReduceError):
 
 class MismatchError(RingReduceError):
     """Ranks called different collectives, or with different count/dtype/op/root."""
+
+
+class ConcurrentUseError(RingReduceError):
+    """Two threads issued collectives on one communicator at the same time. Calls are
+    paired across ranks in the order each rank issues them, so calls from racing threads
+    may pair with another thread's call elsewhere: once this is raised, every later
+    collective on that communicator raises it too (see ``Communicator``)."""
+
+
+class AuthenticationError(RingReduceError):
+    """This process could not prove the job's token (RINGREDUCE_TOKEN, or ``init(token=)``)
+    to the rendezvous store, or the store could not prove it to us: the token is missing,
+    differs from rank 0's, or another program answers on the store's port. Nothing of the
+    job was read or changed."""

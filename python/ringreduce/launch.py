@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -233,6 +234,11 @@ def launch(
     base = dict(os.environ)
     if env:
         base.update(env)
+    if nnodes == 1 and not base.get("RINGREDUCE_TOKEN"):
+        # A secret for this job's ranks alone: a process that does not have it cannot
+        # join the rendezvous or connect to a rank. (On several nodes every launcher
+        # would pick another one: set RINGREDUCE_TOKEN alike on every node instead.)
+        base["RINGREDUCE_TOKEN"] = secrets.token_hex(16)
     argv = _command(cmd)
     out, err = _Output(sys.stdout), _Output(sys.stderr)
     exits: queue.Queue[tuple[int, int]] = queue.Queue()

@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/tcp/hello.h"
 
 namespace rr {
 
@@ -55,13 +57,9 @@ struct TcpTransport::Link {
 
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x52524831;  // "RRH1"
-
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  uint64_t session;
-};
+// Connections waiting to say hello, at most: more (a flood of strangers) are
+// closed at once.
+constexpr size_t kMaxArrivals = 1024;
 
 std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
 
@@ -80,7 +78,7 @@ std::pair<std::string, int> split_host_port(const std::string& addr) {
 struct TcpTransport::Arrival {
   explicit Arrival(Fd fd) : fd(std::move(fd)) {}
   Fd fd;
-  Hello hello{};
+  LinkHello hello{};
   size_t got = 0;
 };
 
@@ -112,26 +110,26 @@ void TcpTransport::wake() {
 }
 TcpTransport::~TcpTransport() = default;
 
-std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::string& prefix,
-                                                   int rank, int size,
-                                                   const std::string& advertise_host,
-                                                   std::chrono::microseconds spin,
-                                                   const Deadline& deadline) {
+std::unique_ptr<TcpTransport> TcpTransport::listen(
+    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, spin));
+  t->token_ = token;
   if (size == 1) return t;
 
   // Every rank learns one session number from rank 0, so a stale connection
   // from an earlier job on the same port is recognised and dropped.
   if (rank == 0) {
-    t->session_ = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                  (static_cast<uint64_t>(::getpid()) << 32);
+    t->session_ = random_u64();
     store.set(prefix + "session", std::to_string(t->session_));
   } else {
     t->session_ = std::stoull(store.get(prefix + "session", deadline));
   }
   // The listener stays open: ranks other than our left neighbour connect
   // when they first send to us.
-  t->listener_ = listen_tcp("", 0, 1024);
+  // Peers on this host only (a loopback address advertised): loopback only.
+  const bool loopback = advertise_host.rfind("127.", 0) == 0 || advertise_host == "localhost";
+  t->listener_ = listen_tcp(loopback ? "127.0.0.1" : "", 0, 1024);
   store.set(addr_key(prefix, rank),
             advertise_host + ":" + std::to_string(bound_port(t->listener_.get())));
   t->store_ = &store;
@@ -140,21 +138,17 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::stri
   return t;
 }
 
-std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(Store& store, const std::string& prefix,
-                                                         int rank, int size,
-                                                         const std::string& advertise_host,
-                                                         std::chrono::microseconds spin,
-                                                         const Deadline& deadline) {
-  return listen(store, prefix, rank, size, advertise_host, spin, deadline);
+std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
+    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
+  return listen(store, prefix, rank, size, advertise_host, spin, deadline, token);
 }
 
-std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
-                                                         int rank, int size,
-                                                         const std::string& advertise_host,
-                                                         std::chrono::microseconds spin,
-                                                         const Deadline& deadline) {
+std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
+    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
   std::unique_ptr<TcpTransport> t =
-      listen(store, prefix, rank, size, advertise_host, spin, deadline);
+      listen(store, prefix, rank, size, advertise_host, spin, deadline, token);
   if (size == 1) return t;
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
@@ -163,20 +157,20 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
   // backlog even before the neighbour calls accept(), so this cannot deadlock.
   auto [host, port] = split_host_port(store.get(addr_key(prefix, right), deadline));
   Fd out = connect_tcp(host, port, deadline, peer_name(right));
-  Hello hello{kHelloMagic, rank, t->session_};
+  const LinkHello hello = make_link_hello(rank, right, t->session_, t->token_);
   send_exact(out.get(), &hello, sizeof hello, deadline, right, peer_name(right));
   t->links_.push_back(std::make_unique<Link>(right, true, std::move(out)));
 
   Fd in;
   while (!in.valid()) {
     Fd candidate = accept_tcp(t->listener_.get(), deadline, peer_name(left));
-    Hello theirs{};
+    LinkHello theirs{};
     try {
       recv_exact(candidate.get(), &theirs, sizeof theirs, deadline, left, peer_name(left));
     } catch (const PeerError&) {
       continue;  // a connection that died before saying hello is not our neighbour
     }
-    if (theirs.magic != kHelloMagic || theirs.session != t->session_) continue;
+    if (!t->accept_hello(theirs)) continue;
     if (theirs.rank == left) {
       in = std::move(candidate);
     } else if (theirs.rank >= 0 && theirs.rank < size && !t->find_link(theirs.rank, false)) {
@@ -186,6 +180,18 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
   }
   t->links_.push_back(std::make_unique<Link>(left, false, std::move(in)));
   return t;
+}
+
+bool TcpTransport::accept_hello(const LinkHello& h) {
+  std::string why = check_link_hello(h, rank_, size_, session_, token_);
+  if (why.empty() && !nonces_seen_.insert(std::string(bytes_of(h.nonce))).second) {
+    why = "a replayed hello";
+  }
+  if (why.empty()) return true;
+  // A stale connection from an earlier job is routine; anything else is worth a line.
+  if (h.magic != kLinkHelloMagic || h.session != session_) return false;
+  std::fprintf(stderr, "ringreduce: rank %d refused a connection: %s\n", rank_, why.c_str());
+  return false;
 }
 
 TcpTransport::Link* TcpTransport::find_link(int peer, bool sending) {
@@ -212,7 +218,7 @@ TcpTransport::Link& TcpTransport::link_to(int peer, bool sending) {
   const Deadline deadline = Deadline::after(connect_seconds_);
   auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline));
   Fd out = connect_tcp(host, port, deadline, peer_name(peer));
-  Hello hello{kHelloMagic, rank_, session_};
+  const LinkHello hello = make_link_hello(rank_, peer, session_, token_);
   send_exact(out.get(), &hello, sizeof hello, deadline, peer, peer_name(peer));
   links_.push_back(std::make_unique<Link>(peer, true, std::move(out)));
   return *links_.back();
@@ -226,6 +232,10 @@ void TcpTransport::accept_arrivals() {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       throw Error(errno_message("rank " + std::to_string(rank_) + ": accept()", errno));
+    }
+    if (arrivals_.size() >= kMaxArrivals) {
+      ::close(fd);
+      continue;
     }
     set_nonblocking(fd);
     tune_stream_socket(fd);
@@ -242,15 +252,12 @@ void TcpTransport::accept_arrivals() {
       ++i;
       continue;
     }
-    const Hello h = a.hello;
+    const LinkHello h = a.hello;
     Fd fd = std::move(a.fd);
     arrivals_.erase(arrivals_.begin() + static_cast<std::ptrdiff_t>(i));
     // Not one of this job's ranks (a stale connection from an earlier job on
-    // a reused port, a port scanner): dropped.
-    if (dead || h.magic != kHelloMagic || h.session != session_ || h.rank < 0 || h.rank >= size_ ||
-        h.rank == rank_) {
-      continue;
-    }
+    // a reused port, a port scanner, a process without the token): dropped.
+    if (dead || !accept_hello(h)) continue;
     Link* link = find_link(h.rank, false);
     if (link == nullptr) {
       links_.push_back(std::make_unique<Link>(h.rank, false, std::move(fd)));

@@ -16,11 +16,13 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "common/socket.h"
 #include "rendezvous/store.h"
+#include "transport/tcp/hello.h"
 #include "transport/transport.h"
 #include "transport/view_pool.h"
 
@@ -28,6 +30,8 @@ namespace rr {
 
 class TcpTransport : public Transport {
  public:
+  // Every connection opens with a hello proving `token` (hello.h); one that
+  // does not is closed unread.
   // Publishes this rank's listening address in `store` under `prefix`, then
   // connects to the right neighbour and accepts the left one, retrying until
   // the deadline. `advertise_host` is the address other ranks can reach us at.
@@ -36,13 +40,15 @@ class TcpTransport : public Transport {
                                                     int rank, int size,
                                                     const std::string& advertise_host,
                                                     std::chrono::microseconds spin,
-                                                    const Deadline& deadline);
+                                                    const Deadline& deadline,
+                                                    const std::string& token = "");
   // The same without the ring: every link is connected on first use.
   static std::unique_ptr<TcpTransport> connect_lazy(Store& store, const std::string& prefix,
                                                     int rank, int size,
                                                     const std::string& advertise_host,
                                                     std::chrono::microseconds spin,
-                                                    const Deadline& deadline);
+                                                    const Deadline& deadline,
+                                                    const std::string& token = "");
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -74,7 +80,10 @@ class TcpTransport : public Transport {
   static std::unique_ptr<TcpTransport> listen(Store& store, const std::string& prefix, int rank,
                                               int size, const std::string& advertise_host,
                                               std::chrono::microseconds spin,
-                                              const Deadline& deadline);
+                                              const Deadline& deadline, const std::string& token);
+  // Whether an accepted connection's hello is a peer's of this job (else it
+  // is dropped, with a line on stderr unless it is a stale one).
+  bool accept_hello(const LinkHello& hello);
   Link* find_link(int peer, bool sending);
   Link& link_to(int peer, bool sending);  // the link, connecting it first if need be
   // Takes in the connections other ranks made to us, without blocking.
@@ -93,6 +102,8 @@ class TcpTransport : public Transport {
   Store* store_ = nullptr;
   std::string prefix_;
   uint64_t session_ = 0;
+  std::string token_;
+  std::set<std::string> nonces_seen_;
   Fd listener_;
   std::vector<std::unique_ptr<Arrival>> arrivals_;
   double connect_seconds_ = 0;

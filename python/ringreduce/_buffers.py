@@ -11,6 +11,7 @@ rank talks to another.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -89,6 +90,11 @@ def dtype_code(name: str, what: str = "x") -> Any:
 def describe(x: Any, what: str = "x") -> Buffer:
     """The Buffer of any supported array; TypeError for anything else."""
     if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):  # the mask would be ignored, not applied
+            raise TypeError(
+                f"{what}: masked arrays are not supported (masked elements would be reduced "
+                "as their hidden values); pass x.filled(value) or np.asarray(x)"
+            )
         return _from_numpy(x, x)
     if is_torch_tensor(x):
         return _from_torch(x, what)
@@ -155,6 +161,12 @@ def _from_numpy(arr: np.ndarray, owner: Any) -> Buffer:
     )
 
 
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
 def _torch_numpy_view(t: Any) -> np.ndarray:
     import torch
 
@@ -168,8 +180,24 @@ def _torch_numpy_view(t: Any) -> np.ndarray:
 
 
 def _from_torch(t: Any, what: str) -> Buffer:
+    if t.layout != _torch_strided():
+        raise TypeError(
+            f"{what}: {t.layout} tensors are not supported; pass a dense one (.to_dense())"
+        )
+    if t.is_neg() or t.is_conj():
+        # A lazily negated (or conjugated) view: its memory holds the values before the
+        # negation. Read a resolved copy; nothing can be written into the view.
+        resolved = t.resolve_neg().resolve_conj()
+        return dataclasses.replace(_from_torch(resolved, what), readonly=True)
     if t.device.type == "cpu":
-        return _from_numpy(_torch_numpy_view(t), t)
+        try:
+            view = _torch_numpy_view(t)
+        except TypeError:  # float8, quantized and other types numpy has no dtype for
+            raise TypeError(
+                f"{what}: unsupported dtype {str(t.dtype).replace('torch.', '')}; supported: "
+                f"{', '.join(SUPPORTED_DTYPES)}"
+            ) from None
+        return _from_numpy(view, t)
     if t.device.type != "cuda":
         raise TypeError(f"{what}: tensors on {t.device} are not supported; use CPU or CUDA")
     import torch

@@ -19,7 +19,8 @@ _NOTHING = Buffer(None, 0, (0,), "uint8", 1, -1, 0, True, False)
 
 
 def _overlap(a: Buffer, b: Buffer) -> bool:
-    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+    """a and b share at least one byte."""
+    return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
 def _counts(counts: Any, n: int, what: str) -> List[int]:
@@ -45,7 +46,7 @@ class _Deferred:
 
 class RootedAndPointToPoint:
     """Mixed into Communicator, which provides rank, world_size, _core, _input, _output,
-    _submit and _p2p."""
+    _apart, _submit and _p2p."""
 
     def _root(self, root: Any) -> int:
         if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < self.world_size:
@@ -86,6 +87,7 @@ class RootedAndPointToPoint:
         src = self._input(x)
         if self.rank == root:
             result, dst = self._output(out, src, (self.world_size,) + src.shape)
+            src = self._apart(src, dst)
         else:
             result, dst = None, _NOTHING
         return self._submit(
@@ -107,6 +109,7 @@ class RootedAndPointToPoint:
                     f"({self.world_size}, ...), got {src.shape}"
                 )
             result, dst = self._output(out, src, src.shape[1:])
+            src = self._apart(src, dst)
         else:
             if out is None:
                 raise ValueError(
@@ -154,6 +157,7 @@ class RootedAndPointToPoint:
                     "pass send_counts and recv_counts"
                 )
             result, dst = self._output(out, src, src.shape)
+            src = self._apart(src, dst)
             return self._submit(
                 _Collective.ALL_TO_ALL, src, dst, _core.Op.SUM, 0, result, (x, out), async_op,
                 count=src.shape[0] // n * row,
@@ -163,6 +167,7 @@ class RootedAndPointToPoint:
         if sum(sends) != src.shape[0]:
             raise ValueError(f"send_counts add up to {sum(sends)} rows, but x has {src.shape[0]}")
         result, dst = self._output(out, src, (sum(recvs),) + tuple(src.shape[1:]))
+        src = self._apart(src, dst)
         blocks = [
             [c * row for c in sends],
             [o * row for o in _offsets(sends)],

@@ -17,7 +17,7 @@ from ._arrays import array_for, kind_of
 from ._buffers import Buffer, describe, dtype_code
 from ._env import engine_options
 from ._ops import ReduceOp, _op_code
-from ._rooted import _NOTHING, RootedAndPointToPoint, _Deferred
+from ._rooted import _NOTHING, RootedAndPointToPoint, _Deferred, _overlap
 from .errors import TimeoutError
 
 __all__ = ["ReduceOp", "Communicator", "Work", "chunk_bounds", "build_info"]
@@ -210,6 +210,16 @@ class Communicator(RootedAndPointToPoint):
             raise ValueError("out: the array must be C-contiguous (results are written in place)")
         return out, buf
 
+    def _apart(self, src: Buffer, dst: Buffer, in_place_at: Optional[int] = None) -> Buffer:
+        """src, or a copy of it where it shares memory with dst: the engine reads src
+        while it writes dst, so a shared byte could be overwritten before it is sent.
+        ``in_place_at``: the address in dst where the collective takes src as it is (its
+        in-place form, as MPI_IN_PLACE)."""
+        if src.ptr == in_place_at or not _overlap(src, dst):
+            return src
+        kind, arr = array_for(src, "x")
+        return describe(kind.copy(arr), "x")
+
     def _submit(
         self,
         kind: Any,
@@ -252,7 +262,7 @@ class Communicator(RootedAndPointToPoint):
         ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
         C-contiguous and writable, and in the same memory (host or GPU) as x.
         """
-        if not async_op and type(x) is np.ndarray:
+        if not async_op and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
             # The common case, checked and run in C++; None when it needs this path.
             result = self._core.all_reduce_numpy(x, out, op)
             if result is not None:
@@ -260,7 +270,7 @@ class Communicator(RootedAndPointToPoint):
         src = self._input(x)
         opc = _op_code(op, src.dtype)
         result, dst = self._output(out, src, src.shape)
-        if src.ptr != dst.ptr and src.ptr < dst.ptr + dst.nbytes and dst.ptr < src.ptr + src.nbytes:
+        if src.ptr != dst.ptr and _overlap(src, dst):
             raise ValueError(
                 "out overlaps x without being x; pass out=x for in-place, or separate arrays"
             )
@@ -277,6 +287,8 @@ class Communicator(RootedAndPointToPoint):
         opc = _op_code(op, src.dtype)
         start, stop = chunk_bounds(src.size, self.world_size, self.rank)
         result, dst = self._output(out, src, (stop - start,))
+        # In place: out is this rank's block of x.
+        src = self._apart(src, dst, in_place_at=dst.ptr - start * src.itemsize)
         return self._submit(
             _Collective.REDUCE_SCATTER, src, dst, opc, 0, result, (x, out), async_op
         )
@@ -296,6 +308,8 @@ class Communicator(RootedAndPointToPoint):
             return _composite.all_gather_uneven(self, x)
         src = self._input(x)
         result, dst = self._output(out, src, (self.world_size,) + src.shape)
+        # In place: x is this rank's row of out.
+        src = self._apart(src, dst, in_place_at=dst.ptr + self.rank * src.nbytes)
         return self._submit(
             _Collective.ALL_GATHER, src, dst, _core.Op.SUM, 0, result, (x, out), async_op
         )

@@ -1,0 +1,209 @@
+"""Soak: many mixed collectives and communicator churn; do memory, fds or threads grow?
+
+    python bench/soak.py -n 4 --calls 100000
+    python bench/soak.py -n 4 --calls 5000 --churn-every 500 --transport shm
+
+N local ranks run ``--calls`` collectives each, chosen by one seeded sequence that every
+rank draws alike: all_reduce (blocking, in place, async), reduce_scatter, all_gather,
+broadcast, reduce, barrier, on float32/float64/float16/int32/int64/int8 arrays of 1 to
+2^20 elements (large ones rarely). Every result is checked (the inputs are small
+integers, so sums are exact). Every ``--churn-every`` calls each rank also creates a
+second communicator (file-store rendezvous), runs one all_reduce on it and closes it.
+
+Each rank samples its resident memory (RSS), open file descriptors and OS threads after
+the warm-up (``--warmup`` calls, default 10% of the calls) and at the end; the table
+shows both and the growth. Pass: RSS grows < 10% after warm-up, fds and threads not at
+all, no wrong result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8"]
+# Element counts and how often each is drawn: mostly small, rarely 4 MB.
+SIZES = [(1, 20), (7, 20), (1000, 25), (65536, 25), (1 << 20, 3)]
+KINDS = ["all_reduce", "all_reduce_inplace", "all_reduce_async", "reduce_scatter",
+         "all_gather", "broadcast", "reduce", "barrier"]  # fmt: skip
+
+
+def _sample() -> Dict[str, float]:
+    """This process's RSS (MiB), open fds and OS threads."""
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    return {
+        "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": int(status["Threads"]),
+    }
+
+
+def _one_call(comm, kind: str, x, i: int, total: int) -> bool:
+    """One collective of the given kind on x (every rank's x is full of rank + 1);
+    whether its result is right."""
+    import numpy as np
+
+    n = comm.world_size
+    if kind == "all_reduce":
+        return bool(np.all(comm.all_reduce(x) == total))
+    if kind == "all_reduce_inplace":
+        comm.all_reduce(x, out=x)
+        return bool(np.all(x == total))
+    if kind == "all_reduce_async":
+        return bool(np.all(comm.all_reduce(x, op="max", async_op=True).wait() == n))
+    if kind == "reduce_scatter":
+        return bool(np.all(comm.reduce_scatter(x) == total))
+    if kind == "all_gather":
+        got = comm.all_gather(x[:1000])
+        return bool(np.array_equal(got[:, 0], np.arange(1, n + 1)))
+    if kind == "broadcast":
+        return bool(np.all(comm.broadcast(x, root=i % n) == i % n + 1))
+    if kind == "reduce":
+        got = comm.reduce(x, root=i % n)
+        return got is None or bool(np.all(got == total))
+    comm.barrier()
+    return True
+
+
+def _churn(args: argparse.Namespace, label, rank: int, n: int) -> bool:
+    """A second communicator (file-store rendezvous): made, used once, closed."""
+    import numpy as np
+
+    import ringreduce as rr
+
+    store = os.path.join(args.store_root, f"churn-{label}")
+    with rr.init(args.transport, rank=rank, world_size=n, store_dir=store,
+                 timeout=args.timeout) as extra:  # fmt: skip
+        return bool(np.all(extra.all_reduce(np.ones(16, dtype=np.int32)) == n))
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    import ringreduce as rr
+
+    comm = rr.init(args.transport, timeout=args.timeout)
+    n, r = comm.world_size, comm.rank
+    rng = random.Random(args.seed)  # the same draws on every rank
+    sizes, weights = zip(*SIZES)
+    warmup = args.warmup if args.warmup is not None else max(1, args.calls // 10)
+    wrong: List[str] = []
+    samples: Dict[str, dict] = {}
+    churned = 0
+    total = n * (n + 1) // 2  # sum over ranks of rank + 1
+    # Prime: every kind of call at the largest size, and one churn, before the warm-up
+    # calls, so that the first sample already holds every buffer a call may need.
+    for kind in KINDS:
+        _one_call(comm, kind, np.full(sizes[-1], r + 1, dtype=np.float64), 0, total)
+    if args.churn_every:
+        _churn(args, "prime", r, n)
+    start = time.monotonic()
+    for i in range(args.calls):
+        if i == warmup:
+            samples["warmup"] = _sample()
+        kind = rng.choice(KINDS)
+        dtype = rng.choice(DTYPES)
+        count = rng.choices(sizes, weights)[0]
+        x = np.full(count, r + 1, dtype=dtype)
+        ok = _one_call(comm, kind, x, i, total)
+        if not ok:
+            wrong.append(f"call {i}: {kind} {dtype} x{count}")
+        if args.churn_every and (i + 1) % args.churn_every == 0:
+            if not _churn(args, churned, r, n):
+                wrong.append(f"churn {churned}: wrong all_reduce")
+            churned += 1
+    comm.barrier()
+    samples["end"] = _sample()
+    seconds = time.monotonic() - start
+    print(json.dumps({"rank": r, "samples": samples, "wrong": wrong[:20],
+                      "wrong_count": len(wrong), "churned": churned, "seconds": seconds,
+                      "warmup": warmup}), flush=True)  # fmt: skip
+    comm.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _growth(before: float, after: float) -> str:
+    return f"{100.0 * (after - before) / before:+.1f}%" if before else "n/a"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--nprocs", type=int, default=4, help="ranks (default 4)")
+    p.add_argument("--calls", type=int, default=100000, help="collectives per rank")
+    p.add_argument("--warmup", type=int, default=None, help="calls before the first sample")
+    p.add_argument("--churn-every", type=int, default=1000,
+                   help="a second communicator made and closed every this many calls "
+                        "(0: never; default 1000)")  # fmt: skip
+    p.add_argument("--transport", default="auto", choices=["tcp", "shm", "auto"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--store-root", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.rank_worker:
+        _rank_main(args)
+        return 0
+    n = args.nprocs
+    port = _free_port()
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="rr-soak-") as tmp:
+        for rank in range(n):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), RINGREDUCE_PORT=str(port))  # fmt: skip
+            cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker",
+                   "--store-root", tmp, "--calls", str(args.calls),
+                   "--churn-every", str(args.churn_every), "--transport", args.transport,
+                   "--seed", str(args.seed), "--timeout", str(args.timeout)]  # fmt: skip
+            if args.warmup is not None:
+                cmd += ["--warmup", str(args.warmup)]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True))
+        reports = []
+        for rank, proc in enumerate(procs):
+            out, _ = proc.communicate()
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                print(f"rank {rank} failed (exit {proc.returncode})")
+                for q in procs:
+                    if q.poll() is None:
+                        q.kill()
+                return 1
+            reports.append(json.loads(lines[-1]))
+    print(f"# python bench/soak.py -n {n} --calls {args.calls} --churn-every "
+          f"{args.churn_every} --transport {args.transport} --seed {args.seed}")  # fmt: skip
+    seconds = max(rep["seconds"] for rep in reports)
+    print(f"{args.calls} collectives per rank in {seconds:.1f} s "
+          f"({args.calls / seconds:.0f}/s), warm-up {reports[0]['warmup']} calls, "
+          f"{reports[0]['churned']} communicators made and closed per rank")  # fmt: skip
+    print(f"{'rank':>4}  {'RSS MiB warm/end':>18} {'growth':>8}  {'fds warm/end':>13}  "
+          f"{'threads warm/end':>17}  wrong")  # fmt: skip
+    ok = True
+    for rep in reports:
+        w, e = rep["samples"]["warmup"], rep["samples"]["end"]
+        growth = (e["rss_mib"] - w["rss_mib"]) / w["rss_mib"]
+        ok &= growth < 0.10 and e["fds"] <= w["fds"] and e["threads"] <= w["threads"]
+        ok &= rep["wrong_count"] == 0
+        print(f"{rep['rank']:>4}  {w['rss_mib']:8.1f} / {e['rss_mib']:7.1f} "
+              f"{_growth(w['rss_mib'], e['rss_mib']):>8}  {w['fds']:>5} / {e['fds']:<5}  "
+              f"{w['threads']:>7} / {e['threads']:<7}  {rep['wrong_count']}")  # fmt: skip
+        for line in rep["wrong"][:3]:
+            print(f"      wrong: {line}")
+    print("PASS" if ok else "FAIL", "(RSS growth < 10%, no fd or thread growth, no wrong result)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -341,9 +341,8 @@ def test_rank_that_never_arrives_times_out_naming_it(transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_peer_that_closes_early_is_named(transport):
     # Over TCP the closed sockets say so at once, over shared memory the
-    # closed flag (PeerError). MPI has no connection to break: a normal close
-    # tells nobody, so the others learn it at their deadline (TimeoutError),
-    # still naming the rank.
+    # closed flag, over MPI the liveness connections (common/liveness.h): a
+    # PeerError naming the rank, well before the deadline.
     c = _fresh(transport, 2.0)
     quitter = c.world_size - 1
     outcome = "closed"
@@ -361,10 +360,9 @@ def test_peer_that_closes_early_is_named(transport):
             outcome = (type(exc).__name__, exc.peer, time.monotonic() - start, str(exc))
     outcomes = _gather(outcome)
     c.close()
-    want = "TimeoutError" if transport == "mpi" else "PeerError"
     for rank, o in enumerate(outcomes):
         if rank != quitter:
-            assert o[0] == want and o[1] == quitter and o[2] < 30, outcomes
+            assert o[0] == "PeerError" and o[1] == quitter and o[2] < 30, outcomes
 
 
 @on_ranks

@@ -10,7 +10,7 @@ namespace rr {
 std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Options& options) {
   if (options.timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
   const Deadline deadline = Deadline::after(options.timeout_seconds);
-  auto channel = MpiChannel::open(comm, deadline);
+  auto channel = MpiChannel::open(comm, deadline, /*watch_liveness=*/true);
   auto store = make_mpi_store(channel);
   const NetworkFactory mpi = [&] { return std::make_unique<MpiTransport>(channel); };
   Placement placement;

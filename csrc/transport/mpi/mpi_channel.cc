@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
 
 #include "common/error.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace rr {
 namespace {
@@ -14,6 +17,10 @@ namespace {
 // Control messages stay far below every MPI's eager limit, so they complete
 // without the sender calling MPI again (it may have stopped doing so).
 constexpr size_t kMaxControlBytes = 2048;
+// The liveness mesh holds one socket per peer: worth it up to this many ranks.
+constexpr int kMaxLivenessRanks = 512;
+constexpr size_t kLivenessAddressBytes = 64;
+constexpr double kLivenessSetupSeconds = 10.0;
 
 // Every ringreduce MPI call of the process, when MPI is not fully thread-safe.
 std::recursive_mutex& global_mpi_mutex() {
@@ -60,7 +67,8 @@ bool MpiChannel::test_until(MPI_Request& request, const Deadline& deadline) {
   }
 }
 
-std::shared_ptr<MpiChannel> MpiChannel::open(MPI_Comm comm, const Deadline& deadline) {
+std::shared_ptr<MpiChannel> MpiChannel::open(MPI_Comm comm, const Deadline& deadline,
+                                             bool watch_liveness) {
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
@@ -126,7 +134,62 @@ std::shared_ptr<MpiChannel> MpiChannel::open(MPI_Comm comm, const Deadline& dead
     throw never_joined("MPI_Ibcast");
   }
   channel->instance_ = instance;
+  if (watch_liveness && channel->size_ > 1 && channel->size_ <= kMaxLivenessRanks) {
+    channel->watch_liveness(deadline);
+  }
   return channel;
+}
+
+void MpiChannel::watch_liveness(const Deadline& deadline) {
+  const char* addr = std::getenv("RINGREDUCE_SOCKET_ADDR");
+  const std::string advertise = addr && *addr ? addr : local_ip_towards("192.0.2.1");
+  // Every rank gets the same outcome: each says whether it is connected, and
+  // the mesh is kept only if all are.
+  const Liveness::Allgather allgather = [&](const std::string& mine) {
+    std::vector<char> out(kLivenessAddressBytes, '\0');
+    std::memcpy(out.data(), mine.data(), std::min(mine.size(), out.size() - 1));
+    std::vector<char> all(out.size() * static_cast<size_t>(size_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    {
+      auto lock = guard();
+      check(MPI_Iallgather(out.data(), static_cast<int>(out.size()), MPI_CHAR, all.data(),
+                           static_cast<int>(out.size()), MPI_CHAR, comm_, &request),
+            "MPI_Iallgather");
+    }
+    if (!test_until(request, deadline)) {
+      mark_failed();
+      throw TimeoutError("not every rank joined the liveness exchange", -1);
+    }
+    std::vector<std::string> texts;
+    for (int r = 0; r < size_; ++r) texts.emplace_back(all.data() + r * out.size());
+    return texts;
+  };
+  std::unique_ptr<Liveness> live;
+  try {
+    const Deadline setup = Deadline::after(std::min(deadline.seconds(), kLivenessSetupSeconds));
+    live = Liveness::connect(rank_, size_, instance_, advertise, allgather, setup);
+  } catch (const TimeoutError&) {
+    if (failed_) throw;
+  } catch (const Error&) {
+  }
+  int ok = live ? 1 : 0, all_ok = 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  {
+    auto lock = guard();
+    check(MPI_Iallreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_, &request), "MPI_Iallreduce");
+  }
+  if (!test_until(request, deadline)) {
+    mark_failed();
+    throw TimeoutError("not every rank joined the liveness exchange", -1);
+  }
+  if (all_ok) {
+    liveness_ = std::move(live);
+  } else if (rank_ == 0) {
+    std::fprintf(stderr,
+                 "ringreduce: the MPI ranks could not reach each other's sockets at %s (set "
+                 "RINGREDUCE_SOCKET_ADDR?); a rank that dies is found at the timeout\n",
+                 advertise.c_str());
+  }
 }
 
 MpiChannel::~MpiChannel() {

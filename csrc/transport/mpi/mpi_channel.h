@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/liveness.h"
 
 namespace rr {
 
@@ -32,7 +33,12 @@ class MpiChannel {
 
   // Duplicates `comm`. Collective over `comm`: every rank must call it, and
   // the wait for the others is bounded by `deadline` (TimeoutError).
-  static std::shared_ptr<MpiChannel> open(MPI_Comm comm, const Deadline& deadline);
+  // With `watch_liveness`, also connects a Liveness mesh (common/liveness.h)
+  // so that a rank whose process ends is known within moments; without it (or
+  // if the ranks cannot reach each other's sockets) dead ranks are found by
+  // timeouts, as MPI alone allows.
+  static std::shared_ptr<MpiChannel> open(MPI_Comm comm, const Deadline& deadline,
+                                          bool watch_liveness = false);
   ~MpiChannel();
   MpiChannel(const MpiChannel&) = delete;
   MpiChannel& operator=(const MpiChannel&) = delete;
@@ -73,6 +79,12 @@ class MpiChannel {
   void mark_failed() { failed_ = true; }
   bool failed() const { return failed_; }
 
+  // Whose processes are known to have ended; null when not watched.
+  const Liveness* liveness() const { return liveness_.get(); }
+  // Says goodbye on the liveness connections and closes them: the
+  // communicator is closing, and a peer still waiting on us learns it now.
+  void leave() { liveness_.reset(); }
+
   // Raises rr::Error for a failed MPI call.
   static void check(int code, const char* what);
 
@@ -88,6 +100,7 @@ class MpiChannel {
   // other communicators keep progressing while we wait for slow ranks.
   bool test_until(MPI_Request& request, const Deadline& deadline);
   void send_control(char kind, const std::string& payload);
+  void watch_liveness(const Deadline& deadline);
   void reap_outgoing(bool final);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -102,6 +115,7 @@ class MpiChannel {
   std::vector<bool> timing_out_;                    // by rank
   std::vector<bool> aborted_;                       // by rank
   std::vector<std::unique_ptr<Message>> outgoing_;  // control sends in flight
+  std::unique_ptr<Liveness> liveness_;
 };
 
 }  // namespace rr

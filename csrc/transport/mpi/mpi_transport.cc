@@ -22,6 +22,9 @@ constexpr int kSendWindow = 8;
 // How long a wait keeps progressing after the awaited peer announced an
 // abort, for data it sent before the notice.
 constexpr double kAbortGraceSeconds = 0.05;
+// After the liveness watch saw the peer we wait on end, or another rank die.
+constexpr double kGoneGraceSeconds = 0.2;
+constexpr double kDeadElsewhereSeconds = 3.0;
 
 // Ranks waiting on each other in a chain with one timeout expire almost
 // together, and each would blame the neighbour it waited on. So a wait that
@@ -269,12 +272,14 @@ void MpiTransport::wait(Request& request, const Deadline& deadline) {
     // over TCP): every message that lands restarts the window.
     Deadline window = deadline;
     uint64_t bytes_moved = stats_.bytes_sent + stats_.bytes_received;
+    Clock::time_point moved_at = Clock::now();
     while (!request.done()) {
       const bool moved = progress();
       if (request.done()) break;
       if (stats_.bytes_sent + stats_.bytes_received != bytes_moved) {
         bytes_moved = stats_.bytes_sent + stats_.bytes_received;
         window = deadline.renewed();
+        moved_at = Clock::now();
       }
       if (peer_aborted) {
         if (grace.expired()) fail_peer_aborted(request);
@@ -284,6 +289,7 @@ void MpiTransport::wait(Request& request, const Deadline& deadline) {
           peer_aborted = true;
           grace = Deadline::after(kAbortGraceSeconds);
         }
+        check_liveness(request, moved_at);
       }
       if (window.expired()) last_call(request, window);
       backoff.pause(moved);
@@ -293,6 +299,31 @@ void MpiTransport::wait(Request& request, const Deadline& deadline) {
     channel_->mark_failed();
     throw;
   }
+}
+
+void MpiTransport::check_liveness(const Request& request, Clock::time_point moved_at) {
+  const Liveness* live = channel_->liveness();
+  if (live == nullptr) return;
+  // Data already on its way from a rank that just ended may still land: the
+  // peer we wait on gets a moment, and a death elsewhere (which stalls the
+  // collective a step later) fails us only once nothing moves any more.
+  const double still = std::chrono::duration<double>(Clock::now() - moved_at).count();
+  const Liveness::State peer_state = live->state(request.peer());
+  int gone = -1;
+  Liveness::State state = Liveness::State::kAlive;
+  if (peer_state != Liveness::State::kAlive && still > kGoneGraceSeconds) {
+    gone = request.peer();
+    state = peer_state;
+  } else if (still > kDeadElsewhereSeconds) {
+    gone = live->first_died();
+    state = Liveness::State::kDied;
+  }
+  if (gone < 0) return;
+  const bool sending = static_cast<const Op&>(request).sending;
+  throw PeerError(Liveness::describe(gone, state) + " while rank " + std::to_string(rank()) +
+                      " was " + (sending ? "sending to" : "waiting for data from") + " rank " +
+                      std::to_string(request.peer()) + " over MPI",
+                  gone);
 }
 
 void MpiTransport::last_call(Request& request, const Deadline& deadline) {
@@ -362,6 +393,11 @@ bool MpiTransport::idle() const {
     if (l && !l->unposted.empty()) return false;
   }
   return true;
+}
+
+void MpiTransport::close() noexcept {
+  abort();
+  channel_->leave();
 }
 
 void MpiTransport::abort() noexcept {

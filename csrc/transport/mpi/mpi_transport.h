@@ -45,6 +45,7 @@ class MpiTransport : public Transport {
   void wake() override { wakes_.fetch_add(1); }
   bool reaches(int peer) const override { return peer >= 0 && peer < size() && peer != rank(); }
   void abort() noexcept override;
+  void close() noexcept override;
   TransportStats stats() const override { return stats_; }
 
  private:
@@ -57,6 +58,8 @@ class MpiTransport : public Transport {
   void post_sends(Link& out);
   void complete(Op& op, const MPI_Status& status);
   bool idle() const;
+  // Throws PeerError naming a rank whose process ended, if one stalls this wait.
+  void check_liveness(const Request& request, Clock::time_point moved_at);
   void last_call(Request& request, const Deadline& deadline);
   [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);
   [[noreturn]] void fail_peer_aborted(const Request& request);

@@ -1,0 +1,72 @@
+"""Over MPI, a rank whose process ends is named by the others within seconds (the
+liveness connections of common/liveness.h), not at their timeout."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from _mpi_support import HAVE_MPI4PY, HAVE_MPIRUN, MPI_BUILT, mpirun_env, outside
+
+pytestmark = [
+    outside,
+    pytest.mark.skipif(
+        not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT), reason="needs mpirun, mpi4py, MPI build"
+    ),
+]
+
+_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    import ringreduce as rr
+
+    comm = rr.init("mpi", timeout=60)
+    x = np.ones(1 << 14, dtype=np.float32)
+    victim = comm.world_size - 1
+    start = time.monotonic()
+    try:
+        while True:
+            if comm.rank == victim and time.monotonic() - start > 0.5:
+                print(f"VICTIM at={time.time():.3f}", flush=True)
+                if sys.argv[1] == "kill":
+                    os.kill(os.getpid(), 9)
+                os._exit(3)  # as after an uncaught exception, without closing anything
+            comm.all_reduce(x, out=x)
+            x[:] = 1
+    except rr.RingReduceError as exc:
+        print(f"RESULT rank={comm.rank} kind={type(exc).__name__} peer={exc.peer} "
+              f"at={time.time():.3f} :: {exc}", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_rank_that_ends_is_named_within_seconds(tmp_path, how):
+    script = tmp_path / "die.py"
+    script.write_text(_SCRIPT)
+    n = 3
+    proc = subprocess.run(
+        ["mpirun", "-np", str(n), sys.executable, str(script), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=mpirun_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    out = proc.stdout
+    victim = re.search(r"VICTIM at=([\d.]+)", out)
+    assert victim, out + proc.stderr
+    results = re.findall(r"RESULT rank=(\d+) kind=(\w+) peer=(\S+) at=([\d.]+) :: (.*)", out)
+    # mpirun may end the job once a rank is gone; every survivor that reported
+    # before that named the right rank, promptly.
+    assert results, f"no survivor reported (mpirun ended the job first?):\n{out}{proc.stderr}"
+    for _rank, kind, peer, at, message in results:
+        assert kind == "PeerError", message
+        assert peer == str(n - 1), message
+        assert float(at) - float(victim.group(1)) < 5, message
+        # kill -9 sends no goodbye; the exit either way ends every connection.
+        assert "process ended" in message or (how == "exit" and "left" in message), message

@@ -111,7 +111,7 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
       try {
         execute(args, nullptr, seq, interrupt, true);
       } catch (...) {
-        error = on_failure(std::current_exception(), describe(args, seq));
+        error = on_failure(std::current_exception(), describe(args, seq), seq);
       }
       lock.lock();
       busy_ = false;
@@ -183,7 +183,7 @@ void Communicator::worker() {
         execute(item.args, item.mark.get(), item.seq, nullptr, false);
         item.work->finish();
       } catch (...) {
-        item.work->finish(on_failure(std::current_exception(), item.work->description()));
+        item.work->finish(on_failure(std::current_exception(), item.work->description(), item.seq));
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -193,12 +193,71 @@ void Communicator::worker() {
 }
 
 std::exception_ptr Communicator::on_failure(std::exception_ptr error,
-                                            const std::string& description) {
+                                            const std::string& description, uint64_t seq) {
   FailureOutcome outcome = report_failure(*store_, prefix_, *transport_, rank_,
                                           options_.timeout_seconds, error, description);
+  // If the rank to blame refused this very call (bad arguments there, see
+  // note_refused_call), its reason is the news: it leads the message.
+  outcome = with_refusal(std::move(outcome), seq);
   std::lock_guard<std::mutex> lock(mu_);
   broken_ = outcome.message;
   return outcome.error;
+}
+
+std::string Communicator::refusal_key(int rank, uint64_t seq) const {
+  return prefix_ + "refused/" + std::to_string(rank) + "/" + std::to_string(seq);
+}
+
+void Communicator::note_refused_call(const std::string& call, const std::string& reason) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (size_ == 1 || closing_ || closed_ || !broken_.empty()) return;
+    seq = issued_ + 1;  // the number the call would have had: the peers' current one
+  }
+  const std::string text = "rank " + std::to_string(rank_) + " refused its call #" +
+                           std::to_string(seq) + ", " + call + ": " + reason;
+  try {
+    // set_if_absent: every client is sent a notice of it, which outlives the store.
+    store_->set_if_absent(refusal_key(rank_, seq), text.substr(0, 4096));
+  } catch (const std::exception&) {
+    // No store to tell: the peers fail as they would have, without the reason.
+  }
+}
+
+FailureOutcome Communicator::with_refusal(FailureOutcome outcome, uint64_t seq) {
+  int peer = -1;
+  std::string kind;
+  try {
+    std::rethrow_exception(outcome.error);
+  } catch (const MismatchError& e) {
+    peer = e.peer();
+    kind = "mismatch";
+  } catch (const TimeoutError& e) {
+    peer = e.peer();
+    kind = "timeout";
+  } catch (const PeerError& e) {
+    peer = e.peer();
+    kind = "peer";
+  } catch (...) {
+  }
+  if (peer < 0 || peer == rank_) return outcome;
+  std::optional<std::string> refusal;
+  try {
+    refusal = store_->try_get(refusal_key(peer, seq));
+  } catch (const std::exception&) {
+  }
+  if (!refusal) return outcome;
+  outcome.message =
+      *refusal + "; so here, on rank " + std::to_string(rank_) + ": " + outcome.message;
+  if (kind == "mismatch") {
+    outcome.error = std::make_exception_ptr(MismatchError(outcome.message, peer));
+  } else if (kind == "timeout") {
+    outcome.error = std::make_exception_ptr(TimeoutError(outcome.message, peer));
+  } else {
+    outcome.error = std::make_exception_ptr(PeerError(outcome.message, peer));
+  }
+  return outcome;
 }
 
 void Communicator::close() {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "algorithms/collective.h"
+#include "engine/failure_report.h"
 #include "engine/options.h"
 #include "engine/p2p.h"
 #include "engine/work.h"
@@ -83,6 +84,14 @@ class Communicator {
   // Finishes the queued work, then closes every connection. Idempotent.
   void close();
 
+  // This rank refused a collective before issuing it (bad arguments: the
+  // caller raised ValueError/TypeError), while the other ranks may be in it.
+  // Records why, under the number the call would have had, so that a peer
+  // whose call then fails on account of this rank (it leaves, calls something
+  // else, or never comes) names this rank and this reason. Nothing else
+  // changes: a corrected retry of the call pairs up as usual.
+  void note_refused_call(const std::string& call, const std::string& reason);
+
   CommStats stats() const;
 
  private:
@@ -104,7 +113,10 @@ class Communicator {
   // Runs one collective (the caller has made it the only one running).
   void execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
                const Interrupt* interrupt, bool on_caller_thread);
-  std::exception_ptr on_failure(std::exception_ptr error, const std::string& description);
+  std::exception_ptr on_failure(std::exception_ptr error, const std::string& description,
+                                uint64_t seq);
+  std::string refusal_key(int rank, uint64_t seq) const;
+  FailureOutcome with_refusal(FailureOutcome outcome, uint64_t seq);
 
   int rank_;
   int size_;

@@ -4,7 +4,7 @@ Starts N copies of a program on this machine, one per rank, with the environment
 ``ringreduce.init()`` (and ``torch.distributed``'s ``env://``) reads: RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. On several machines, run it
 once per machine with torchrun's options (``--nnodes 2 --node-rank 0 --master-addr HOST
---nproc-per-node 4``). Every output line of a rank is prefixed with ``[rank] `` (stdout
+--nproc-per-node 4``). Every output line of a rank is prefixed with ``"[rank] "`` (stdout
 stays on stdout, stderr on stderr). When one rank fails, the others are stopped (SIGTERM,
 then SIGKILL after a grace period) and the launcher exits with the failing rank's code, so
 a broken job never leaves orphans or hangs. Ctrl-C stops every rank and prints one line.
@@ -206,7 +206,7 @@ def launch(
         nprocs: number of ranks (processes) to start, at least 1.
         cmd: program and arguments; a first element ending in ``.py`` is run with the
             current interpreter.
-        prefix: prefix every output line with ``[rank] ``. Without it the ranks write
+        prefix: prefix every output line with ``"[rank] "``. Without it the ranks write
             straight to our stdout/stderr (no copying threads).
         env: extra variables for every rank, on top of ``os.environ``.
         master_addr: MASTER_ADDR for the ranks (the TCP rendezvous host).

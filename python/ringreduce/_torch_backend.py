@@ -53,7 +53,9 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
             _StoreAdapter(store), rank, size, _advertise(store), "the torch.distributed store",
             options,
         )  # fmt: skip
-        self.comm = Communicator(core)
+        # torch leaves the order of calls from several threads to the program (DDP hooks,
+        # future callbacks): they take turns here rather than raise ConcurrentUseError.
+        self.comm = Communicator(core, queue_threads=True)
         # Every rank has finished reading the store before any returns: a rank that
         # returns and exits at once (a short script) would otherwise take the store it
         # hosts away from ranks still meeting through it.

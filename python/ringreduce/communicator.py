@@ -7,6 +7,7 @@ the input by the input's `ArrayKind`, and the call goes to the engine as pointer
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple, Union
 
@@ -18,7 +19,7 @@ from ._buffers import Buffer, describe, dtype_code
 from ._env import engine_options
 from ._ops import ReduceOp, _op_code
 from ._rooted import _NOTHING, RootedAndPointToPoint, _Deferred, _overlap
-from .errors import TimeoutError
+from .errors import ConcurrentUseError, TimeoutError
 
 __all__ = ["ReduceOp", "Communicator", "Work", "chunk_bounds", "build_info"]
 
@@ -100,14 +101,84 @@ class Work:
         return f"<ringreduce.Work {self._handle.description} {state}>"
 
 
-class Communicator(RootedAndPointToPoint):
-    """A group of ranks that run collectives together. Create with ``ringreduce.init()``."""
+class _Issuer:
+    """Which thread is issuing a collective on one communicator, to catch two at once.
 
-    def __init__(self, core: Any):
+    ``wait``: a second thread waits for its turn instead (for callers that order their
+    calls themselves, as torch.distributed's contract has them do)."""
+
+    def __init__(self, rank: int, wait: bool):
+        self._lock = threading.Lock()
+        self._rank = rank
+        self._wait = wait
+        self._thread: Optional[threading.Thread] = None
+        self._kind: Any = None
+        self.conflict: Optional[str] = None  # once set, never cleared
+
+    def enter(self, kind: Any) -> None:
+        me = threading.current_thread()
+        if self.conflict is None:
+            if self._thread is not me and self._lock.acquire(self._wait):
+                self._thread, self._kind = me, kind
+                return
+            other, other_kind = self._thread, self._kind
+            self.conflict = f"thread {_name(me)} called {_call(kind)} while " + (
+                f"thread {_name(other)} was issuing {_call(other_kind)}"
+                if other is not me
+                else f"its own {_call(other_kind)} was still being issued (a signal handler?)"
+            )
+        raise ConcurrentUseError(self.message())
+
+    def leave(self) -> None:
+        self._thread = self._kind = None
+        self._lock.release()
+
+    def message(self) -> str:
+        return (
+            f"rank {self._rank}: two threads used this communicator at once: {self.conflict}. "
+            "Ranks pair collectives in the order each one issues them, so calls from two "
+            "threads may pair with the other thread's call on another rank and combine its "
+            "data; this communicator now refuses every collective. Issue collectives from "
+            "one thread at a time in the same order on every rank, or give each thread a "
+            "communicator of its own"
+        )
+
+
+def _name(thread: Optional[threading.Thread]) -> str:
+    return "?" if thread is None else f"{thread.name!r} (ident {thread.ident})"
+
+
+def _call(kind: Any) -> str:
+    return "a collective" if kind is None else getattr(kind, "name", str(kind)).lower()
+
+
+class Communicator(RootedAndPointToPoint):
+    """A group of ranks that run collectives together. Create with ``ringreduce.init()``.
+
+    Threads: ranks pair collectives in the order each rank issues them, so a
+    communicator's collectives must be issued by one thread at a time, in the same order
+    on every rank (several threads may take turns, as long as the order is the same
+    everywhere). A collective that enters while another thread's collective on the same
+    communicator is being issued (a blocking call: until it returns; ``async_op=True``:
+    until it is queued) raises `ConcurrentUseError` naming both threads, and so does the
+    other thread's call once it is done: its call may have paired with the wrong
+    thread's call on another rank. From then on every collective on that communicator
+    raises it, rather than risk reducing another thread's data. ``Work.wait()``,
+    point-to-point ``send``/``recv`` (matched by source and tag) and ``close()`` may be
+    called from any thread. To run collectives from several threads at once, give each
+    thread its own communicator. (The torch.distributed backend queues its threads'
+    calls instead, as torch's contract leaves their order to the program.)
+    """
+
+    def __init__(self, core: Any, *, queue_threads: bool = False):
+        """``core``: the engine's communicator. ``queue_threads``: a collective from a
+        second thread waits for the first one's instead of raising ConcurrentUseError."""
         self._core = core
+        self._issuer = _Issuer(int(core.rank), queue_threads)
         # Arrays of async calls whose Work the caller may have dropped: the
         # engine still writes into them, so they must stay alive until done.
         self._inflight: List[Tuple[Any, tuple]] = []
+        self._inflight_lock = threading.Lock()  # point-to-point calls come from any thread
 
     @classmethod
     def from_mpi(
@@ -239,19 +310,44 @@ class Communicator(RootedAndPointToPoint):
         extra = {} if blocks is None else {"blocks": blocks}
         if not async_op:
             # On this thread when nothing is queued: no hand-off to the worker.
-            self._core.run(
-                kind, send.ptr, recv.ptr, count, code, op, root, send.device, send.stream, **extra
-            )
+            self._issue(
+                kind, self._core.run,
+                kind, send.ptr, recv.ptr, count, code, op, root, send.device, send.stream, **extra,
+            )  # fmt: skip
             if finalize is not None:
                 finalize()
             return result
-        self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
-        handle = self._core.submit(
-            kind, send.ptr, recv.ptr, count, code, op, root, send.device, send.stream, **extra
-        )
         keep = keep + (send.obj, recv.obj)
-        self._inflight.append((handle, keep))
+        handle = self._issue(
+            kind, self._queue, keep,
+            kind, send.ptr, recv.ptr, count, code, op, root, send.device, send.stream, **extra,
+        )  # fmt: skip
         return Work(self, handle, result, keep, finalize)
+
+    def _queue(self, keep: tuple, *args: Any, **kwargs: Any) -> Any:
+        """Queues a collective, keeping its arrays alive until it is done (even if the
+        caller never sees its Work: _issue may raise once it is queued)."""
+        handle = self._core.submit(*args, **kwargs)
+        self._keep_alive(handle, keep)
+        return handle
+
+    def _keep_alive(self, handle: Any, keep: tuple) -> None:
+        with self._inflight_lock:
+            self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
+            self._inflight.append((handle, keep))
+
+    def _issue(self, kind: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """call(*args, **kwargs): the one way collectives reach the engine, as one thread
+        at a time (see the class's note on threads)."""
+        issuer = self._issuer
+        issuer.enter(kind)
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            issuer.leave()
+        if issuer.conflict is not None:  # another thread came in meanwhile
+            raise ConcurrentUseError(issuer.message())
+        return result
 
     # -- collectives ------------------------------------------------------
     def all_reduce(
@@ -264,7 +360,7 @@ class Communicator(RootedAndPointToPoint):
         """
         if not async_op and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
             # The common case, checked and run in C++; None when it needs this path.
-            result = self._core.all_reduce_numpy(x, out, op)
+            result = self._issue(_Collective.ALL_REDUCE, self._core.all_reduce_numpy, x, out, op)
             if result is not None:
                 return result
         src = self._input(x)
@@ -340,8 +436,7 @@ class Communicator(RootedAndPointToPoint):
         )
 
     def _p2p(self, handle: Any, result: Any, keep: tuple, async_op: bool) -> Any:
-        self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
-        self._inflight.append((handle, keep))
+        self._keep_alive(handle, keep)
         work = Work(self, handle, result, keep)
         return work if async_op else work.wait()
 

@@ -38,7 +38,8 @@ std::string describe_header(const CallHeader& h) {
   const char* path =
       h.algorithm == static_cast<uint8_t>(Algorithm::kSmall)    ? " (small-message path)"
       : h.algorithm == static_cast<uint8_t>(Algorithm::kDirect) ? " (direct small-message path)"
-                                                                : "";
+      : h.algorithm == static_cast<uint8_t>(Algorithm::kHierarchical) ? " (hierarchical)"
+                                                                      : "";
   return describe_call(args) + path + " as call #" + std::to_string(h.seq);
 }
 

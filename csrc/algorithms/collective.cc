@@ -79,8 +79,20 @@ const char* algorithm_name(Algorithm algorithm) {
       return "small";
     case Algorithm::kDirect:
       return "direct";
+    case Algorithm::kHierarchical:
+      return "hierarchical";
   }
   return "?";
+}
+
+AlgorithmPolicy parse_algorithm_policy(const std::string& name) {
+  if (name == "auto") return AlgorithmPolicy::kAuto;
+  if (name == "ring") return AlgorithmPolicy::kRing;
+  if (name == "hierarchical") return AlgorithmPolicy::kHierarchical;
+  throw InvalidArgument(
+      "the all_reduce algorithm must be 'auto', 'ring' or 'hierarchical' "
+      "(RINGREDUCE_ALGORITHM), got '" +
+      name + "'");
 }
 
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
@@ -88,11 +100,25 @@ Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
   // beat fewer bytes. Where every peer is reached directly (shared memory),
   // one step of N-1 messages; else N-1 steps around the ring. The choice must
   // not depend on where the buffers live: host and GPU ranks meet in one call.
+  // Above them, where hosts are joined by a slower network than their ranks
+  // share, the hierarchical all_reduce sends each host's data across once
+  // per direction instead of once per crossing of the flat ring. Every rank
+  // sees the same hosts (exchanged at rendezvous), so all choose alike.
+  if (args.kind != CollectiveKind::kAllReduce || ctx.transport.size() == 1) {
+    return Algorithm::kRing;
+  }
+  const bool hierarchical = ctx.hierarchy != nullptr && ctx.hierarchy->usable();
+  switch (ctx.policy) {
+    case AlgorithmPolicy::kRing:
+      return Algorithm::kRing;
+    case AlgorithmPolicy::kHierarchical:
+      return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
+    case AlgorithmPolicy::kAuto:
+      break;
+  }
   const size_t bytes = args.count * dtype_size(args.dtype);
-  const bool small = args.kind == CollectiveKind::kAllReduce && ctx.transport.size() > 1 &&
-                     bytes <= ctx.small_bytes;
-  if (!small) return Algorithm::kRing;
-  return ctx.reaches_all ? Algorithm::kDirect : Algorithm::kSmall;
+  if (bytes <= ctx.small_bytes) return ctx.reaches_all ? Algorithm::kDirect : Algorithm::kSmall;
+  return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
 }
 
 std::string describe_call(const CollectiveArgs& args) {
@@ -106,7 +132,9 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
       // The latency paths gather every rank's (small) vector before reducing.
-      return algorithm == Algorithm::kRing ? 0 : ring.size * args.count * elem;
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kHierarchical
+                 ? 0
+                 : ring.size * args.count * elem;
     case CollectiveKind::kReduceScatter:
       return ring.size > 2 ? 2 * piece_elems(args, segment_bytes) * elem : 0;
     case CollectiveKind::kReduce:
@@ -121,7 +149,7 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
 }
 
 void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
-                  size_t segment_bytes) {
+                  size_t segment_bytes, const Hierarchy* hierarchy) {
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
       switch (algorithm) {
@@ -133,6 +161,9 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
           break;
         case Algorithm::kDirect:
           direct_all_reduce(x, ring, args);
+          break;
+        case Algorithm::kHierarchical:
+          hierarchical_all_reduce(x, *hierarchy, args);
           break;
       }
       break;
@@ -204,11 +235,11 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
       args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes)};
   if (args.device >= 0) {
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
-    run_schedule(x, ring, args, algorithm, ctx.segment_bytes);
+    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
     x.finish();
   } else {
     HostExecutor x(setup, ctx.scratch);
-    run_schedule(x, ring, args, algorithm, ctx.segment_bytes);
+    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
     x.finish();
   }
   // The header went out ahead of the data on the same link; `header` must

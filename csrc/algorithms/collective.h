@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/hierarchy.h"
 #include "common/dtype.h"
 #include "transport/transport.h"
 
@@ -58,6 +59,17 @@ struct CollectiveArgs {
 // "all_reduce(count=10, float32, sum)": how errors name a call.
 std::string describe_call(const CollectiveArgs& args);
 
+// Which all_reduce algorithms the selection may pick (RINGREDUCE_ALGORITHM):
+//   auto         - a latency path for small messages; above them hierarchical
+//                  where there are several hosts with several ranks each (all
+//                  the same number), else the ring;
+//   ring         - the flat ring, at every size;
+//   hierarchical - the hierarchical all_reduce at every size, where it can run
+//                  (else the ring).
+enum class AlgorithmPolicy : uint8_t { kAuto, kRing, kHierarchical };
+// Throws InvalidArgument unless `name` is "auto", "ring" or "hierarchical".
+AlgorithmPolicy parse_algorithm_policy(const std::string& name);
+
 // What a collective runs with, besides its arguments: the communicator's link
 // to its peers and settings, and the memory it reuses from call to call.
 struct RingContext {
@@ -75,6 +87,11 @@ struct RingContext {
   const StreamMark* device_mark = nullptr;
   // Asked while waits run, when the caller can be interrupted (see Deadline).
   const Interrupt* interrupt = nullptr;
+  // The groups of the hierarchical all_reduce; null or !usable() where it
+  // cannot run (one host, one rank per host, hosts of different sizes).
+  const Hierarchy* hierarchy = nullptr;
+  // How all_reduce picks its algorithm (Options::algorithm).
+  AlgorithmPolicy policy = AlgorithmPolicy::kAuto;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };
@@ -85,8 +102,11 @@ enum class Algorithm : uint8_t {
   kRing = 0,    // reduce-scatter + all-gather: 2(N-1)/N x S bytes, 2(N-1) steps
   kSmall = 1,   // all-gather whole vectors around the ring, reduce locally: N-1 steps
   kDirect = 2,  // every rank sends its vector to every other at once: 1 step
+  // reduce-scatter on each host, all-reduce across hosts (one ring per local
+  // rank), all-gather on each host: hierarchical.cc
+  kHierarchical = 3,
 };
-constexpr int kAlgorithms = 3;
+constexpr int kAlgorithms = 4;
 const char* algorithm_name(Algorithm algorithm);
 
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);

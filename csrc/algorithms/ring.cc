@@ -66,6 +66,15 @@ void all_gather_phase(Executor& x, const Ring& ring, char* buffer, size_t count,
   }
 }
 
+void reduce_scatter_in_place(Executor& x, const Ring& ring, const char* src, char* dst,
+                             size_t count, size_t elem) {
+  // One round over whole chunks: the partial sums accumulate in place in dst,
+  // at their own chunk's offset.
+  const size_t whole_chunk = chunk_bounds(count, ring.size, 0).second;
+  reduce_scatter_phase(x, ring, src, count, elem, 0, whole_chunk,
+                       [&](int, size_t begin) { return dst + begin * elem; });
+}
+
 void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   const size_t elem = dtype_size(args.dtype);
   const char* src = static_cast<const char*>(args.send);
@@ -75,11 +84,7 @@ void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) 
     x.copy(dst, src, args.count * elem);
     return;
   }
-  // One round over whole chunks: the partial sums accumulate in place in dst,
-  // at their own chunk's offset.
-  const size_t whole_chunk = chunk_bounds(args.count, ring.size, 0).second;
-  reduce_scatter_phase(x, ring, src, args.count, elem, 0, whole_chunk,
-                       [&](int, size_t begin) { return dst + begin * elem; });
+  reduce_scatter_in_place(x, ring, src, dst, args.count, elem);
   const auto [begin, end] = chunk_bounds(args.count, ring.size, ring.rank);
   divide_if_avg(x, args, dst + begin * elem, end - begin, ring.size);
   all_gather_phase(x, ring, dst, args.count, elem);

@@ -6,24 +6,32 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "algorithms/collective.h"
 #include "executor/executor.h"
 
 namespace rr {
 
-// This rank's place on the ring.
+// This rank's place on the ring. A ring over some of the transport's ranks
+// (hierarchical.cc) names them in `members`: ring position i is transport
+// rank (*members)[i]; without it, position i is rank i.
 struct Ring {
   int rank;
   int size;
+  const std::vector<int>* members = nullptr;
 
   int left() const { return (rank + size - 1) % size; }
   int right() const { return (rank + 1) % size; }
+  // The transport rank at ring position `position`.
+  int peer(int position) const {
+    return members != nullptr ? (*members)[static_cast<size_t>(position)] : position;
+  }
   // A step that sends right and receives from the left, as every ring step does.
   StepPlan plan() const {
     StepPlan p;
-    p.send_to = right();
-    p.recv_from = left();
+    p.send_to = peer(right());
+    p.recv_from = peer(left());
     return p;
   }
 };
@@ -35,13 +43,15 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
 
 // Issues every step and operation of the collective; the caller then calls
 // x.finish().
+// `hierarchy`: the groups of Algorithm::kHierarchical (null for the others).
 void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
-                  size_t segment_bytes);
+                  size_t segment_bytes, const Hierarchy* hierarchy = nullptr);
 
 // The schedules, one per collective (and algorithm).
 void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);
 void small_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);
 void direct_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);
+void hierarchical_all_reduce(Executor& x, const Hierarchy& hierarchy, const CollectiveArgs& args);
 void ring_reduce_scatter(Executor& x, const Ring& ring, const CollectiveArgs& args,
                          size_t piece_elems);
 void ring_all_gather(Executor& x, const Ring& ring, const CollectiveArgs& args);
@@ -56,6 +66,14 @@ void direct_all_to_all(Executor& x, const Ring& ring, const CollectiveArgs& args
 // reduced chunk to `out` (whose scratch starts at x.scratch()).
 void reduce_scatter_into(Executor& x, const Ring& ring, const CollectiveArgs& args,
                          size_t piece_elems, char* out);
+
+// The reduce-scatter phase of all_reduce over `count` elements of `elem`
+// bytes of `src`, in one round: partial sums accumulate in `dst` at their own
+// chunk's offset (src may equal dst). Afterwards dst holds this rank's chunk,
+// reduced over the ring (not divided for avg); other chunks of dst hold
+// partial sums.
+void reduce_scatter_in_place(Executor& x, const Ring& ring, const char* src, char* dst,
+                             size_t count, size_t elem);
 
 // The all-gather phase over `count` elements of `elem` bytes, in place in
 // `buffer`: this rank's chunk must be there; afterwards every chunk is.

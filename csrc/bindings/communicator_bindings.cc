@@ -213,6 +213,9 @@ py::dict stats(const rr::Communicator& self) {
     algorithms[rr::algorithm_name(static_cast<rr::Algorithm>(a))] = s.all_reduce_by_algorithm[a];
   }
   d["all_reduce_algorithms"] = algorithms;
+  // What the collectives sent to and received from ranks on other hosts.
+  d["bytes_sent_between_hosts"] = s.bytes_sent_between_hosts;
+  d["bytes_received_between_hosts"] = s.bytes_received_between_hosts;
   // all_reduce calls that skipped the ring (either latency path).
   d["small_message_ops"] = s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kSmall)] +
                            s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kDirect)];
@@ -227,6 +230,12 @@ void register_communicator(py::module_& m) {
       .def_readwrite("timeout_seconds", &rr::Options::timeout_seconds)
       .def_readwrite("segment_bytes", &rr::Options::segment_bytes)
       .def_readwrite("small_bytes", &rr::Options::small_bytes)
+      .def_property(
+          "algorithm", [](const rr::Options& o) { return o.algorithm; },
+          [](rr::Options& o, const std::string& name) {
+            rr::parse_algorithm_policy(name);  // InvalidArgument (ValueError) for a bad name
+            o.algorithm = name;
+          })
       .def_readwrite("transport", &rr::Options::transport)
       .def_readwrite("host_id", &rr::Options::host_id)
       .def_readwrite("spin_us", &rr::Options::spin_us)

@@ -37,6 +37,26 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_ && !transport_->reaches(peer)) reaches_all_ = false;
   }
+  policy_ = parse_algorithm_policy(options_.algorithm);
+  if (placement_.local_size < size_) {
+    // Ranks on several hosts: count what crosses between them, and learn
+    // every rank's host (published at rendezvous) for the hierarchical
+    // all_reduce, which needs several ranks on each.
+    std::vector<bool> remote(static_cast<size_t>(size_), true);
+    for (int r : placement_.local_ranks) remote[static_cast<size_t>(r)] = false;
+    auto counting = std::make_unique<CountingTransport>(std::move(transport_), std::move(remote));
+    counting_ = counting.get();
+    transport_ = std::move(counting);
+    if (placement_.local_size > 1) {
+      const Deadline deadline = Deadline::after(options_.timeout_seconds);
+      std::vector<std::string> host_of(static_cast<size_t>(size_));
+      for (int r = 0; r < size_; ++r) {
+        host_of[static_cast<size_t>(r)] =
+            store_->get(prefix_ + "host/" + std::to_string(r), deadline);
+      }
+      hierarchy_ = make_hierarchy(host_of, rank_);
+    }
+  }
   if (p2p) {
     p2p_ = std::make_unique<PointToPoint>(std::move(p2p), options_.timeout_seconds,
                                           options_.segment_bytes);
@@ -143,6 +163,8 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
                   small_bytes_};
   ctx.interrupt = interrupt;
   ctx.reaches_all = reaches_all_;
+  ctx.hierarchy = &hierarchy_;
+  ctx.policy = policy_;
   // On the caller's thread latency counts; on the worker the collective
   // overlaps the caller's computation, which spinning would slow down.
   transport_->set_eager(on_caller_thread);
@@ -155,6 +177,11 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_sent = ts.bytes_sent;
   stats_.bytes_received = ts.bytes_received;
+  if (counting_ != nullptr) {
+    const TransportStats between = counting_->between_hosts();
+    stats_.bytes_sent_between_hosts = between.bytes_sent;
+    stats_.bytes_received_between_hosts = between.bytes_received;
+  }
   ++stats_.ops;
   if (args.kind == CollectiveKind::kAllReduce) {
     ++stats_.all_reduce_by_algorithm[static_cast<int>(choose_algorithm(ctx, args))];

@@ -29,6 +29,7 @@
 #include "engine/work.h"
 #include "executor/device.h"
 #include "rendezvous/store.h"
+#include "transport/counting.h"
 #include "transport/transport.h"
 
 namespace rr {
@@ -39,6 +40,9 @@ struct CommStats {
   uint64_t ops = 0;
   // all_reduce calls by algorithm (indexed by Algorithm)
   uint64_t all_reduce_by_algorithm[kAlgorithms] = {};
+  // Of the collectives' bytes, those to and from ranks on other hosts.
+  uint64_t bytes_sent_between_hosts = 0;
+  uint64_t bytes_received_between_hosts = 0;
 };
 
 // Where this rank sits among the ranks of its host.
@@ -123,8 +127,11 @@ class Communicator {
   const char* transport_name_;
   Options options_;
   Placement placement_;
-  size_t small_bytes_;  // all_reduce up to this size skips the ring, at this world size
-  bool reaches_all_;    // the transport reaches every peer, not only ring neighbours
+  size_t small_bytes_;      // all_reduce up to this size skips the ring, at this world size
+  bool reaches_all_;        // the transport reaches every peer, not only ring neighbours
+  AlgorithmPolicy policy_;  // Options::algorithm
+  Hierarchy hierarchy_;     // this rank's groups among hosts (usable() when they are)
+  CountingTransport* counting_ = nullptr;  // transport_, when ranks span hosts
   std::string prefix_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;

@@ -13,6 +13,9 @@ struct Options {
   // all_reduce up to this many bytes at 2 ranks (scaled by 2/N) skips the
   // ring for a latency path (RINGREDUCE_SMALL_BYTES).
   size_t small_bytes = 64 << 10;
+  // How all_reduce picks its algorithm: "auto", "ring" or "hierarchical"
+  // (RINGREDUCE_ALGORITHM; see AlgorithmPolicy in algorithms/collective.h).
+  std::string algorithm = "auto";
   // Which links: "tcp" or "mpi" (every link), "shm" (every rank on one host),
   // "auto" (shared memory between ranks of one host, the network transport
   // between hosts).

@@ -66,6 +66,7 @@ class Options:
     timeout_seconds: float
     segment_bytes: int
     small_bytes: int
+    algorithm: str
     transport: str
     host_id: str
     spin_us: int

@@ -216,6 +216,7 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.timeout_seconds = float(timeout)
     options.segment_bytes = segment_bytes()
     options.small_bytes = _int_env("RINGREDUCE_SMALL_BYTES", 64 << 10)
+    options.algorithm = os.environ.get("RINGREDUCE_ALGORITHM", "auto")
     options.spin_us = _int_env("RINGREDUCE_SPIN_US", 50)
     options.shm_single_copy_bytes = _int_env("RINGREDUCE_SHM_SINGLE_COPY_BYTES", 0)
     options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", 0)

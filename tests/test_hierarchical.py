@@ -1,0 +1,260 @@
+"""Hierarchical all_reduce across emulated hosts (RINGREDUCE_HOST_ID per rank).
+
+Reduce-scatter on each host (shared memory), all-reduce of each rank's chunk
+across hosts (one ring per local rank), all-gather on each host. Checked
+against numpy for every dtype and op, bit for bit alike on every rank, for
+hosts of consecutive ranks and for ranks dealt round-robin over the hosts,
+and by the bytes that cross between hosts: 2(H-1)/H x S per host, split
+evenly over its ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+import _ranks
+from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
+from _ranks import RankGroup
+
+# The host of each rank, by layout.
+LAYOUTS = {
+    "2x2": [0, 0, 1, 1],
+    "3x2": [0, 0, 1, 1, 2, 2],
+    "2x2-interleaved": [0, 1, 0, 1],  # host of rank r = r % 2
+    "2x3-interleaved": [0, 1, 0, 1, 0, 1],
+}
+
+
+def _serve_on_hosts(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
+    """_ranks._serve with this rank's host taken from init_kwargs["hosts"]."""
+    hosts = init_kwargs.pop("hosts")
+    os.environ["RINGREDUCE_HOST_ID"] = f"hierarchical-test-host-{hosts[rank]}"
+    _ranks.TRANSPORTS["given-hosts"] = ("auto", 0)  # this process only: hosts are set
+    init_kwargs["transport"] = "given-hosts"
+    _ranks._serve(rank, size, port, conn, init_kwargs)
+
+
+class HostGroup(RankGroup):
+    """RankGroup whose rank r runs on emulated host hosts[r]."""
+
+    def __init__(self, hosts: list, *, timeout: float = 60.0, env: dict | None = None):
+        self.n = len(hosts)
+        self.port = _ranks.free_port()
+        init_kwargs = {"timeout": timeout, "hosts": list(hosts), "env": dict(env or {})}
+        self.procs = []
+        self.conns = []
+        for rank in range(self.n):
+            parent, child = _ranks._CTX.Pipe()
+            p = _ranks._CTX.Process(
+                target=_serve_on_hosts,
+                args=(rank, self.n, self.port, child, dict(init_kwargs)),
+                daemon=True,
+            )
+            p.start()
+            self.procs.append(p)
+            self.conns.append(parent)
+        outcomes = self._collect(timeout + 30)
+        self._raise_if_failed(outcomes, "init")
+
+
+@pytest.fixture
+def host_group():
+    groups = []
+
+    def make(layout: str, **env: str) -> HostGroup:
+        group = HostGroup(LAYOUTS[layout], env=env)
+        groups.append(group)
+        return group
+
+    yield make
+    for group in groups:
+        group.close()
+
+
+# ---- rank-side functions (module level so they pickle by reference) -------
+
+
+def _digest(x: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+
+
+def _exact_every_op(comm, dtypes):
+    """Exact data: bit for bit the numpy reference, out of place and in place."""
+    failures = []
+    n, r = comm.world_size, comm.rank
+    calls = 0
+    before = comm.stats()["all_reduce_algorithms"]["hierarchical"]
+    for dtype in dtypes:
+        for op in OPS:
+            if op == "avg" and dtype not in FLOATING:
+                continue
+            for count in sizes_for(n):
+                want = expected(n, count, dtype, op)
+                x = contribution(r, count, dtype, op)
+                got = comm.all_reduce(x, op=op)
+                if not same_bits(got, want):
+                    failures.append(f"{dtype} {op} count={count}")
+                if not same_bits(x, contribution(r, count, dtype, op)):
+                    failures.append(f"{dtype} {op} count={count} modified its input")
+                inplace = contribution(r, count, dtype, op)
+                comm.all_reduce(inplace, op=op, out=inplace)
+                if not same_bits(inplace, want):
+                    failures.append(f"in-place {dtype} {op} count={count}")
+                calls += 2
+    ran = comm.stats()["all_reduce_algorithms"]["hierarchical"] - before
+    if ran != calls:
+        failures.append(f"{ran} of {calls} calls ran hierarchical")
+    return failures
+
+
+def _random_digests(comm, dtype, op, count, seed):
+    """Random data: the result's bits on this rank, and its worst error against float64."""
+    n, r = comm.world_size, comm.rank
+    parts = [np.random.default_rng(seed + i).standard_normal(count) for i in range(n)]
+    if op in ("prod",):
+        parts = [1 + 0.1 * p for p in parts]
+    x = parts[r].astype(np_dtype(dtype))
+    got = comm.all_reduce(x, op=op)
+    inputs = np.stack([p.astype(np_dtype(dtype)).astype(np.float64) for p in parts])
+    if op == "sum":
+        want = inputs.sum(axis=0)
+    elif op == "avg":
+        want = inputs.sum(axis=0) / n
+    elif op == "prod":
+        want = inputs.prod(axis=0)
+    elif op == "min":
+        want = inputs.min(axis=0)
+    else:
+        want = inputs.max(axis=0)
+    err = float(np.max(np.abs(got.astype(np.float64) - want))) if count else 0.0
+    return _digest(got), err
+
+
+def _algorithms_by_size(comm, counts):
+    """Which algorithm each all_reduce of float32 `count` ran."""
+    ran = []
+    for count in counts:
+        before = comm.stats()["all_reduce_algorithms"]
+        comm.all_reduce(np.ones(count, dtype=np.float32))
+        after = comm.stats()["all_reduce_algorithms"]
+        ran.append([name for name in after if after[name] != before[name]])
+    return ran
+
+
+def _bytes_of_one_call(comm, nbytes):
+    x = np.full(nbytes // 4, comm.rank + 1, dtype=np.float32)
+    before = comm.stats()
+    comm.all_reduce(x, out=x)
+    after = comm.stats()
+    n = comm.world_size
+    assert np.all(x == n * (n + 1) / 2)
+    return {
+        key: after[key] - before[key]
+        for key in (
+            "bytes_sent",
+            "bytes_received",
+            "bytes_sent_between_hosts",
+            "bytes_received_between_hosts",
+        )
+    }
+
+
+# ---- tests --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["2x2", "3x2", "2x2-interleaved"])
+def test_exact_every_dtype_op_and_size(host_group, layout):
+    # Forced, so that the small sizes (count 0, 1, < ranks) run it too.
+    group = host_group(layout, RINGREDUCE_ALGORITHM="hierarchical")
+    assert group.run(_exact_every_op, DTYPES, timeout=300) == [[]] * group.n
+
+
+@pytest.mark.parametrize("layout", ["3x2", "2x3-interleaved"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_random_floats_same_bits_on_every_rank(host_group, layout, dtype):
+    group = host_group(layout, RINGREDUCE_ALGORITHM="hierarchical")
+    eps = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1.2e-7, "float64": 2.3e-16}[dtype]
+    for op in ["sum", "avg", "prod", "min", "max"]:
+        for count in [1, 5, 10_007]:
+            results = group.run(_random_digests, dtype, op, count, 99)
+            digests = {d for d, _ in results}
+            assert len(digests) == 1, f"{op} count={count}: ranks differ"
+            # Each of the N-1 reductions (and avg's division) rounds once, to
+            # values of magnitude below N x max|input| (about 5 sigma).
+            bound = group.n * eps * group.n * 6 * (2 if op == "prod" else 1)
+            assert max(e for _, e in results) <= bound, (op, count, results)
+
+
+def test_auto_chooses_hierarchical_above_the_small_message_size(host_group):
+    group = host_group("2x2")
+    # small_bytes 64 KiB at 2 ranks: 32 KiB at 4. 8 floats take the direct
+    # path (shared memory reaches only the host's ranks: the small one).
+    ran = group.run(_algorithms_by_size, [8, 1 << 16, 1 << 20])
+    assert ran == [[["small"], ["hierarchical"], ["hierarchical"]]] * 4
+
+
+def test_ring_knob_forces_the_flat_ring(host_group):
+    group = host_group("2x2", RINGREDUCE_ALGORITHM="ring")
+    ran = group.run(_algorithms_by_size, [1, 1 << 16])
+    assert ran == [[["ring"], ["ring"]]] * 4
+
+
+def test_hosts_of_different_sizes_fall_back_to_the_ring():
+    with HostGroup([0, 0, 1], env={"RINGREDUCE_ALGORITHM": "hierarchical"}) as group:
+        ran = group.run(_algorithms_by_size, [1, 1 << 16])
+        assert ran == [[["ring"], ["ring"]]] * 3
+        for failures in group.run(_exact_every_op, ["float32", "int32"]):
+            # Correct results, none of them hierarchical.
+            assert len(failures) == 1 and failures[0].startswith("0 of "), failures
+
+
+def test_bad_algorithm_name_is_a_value_error():
+    from ringreduce import _core
+
+    options = _core.Options()
+    options.algorithm = "hierarchical"
+    assert options.algorithm == "hierarchical"
+    with pytest.raises(ValueError, match="RINGREDUCE_ALGORITHM"):
+        options.algorithm = "tree"
+
+
+@pytest.mark.parametrize("layout", ["2x2", "3x2", "2x2-interleaved", "2x3-interleaved"])
+def test_bytes_between_hosts(host_group, layout):
+    """Each host sends 2(H-1)/H x S to other hosts, S/L-sized shares from each of its L
+    ranks; the flat ring sends one share across per ring hop that leaves the host."""
+    hosts = LAYOUTS[layout]
+    n = len(hosts)
+    h = len(set(hosts))
+    local = n // h
+    nbytes = 6 << 20  # divisible by every N, L and H here
+    header = 32  # the call header, sent to the next rank by number
+
+    hier = host_group(layout, RINGREDUCE_ALGORITHM="hierarchical").run(_bytes_of_one_call, nbytes)
+    flat = host_group(layout, RINGREDUCE_ALGORITHM="ring").run(_bytes_of_one_call, nbytes)
+
+    per_rank_total = 2 * (n - 1) * nbytes // n
+    per_rank_across = 2 * (h - 1) * nbytes // (h * local)
+    for r in range(n):
+        crosses = hosts[(r + 1) % n] != hosts[r]  # the header's hop
+        from_left = hosts[(r - 1) % n] != hosts[r]
+        # The same total as the flat ring: 2(N-1)/N x S per rank.
+        assert hier[r]["bytes_sent"] == per_rank_total + header
+        assert flat[r]["bytes_sent"] == per_rank_total + header
+        assert hier[r]["bytes_sent_between_hosts"] == per_rank_across + header * crosses
+        assert hier[r]["bytes_received_between_hosts"] == per_rank_across + header * from_left
+        assert flat[r]["bytes_sent_between_hosts"] == (per_rank_total + header) * crosses
+
+    for host in set(hosts):
+        ranks = [r for r in range(n) if hosts[r] == host]
+        across = sum(hier[r]["bytes_sent_between_hosts"] for r in ranks)
+        headers = header * sum(hosts[(r + 1) % n] != host for r in ranks)
+        assert across - headers == 2 * (h - 1) * nbytes // h
+        flat_across = sum(flat[r]["bytes_sent_between_hosts"] for r in ranks)
+        assert flat_across - headers == per_rank_total * sum(
+            hosts[(r + 1) % n] != host for r in ranks
+        )
+        assert across < flat_across

@@ -130,8 +130,12 @@ def _trial(n: int, victim: int, delay: float, args: argparse.Namespace, tmp: str
                 break
             time.sleep(0.05)
         if not all(any(x.get("ready") for x in _lines(o)) for o, _ in logs):
-            tails = {r: open(e).read()[-400:] for r, (_, e) in enumerate(logs)}
-            result["start_failed"] = tails
+            # Each rank: still running or its exit code, what it reported, its stderr.
+            result["start_failed"] = {
+                r: {"exit": procs[r].poll(), "reports": _lines(o)[-2:],
+                    "stderr": open(e).read()[-400:]}
+                for r, (o, e) in enumerate(logs)
+            }  # fmt: skip
             return result
         time.sleep(delay)
         killed_at = time.monotonic()
@@ -222,10 +226,14 @@ def _summary(results: List[dict], n: int) -> str:
         lines.append("died without a report (killed rank, survivor: stderr tail):")
         for v, r, s in silent[:5]:
             lines.append(f"  killed {v}, rank {r}: {s.get('stderr', '').strip()[-200:]}")
-    for t in results:
-        if t["start_failed"]:
-            lines.append(f"start failed: {json.dumps(t['start_failed'])[:400]}")
-            break
+    failed = [t for t in results if t["start_failed"]]
+    if failed:
+        lines.append("")
+        lines.append("trials that did not start (rank: exit code or None if running, report):")
+        for t in failed[:3]:
+            for r, f in t["start_failed"].items():
+                said = f["reports"][-1] if f["reports"] else f["stderr"].strip()[-200:]
+                lines.append(f"  rank {r}: exit {f['exit']}: {json.dumps(said)[:300]}")
     return "\n".join(lines)
 
 

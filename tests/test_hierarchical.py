@@ -163,6 +163,18 @@ def _bytes_of_one_call(comm, nbytes):
     }
 
 
+def _device_buffers(comm, dtype):
+    """The device executor's path (the CPU stand-in for CUDA memory)."""
+    from test_device_staging import _all_reduce
+
+    before = comm.stats()["all_reduce_algorithms"]["hierarchical"]
+    # Sizes below 200 elements: with 40-byte segments every element is a few messages.
+    failures = _all_reduce(comm, dtype, [c for c in sizes_for(comm.world_size) if c < 200])
+    if comm.stats()["all_reduce_algorithms"]["hierarchical"] == before:
+        failures.append("no call ran hierarchical")
+    return failures
+
+
 # ---- tests --------------------------------------------------------------
 
 
@@ -210,6 +222,16 @@ def test_hosts_of_different_sizes_fall_back_to_the_ring():
         for failures in group.run(_exact_every_op, ["float32", "int32"]):
             # Correct results, none of them hierarchical.
             assert len(failures) == 1 and failures[0].startswith("0 of "), failures
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int32"])
+def test_device_buffers_and_segments_smaller_than_a_chunk(host_group, dtype):
+    from _fake_cuda import FAKE_DEVICE_ENV
+
+    # 40-byte segments: chunks and pieces of every phase span several messages.
+    env = dict(FAKE_DEVICE_ENV, RINGREDUCE_ALGORITHM="hierarchical", RINGREDUCE_SEGMENT_BYTES="40")
+    group = host_group("3x2", **env)
+    assert group.run(_device_buffers, dtype, timeout=300) == [[]] * group.n
 
 
 def test_bad_algorithm_name_is_a_value_error():

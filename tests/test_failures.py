@@ -290,3 +290,50 @@ def test_killed_store_host_is_named_by_every_survivor(n, links):
         assert kind == "PeerError", message
         assert peer == 0, message
         assert elapsed < 30
+
+
+def _refuse_broadcast_then(comm, then):
+    """Rank 1 passes a read-only array to broadcast (a ValueError there, before any
+    communication) while the others are in the broadcast; then it closes, or calls
+    something else."""
+    if comm.rank == 1:
+        readonly = np.ones(10, dtype=np.float32)
+        readonly.flags.writeable = False
+        try:
+            comm.broadcast(readonly, root=0)
+            return "no error"
+        except ValueError as exc:
+            local = str(exc)
+        if then == "close":
+            comm.close()
+            return ("refused", None, local)
+        try:
+            comm.all_reduce(np.ones(10, dtype=np.float32))
+            return "no error"
+        except rr.RingReduceError as exc:
+            return (type(exc).__name__, exc.peer, str(exc))
+    try:
+        comm.broadcast(np.ones(10, dtype=np.float32), root=0)
+        # The root only sends: its part may be done before anything goes wrong.
+        # Its next collective then fails.
+        assert comm.rank == 0, "a broadcast into rank 1's missing array completed"
+        comm.barrier()
+        return "no error"
+    except rr.RingReduceError as exc:
+        return (type(exc).__name__, exc.peer, str(exc))
+
+
+@pytest.mark.parametrize("then", ["close", "other call"])
+def test_argument_error_on_one_rank_is_named_by_every_rank(then, links):
+    outcomes = run_ranks(3, _refuse_broadcast_then, then, init_timeout=30, transport=links)
+    for rank, (status, value, tb) in enumerate(outcomes):
+        assert status == "ok", tb
+        kind, peer, message = value
+        if rank == 1 and then == "close":
+            assert kind == "refused" and "read-only" in message, message
+            continue
+        # Every other rank (and rank 1 itself, when its next call met the broadcast)
+        # names rank 1 and the reason it gave, not only a closed link or a mismatch.
+        assert peer == 1, (rank, message)
+        assert "rank 1 refused its call #1, broadcast: ValueError:" in message, (rank, message)
+        assert "read-only" in message, (rank, message)

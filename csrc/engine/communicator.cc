@@ -221,11 +221,39 @@ void Communicator::worker() {
 
 std::exception_ptr Communicator::on_failure(std::exception_ptr error,
                                             const std::string& description, uint64_t seq) {
+  {
+    // This rank refused this call's number earlier (bad arguments) and then
+    // made another call, which met the others' call: the refusal is the
+    // cause, and this rank is the one to blame, on every rank.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refused_seq_ == seq) {
+      std::string cause;
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        cause = e.what();
+      }
+      error = std::make_exception_ptr(PeerError(
+          refused_reason_ + "; rank " + std::to_string(rank_) + " then made another call, " +
+              description + ", which met the others' call #" + std::to_string(seq) + ": " + cause,
+          rank_));
+    }
+  }
+  // If the rank to blame refused this very call (bad arguments there, see
+  // note_refused_call), its reason is the news: it leads the message, in
+  // what we publish and in what we raise.
+  error = with_refusal(error, seq);
   FailureOutcome outcome = report_failure(*store_, prefix_, *transport_, rank_,
                                           options_.timeout_seconds, error, description);
-  // If the rank to blame refused this very call (bad arguments there, see
-  // note_refused_call), its reason is the news: it leads the message.
-  outcome = with_refusal(std::move(outcome), seq);
+  std::exception_ptr led = with_refusal(outcome.error, seq);
+  if (led != outcome.error) {
+    outcome.error = led;
+    try {
+      std::rethrow_exception(led);
+    } catch (const std::exception& e) {
+      outcome.message = e.what();
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   broken_ = outcome.message;
   return outcome.error;
@@ -244,6 +272,11 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
   }
   const std::string text = "rank " + std::to_string(rank_) + " refused its call #" +
                            std::to_string(seq) + ", " + call + ": " + reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_seq_ = seq;
+    refused_reason_ = text;
+  }
   try {
     // set_if_absent: every client is sent a notice of it, which outlives the store.
     store_->set_if_absent(refusal_key(rank_, seq), text.substr(0, 4096));
@@ -252,39 +285,37 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
   }
 }
 
-FailureOutcome Communicator::with_refusal(FailureOutcome outcome, uint64_t seq) {
+std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t seq) {
   int peer = -1;
-  std::string kind;
+  std::string kind, what;
   try {
-    std::rethrow_exception(outcome.error);
+    std::rethrow_exception(error);
   } catch (const MismatchError& e) {
     peer = e.peer();
     kind = "mismatch";
+    what = e.what();
   } catch (const TimeoutError& e) {
     peer = e.peer();
     kind = "timeout";
+    what = e.what();
   } catch (const PeerError& e) {
     peer = e.peer();
     kind = "peer";
+    what = e.what();
   } catch (...) {
   }
-  if (peer < 0 || peer == rank_) return outcome;
+  if (peer < 0 || peer == rank_) return error;
   std::optional<std::string> refusal;
   try {
     refusal = store_->try_get(refusal_key(peer, seq));
   } catch (const std::exception&) {
   }
-  if (!refusal) return outcome;
-  outcome.message =
-      *refusal + "; so here, on rank " + std::to_string(rank_) + ": " + outcome.message;
-  if (kind == "mismatch") {
-    outcome.error = std::make_exception_ptr(MismatchError(outcome.message, peer));
-  } else if (kind == "timeout") {
-    outcome.error = std::make_exception_ptr(TimeoutError(outcome.message, peer));
-  } else {
-    outcome.error = std::make_exception_ptr(PeerError(outcome.message, peer));
-  }
-  return outcome;
+  if (!refusal || what.find(*refusal) != std::string::npos) return error;
+  const std::string message =
+      *refusal + "; so here, on rank " + std::to_string(rank_) + ": " + what;
+  if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer));
+  if (kind == "timeout") return std::make_exception_ptr(TimeoutError(message, peer));
+  return std::make_exception_ptr(PeerError(message, peer));
 }
 
 void Communicator::close() {

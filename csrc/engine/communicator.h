@@ -120,7 +120,8 @@ class Communicator {
   std::exception_ptr on_failure(std::exception_ptr error, const std::string& description,
                                 uint64_t seq);
   std::string refusal_key(int rank, uint64_t seq) const;
-  FailureOutcome with_refusal(FailureOutcome outcome, uint64_t seq);
+  // `error`, led by the reason its culprit refused call `seq`, if it did.
+  std::exception_ptr with_refusal(std::exception_ptr error, uint64_t seq);
 
   int rank_;
   int size_;
@@ -144,8 +145,10 @@ class Communicator {
   bool busy_ = false;  // a collective is running (on the worker or inline)
   bool closing_ = false;
   bool closed_ = false;
-  std::string broken_;   // the first error's message, once broken
-  uint64_t issued_ = 0;  // collectives issued so far: the next one's number minus one
+  std::string broken_;          // the first error's message, once broken
+  uint64_t issued_ = 0;         // collectives issued so far: the next one's number minus one
+  uint64_t refused_seq_ = 0;    // the number of the last call this rank refused (0: none)
+  std::string refused_reason_;  // and why
   CommStats stats_;
   std::mutex devices_mu_;  // apart from mu_: making a Device can take a while
   std::map<int, std::unique_ptr<Device>> devices_;

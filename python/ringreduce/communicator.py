@@ -7,6 +7,7 @@ the input by the input's `ArrayKind`, and the call goes to the engine as pointer
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple, Union
@@ -469,3 +470,56 @@ class Communicator(RootedAndPointToPoint):
             f"<ringreduce.Communicator rank={self.rank} world_size={self.world_size} "
             f"transport={self.transport!r}>"
         )
+
+
+# -- refused calls --------------------------------------------------------------
+# A collective that this rank refuses (bad arguments: ValueError/TypeError before it
+# reaches the engine) leaves the other ranks inside it. The engine records why, so that
+# their errors name this rank and its reason instead of only "rank 1 closed its
+# connection" or a mismatch with its next call.
+
+
+def _counting_issues(issue: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(issue)
+    def counted(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+        result = issue(self, *args, **kwargs)
+        self._issued_here += 1
+        return result
+
+    return counted
+
+
+def _announcing_refusal(method: Callable[..., Any]) -> Callable[..., Any]:
+    name = method.__name__
+
+    @functools.wraps(method)
+    def checked(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+        before = self._issued_here
+        try:
+            return method(self, *args, **kwargs)
+        except (ValueError, TypeError) as exc:
+            if self._issued_here == before and self.world_size > 1:
+                try:
+                    self._core.note_refused_call(name, f"{type(exc).__name__}: {exc}")
+                except Exception:  # noqa: BLE001 - the caller's error matters more
+                    pass
+            raise
+
+    return checked
+
+
+Communicator._issued_here = 0
+Communicator._issue = _counting_issues(Communicator._issue)  # type: ignore[method-assign]
+for _method in (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+):
+    setattr(Communicator, _method, _announcing_refusal(getattr(Communicator, _method)))
+del _method

@@ -33,6 +33,9 @@ def _serve_on_hosts(rank: int, size: int, port: int, conn, init_kwargs: dict) ->
     """_ranks._serve with this rank's host taken from init_kwargs["hosts"]."""
     hosts = init_kwargs.pop("hosts")
     os.environ["RINGREDUCE_HOST_ID"] = f"hierarchical-test-host-{hosts[rank]}"
+    algorithms = init_kwargs.pop("algorithms", None)
+    if algorithms:
+        os.environ["RINGREDUCE_ALGORITHM"] = algorithms[rank]
     _ranks.TRANSPORTS["given-hosts"] = ("auto", 0)  # this process only: hosts are set
     init_kwargs["transport"] = "given-hosts"
     _ranks._serve(rank, size, port, conn, init_kwargs)
@@ -41,10 +44,22 @@ def _serve_on_hosts(rank: int, size: int, port: int, conn, init_kwargs: dict) ->
 class HostGroup(RankGroup):
     """RankGroup whose rank r runs on emulated host hosts[r]."""
 
-    def __init__(self, hosts: list, *, timeout: float = 60.0, env: dict | None = None):
+    def __init__(
+        self,
+        hosts: list,
+        *,
+        timeout: float = 60.0,
+        env: dict | None = None,
+        algorithms: list | None = None,
+    ):
         self.n = len(hosts)
         self.port = _ranks.free_port()
-        init_kwargs = {"timeout": timeout, "hosts": list(hosts), "env": dict(env or {})}
+        init_kwargs = {
+            "timeout": timeout,
+            "hosts": list(hosts),
+            "env": dict(env or {}),
+            "algorithms": algorithms,
+        }
         self.procs = []
         self.conns = []
         for rank in range(self.n):
@@ -232,6 +247,25 @@ def test_device_buffers_and_segments_smaller_than_a_chunk(host_group, dtype):
     env = dict(FAKE_DEVICE_ENV, RINGREDUCE_ALGORITHM="hierarchical", RINGREDUCE_SEGMENT_BYTES="40")
     group = host_group("3x2", **env)
     assert group.run(_device_buffers, dtype, timeout=300) == [[]] * group.n
+
+
+def _one_call_error(comm):
+    try:
+        comm.all_reduce(np.ones(1 << 16, dtype=np.float32))
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return None, ""
+
+
+def test_ranks_forcing_different_algorithms_get_mismatch_error():
+    with HostGroup([0, 0, 1, 1], algorithms=["hierarchical"] * 3 + ["ring"], timeout=20) as group:
+        outcomes = group.outcomes(_one_call_error)
+    for status, value, tb in outcomes:
+        assert status == "ok", tb
+        kind, message = value
+        assert kind == "MismatchError", message
+    # Rank 3 (ring) checks rank 2's header, rank 0 checks rank 3's.
+    assert "(hierarchical)" in outcomes[3][1][1]
 
 
 def test_bad_algorithm_name_is_a_value_error():

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The engine under sanitizers: builds the C++ core with -fsanitize=$1
+# (default address,undefined) into a directory of its own and runs the tests
+# that drive the C++'s parsers and failure handling hardest (the store under
+# hostile connections and wrong tokens, the parsers' fuzzer, the rendezvous,
+# shared memory with its failure paths) against it, with the sanitizer's runtime preloaded
+# into Python. Any report fails the run.
+#
+#   bash .ci/sanitizers.sh                     # ASan + UBSan
+#   bash .ci/sanitizers.sh thread tests/test_shm.py   # TSan, chosen tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sanitize="${1:-address,undefined}"
+shift || true
+tests=("$@")
+if [ ${#tests[@]} -eq 0 ]; then
+  tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py)
+fi
+name="$(echo "$sanitize" | tr ',' '-')"
+build="${RR_SANITIZE_DIR:-/tmp/ringreduce-$name}"
+
+# The build requirements, in this environment: the build below skips pip's
+# isolated one so that the sanitizer flags reach CMake as given.
+python -m pip install --quiet "scikit-build-core>=0.11" "pybind11>=2.12" ninja cmake
+python -m pip install --quiet --no-build-isolation --no-deps --upgrade --target "$build/site" \
+  -C build-dir="$build/build" \
+  -C cmake.define.RINGREDUCE_SANITIZE="$sanitize" \
+  -C cmake.define.RINGREDUCE_WITH_CUDA=OFF \
+  -C cmake.define.RINGREDUCE_WITH_MPI=OFF \
+  -C cmake.build-type=RelWithDebInfo \
+  .
+
+runtime=()
+case "$sanitize" in
+  *address*) runtime+=("$(g++ -print-file-name=libasan.so)") ;;
+  *thread*) runtime+=("$(g++ -print-file-name=libtsan.so)") ;;
+esac
+case "$sanitize" in
+  *undefined*) runtime+=("$(g++ -print-file-name=libubsan.so)") ;;
+esac
+
+# Python itself is not built with the sanitizer: leaks at exit are the
+# interpreter's, so leak checking is off; everything else stops the process.
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0"
+export LD_PRELOAD="${runtime[*]}"
+export PYTHONPATH="$build/site"
+# The tests import the package from PYTHONPATH; run them from outside the source tree
+# so that python/ringreduce there is not picked up by accident.
+cd tests
+python -m pytest -q -p no:cacheprovider -o addopts="" -c ../pyproject.toml --rootdir .. \
+  "${tests[@]/#tests\//}" -k "not gpu and not mpi"

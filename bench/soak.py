@@ -12,8 +12,14 @@ second communicator (file-store rendezvous), runs one all_reduce on it and close
 
 Each rank samples its resident memory (RSS), open file descriptors and OS threads after
 the warm-up (``--warmup`` calls, default 10% of the calls) and at the end; the table
-shows both and the growth. Pass: RSS grows < 10% after warm-up, fds and threads not at
-all, no wrong result.
+shows both and the growth, and the RSS every ~10% of the calls in between (a leak
+climbs steadily; the allocator keeping one more large buffer is a single step).
+Pass: RSS grows < 10% after warm-up, fds and threads not at all, no wrong result.
+
+glibc raises its mmap threshold each time a large block is freed, so later buffers of
+that size come from the heap, which keeps them: RSS then steps up once by about one
+large buffer (8 MiB here). ``--mmap-threshold 131072`` fixes the threshold
+(MALLOC_MMAP_THRESHOLD_) so that what remains is ringreduce's own memory.
 """
 
 from __future__ import annotations
@@ -110,6 +116,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     for i in range(args.calls):
         if i == warmup:
             samples["warmup"] = _sample()
+        if i > warmup and (i - warmup) % max(1, (args.calls - warmup) // 10) == 0:
+            samples.setdefault("trend", []).append(_sample()["rss_mib"])
         kind = rng.choice(KINDS)
         dtype = rng.choice(DTYPES)
         count = rng.choices(sizes, weights)[0]
@@ -151,6 +159,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--transport", default="auto", choices=["tcp", "shm", "auto"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--mmap-threshold", type=int, default=0,
+                   help="MALLOC_MMAP_THRESHOLD_ for the ranks (0: glibc's own policy)")  # fmt: skip
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store-root", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -164,6 +174,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for rank in range(n):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), RINGREDUCE_PORT=str(port))  # fmt: skip
+            if args.mmap_threshold:
+                env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
             cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker",
                    "--store-root", tmp, "--calls", str(args.calls),
                    "--churn-every", str(args.churn_every), "--transport", args.transport,
@@ -182,8 +194,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         q.kill()
                 return 1
             reports.append(json.loads(lines[-1]))
+    threshold = f" --mmap-threshold {args.mmap_threshold}" if args.mmap_threshold else ""
     print(f"# python bench/soak.py -n {n} --calls {args.calls} --churn-every "
-          f"{args.churn_every} --transport {args.transport} --seed {args.seed}")  # fmt: skip
+          f"{args.churn_every} --transport {args.transport} --seed {args.seed}"
+          f"{threshold}")  # fmt: skip
     seconds = max(rep["seconds"] for rep in reports)
     print(f"{args.calls} collectives per rank in {seconds:.1f} s "
           f"({args.calls / seconds:.0f}/s), warm-up {reports[0]['warmup']} calls, "
@@ -199,6 +213,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{rep['rank']:>4}  {w['rss_mib']:8.1f} / {e['rss_mib']:7.1f} "
               f"{_growth(w['rss_mib'], e['rss_mib']):>8}  {w['fds']:>5} / {e['fds']:<5}  "
               f"{w['threads']:>7} / {e['threads']:<7}  {rep['wrong_count']}")  # fmt: skip
+        trend = rep["samples"].get("trend", []) + [e["rss_mib"]]
+        print(f"      RSS MiB every ~10% of the calls after warm-up: "
+              f"{' '.join(f'{v:.1f}' for v in trend)}")  # fmt: skip
         for line in rep["wrong"][:3]:
             print(f"      wrong: {line}")
     print("PASS" if ok else "FAIL", "(RSS growth < 10%, no fd or thread growth, no wrong result)")

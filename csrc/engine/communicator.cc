@@ -55,6 +55,30 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
             store_->get(prefix_ + "host/" + std::to_string(r), deadline);
       }
       hierarchy_ = make_hierarchy(host_of, rank_);
+      if (hierarchy_.usable()) {
+        // Open the cross-host ring's links now (TCP connects others than the
+        // ring neighbours on first use): a rank that dies before its first
+        // hierarchical call is then a closed connection to its peers there,
+        // a PeerError, not a silence that ends in TimeoutError.
+        const int hosts = hierarchy_.hosts();
+        const int right =
+            hierarchy_.peers[static_cast<size_t>((hierarchy_.host_index + 1) % hosts)];
+        const int left =
+            hierarchy_.peers[static_cast<size_t>((hierarchy_.host_index + hosts - 1) % hosts)];
+        char out = 0;
+        char in = 0;
+        RequestPtr sent = transport_->isend(right, &out, 1);
+        RequestPtr received = transport_->irecv(left, &in, 1);
+        transport_->wait(*received, deadline);
+        transport_->wait(*sent, deadline);
+        // Calls count their bytes from here.
+        const TransportStats ts = transport_->stats();
+        const TransportStats between = counting_->between_hosts();
+        stats_.bytes_sent = ts.bytes_sent;
+        stats_.bytes_received = ts.bytes_received;
+        stats_.bytes_sent_between_hosts = between.bytes_sent;
+        stats_.bytes_received_between_hosts = between.bytes_received;
+      }
     }
   }
   if (p2p) {

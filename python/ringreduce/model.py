@@ -479,12 +479,14 @@ class CostModel:
         )
 
     def engine_algorithm(self, nbytes: float) -> str:
-        """The all_reduce algorithm the engine runs at ``nbytes`` (choose_algorithm in
-        csrc/algorithms/collective.cc): a latency path up to :meth:`small_limit`, else the
-        ring. The engine has no hierarchical all_reduce yet; :meth:`choose` says when it
-        would pay."""
+        """The all_reduce algorithm the engine runs at ``nbytes`` with
+        RINGREDUCE_ALGORITHM=auto (choose_algorithm in csrc/algorithms/collective.cc): a
+        latency path up to :meth:`small_limit`; above it the hierarchical all_reduce
+        where there are several hosts with several ranks each, else the ring."""
         if self.ranks > 1 and nbytes <= self.small_limit():
             return "direct" if self.reaches_every_peer() else "small"
+        if self.hosts > 1 and self.ranks_per_host > 1:
+            return "hierarchical"
         return "ring"
 
     def candidates(self) -> tuple[str, ...]:
@@ -503,6 +505,11 @@ class CostModel:
         limit = self.small_limit()
         if engine == "ring":
             rule = f"{_size(nbytes)} > {_size(limit)} (small_bytes x 2/N): ring"
+        elif engine == "hierarchical":
+            rule = (
+                f"{_size(nbytes)} > {_size(limit)} (small_bytes x 2/N), {self.hosts} hosts x "
+                f"{self.ranks_per_host} ranks: hierarchical"
+            )
         else:
             way = "every peer reached directly" if engine == "direct" else "ring neighbours only"
             rule = f"{_size(nbytes)} <= {_size(limit)} (small_bytes x 2/N), {way}: {engine}"

@@ -18,7 +18,9 @@ if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py)
 fi
 name="$(echo "$sanitize" | tr ',' '-')"
-build="${RR_SANITIZE_DIR:-/tmp/ringreduce-$name}"
+# Inside this checkout's (ignored) build/ unless told otherwise, so that a
+# build of another checkout is never reused.
+build="${RR_SANITIZE_DIR:-$PWD/build/sanitize-$name}"
 
 # The build requirements, in this environment: the build below skips pip's
 # isolated one so that the sanitizer flags reach CMake as given.

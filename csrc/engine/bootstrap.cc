@@ -3,8 +3,10 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <thread>
 
 #include "common/error.h"
 #include "common/host_id.h"
@@ -132,10 +134,14 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
   return create_communicator(std::move(store), rank, size, advertise, meeting, options, deadline);
 }
 
-std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
-                                                  std::string advertise, const std::string& meeting,
-                                                  const Options& options,
-                                                  const Deadline& deadline) {
+namespace {
+
+// create_communicator's work; `store` moves into the communicator at the end.
+std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store, int rank,
+                                                   int size, std::string advertise,
+                                                   const std::string& meeting,
+                                                   const Options& options,
+                                                   const Deadline& deadline) {
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
   if (advertise.empty()) advertise = local_ip_towards("192.0.2.1");  // the default route's
   const std::string prefix = "rr/";
@@ -175,6 +181,27 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
   }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         prefix, std::move(p2p));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
+                                                  std::string advertise, const std::string& meeting,
+                                                  const Options& options,
+                                                  const Deadline& deadline) {
+  try {
+    return connect_communicator(store, rank, size, std::move(advertise), meeting, options,
+                                deadline);
+  } catch (...) {
+    // Rank 0 hosts the store: if it fails here (bad settings that every rank
+    // finds), the others may still be reading what they need to find it too.
+    // Stay a moment before the store goes with this process.
+    if (store && store->hosted_here()) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::min(1.0, options.timeout_seconds / 2)));
+    }
+    throw;
+  }
 }
 
 std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,

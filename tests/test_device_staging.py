@@ -302,8 +302,8 @@ def test_device_and_host_ranks_in_one_collective(fake_group):
 def test_same_bytes_on_the_wire_as_the_host_ring(fake_group):
     for host, staged in fake_group(4, 0).run(_bytes_on_the_wire, 1 << 16):
         assert staged == host
-        # 2(n-1)/n of the buffer, plus one 32-byte header.
-        assert host == 2 * 3 * (1 << 16) * 4 // 4 + 32
+        # 2(n-1)/n of the buffer, plus one 40-byte header.
+        assert host == 2 * 3 * (1 << 16) * 4 // 4 + 40
 
 
 def test_bad_arguments_fail_locally(fake_group):

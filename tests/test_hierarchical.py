@@ -16,6 +16,8 @@ import os
 import numpy as np
 import pytest
 
+import ringreduce as rr
+
 import _ranks
 from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
 from _ranks import RankGroup
@@ -287,7 +289,7 @@ def test_bytes_between_hosts(host_group, layout):
     h = len(set(hosts))
     local = n // h
     nbytes = 6 << 20  # divisible by every N, L and H here
-    header = 32  # the call header, sent to the next rank by number
+    header = 40  # the call header, sent to the next rank by number
 
     hier = host_group(layout, RINGREDUCE_ALGORITHM="hierarchical").run(_bytes_of_one_call, nbytes)
     flat = host_group(layout, RINGREDUCE_ALGORITHM="ring").run(_bytes_of_one_call, nbytes)
@@ -314,3 +316,43 @@ def test_bytes_between_hosts(host_group, layout):
             hosts[(r + 1) % n] != host for r in ranks
         )
         assert across < flat_across
+
+
+def _broadcast_once(comm):
+    return comm.broadcast(np.ones(4), root=0).tolist()
+
+
+def test_debug_log_says_which_algorithm_runs_and_why(capfd):
+    # RINGREDUCE_DEBUG=algorithm: one stderr line per collective, from every rank.
+    with HostGroup(LAYOUTS["2x2"], env={"RINGREDUCE_DEBUG": "algorithm"}) as group:
+        assert group.run(_algorithms_by_size, [8, 1 << 18]) == [[["small"], ["hierarchical"]]] * 4
+        group.run(_broadcast_once)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "ringreduce rank" in line]
+    for rank in range(4):
+        mine = [line for line in lines if line.startswith(f"ringreduce rank {rank}: ")]
+        small, big, bcast = (
+            next(line for line in mine if what in line)
+            for what in ("count=8,", "count=262144,", "broadcast(")
+        )
+        assert "32 B <= the small-message limit of 32 KiB at 4 ranks" in small, small
+        assert small.endswith("N-1 steps of whole vectors: small"), small
+        assert "1 MiB > the small-message limit" in big, big
+        assert "span 2 hosts of 2 ranks" in big and big.endswith(": hierarchical"), big
+        assert "(call #" in big and "broadcast has one schedule" in bcast, bcast
+
+
+def test_debug_log_names_the_knob_and_why_hierarchical_cannot_run(capfd):
+    env = {"RINGREDUCE_DEBUG": "all", "RINGREDUCE_ALGORITHM": "hierarchical"}
+    with HostGroup([0, 0, 1], env=env) as group:
+        group.run(_algorithms_by_size, [1 << 16])
+    lines = [line for line in capfd.readouterr().err.splitlines() if "ringreduce rank" in line]
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert "RINGREDUCE_ALGORITHM=hierarchical, but the 3 ranks' hosts hold different " in line
+        assert line.endswith(": ring"), line
+
+
+def test_unknown_debug_topic_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "algorithm,colour")
+    with pytest.raises(ValueError, match=r"RINGREDUCE_DEBUG: unknown topic\(s\) \['colour'\]"):
+        rr.init("tcp", rank=0, world_size=1)

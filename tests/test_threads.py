@@ -155,3 +155,67 @@ def test_queue_threads_makes_a_second_thread_wait_its_turn():
         assert comm._issuer.conflict is None
     finally:
         solo.close()
+
+
+def _turns_in_opposite_orders(comm, blocking: bool):
+    """Two threads that never overlap but take turns in a different order on each rank:
+    rank 0 runs 'adder-1' then 'adder-2', rank 1 the reverse. No check on one rank can
+    see a race; the call header's thread tag does."""
+    order = (1, 2) if comm.rank == 0 else (2, 1)
+    results, errors = [], []
+
+    def one(k: int) -> None:
+        try:
+            x = np.full(8, k, dtype=np.float64)
+            y = comm.all_reduce(x) if blocking else comm.all_reduce(x, async_op=True).wait()
+            results.append((k, float(y[0])))
+        except Exception as exc:  # noqa: BLE001 (reported to the test)
+            errors.append(exc)
+
+    for k in order:
+        t = threading.Thread(target=one, args=(k,), name=f"adder-{k}")
+        t.start()
+        t.join(60)
+    return results, [(type(e).__name__, str(e), e.peer) for e in errors]
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
+def test_threads_taking_turns_in_different_orders_raise_instead_of_mixing_data(blocking):
+    outcomes = run_ranks(2, _turns_in_opposite_orders, blocking, timeout=120, init_timeout=5)
+    assert [o[0] for o in outcomes] == ["ok", "ok"], [o[2] for o in outcomes]
+    for rank, (_status, (results, errors), _tb) in enumerate(outcomes):
+        assert all(total == 2 * k for k, total in results), f"rank {rank}: wrong data {results}"
+        # The first call pairs adder-1 with adder-2: both ranks see the tags differ.
+        assert errors, f"rank {rank}: no error, results {results}"
+        kind, text, peer = errors[0]
+        assert kind == "ConcurrentUseError", text
+        mine = "'adder-1'" if rank == 0 else "'adder-2'"  # the peer's may not have started
+        assert f"from thread {mine}" in text and "different order" in text, text
+        assert "one thread at a time" in text and peer == 1 - rank, text
+
+
+def _same_role_threads(comm):
+    """Threads with Python's default names take turns in the same order on every rank;
+    rank 0 made an extra thread first, so their names' counters differ between ranks."""
+    if comm.rank == 0:
+        spare = threading.Thread(target=lambda: None)
+        spare.start()
+        spare.join()
+    results = []
+
+    def work(k: int) -> None:
+        results.append(comm.all_reduce(np.full(4, k, dtype=np.int64)).tolist())
+
+    names = []
+    for k in range(3):
+        t = threading.Thread(target=work, args=(k,))
+        names.append(t.name)
+        t.start()
+        t.join(60)
+    return results, names
+
+
+def test_default_thread_names_that_differ_only_in_their_counter_pair_up(group_factory):
+    (res0, names0), (res1, names1) = group_factory(2).run(_same_role_threads)
+    assert names0 != names1  # e.g. 'Thread-5 (work)' here, 'Thread-4 (work)' there
+    assert res0 == res1 == [[2 * k] * 4 for k in range(3)]

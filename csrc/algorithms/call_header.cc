@@ -1,5 +1,6 @@
 #include "algorithms/call_header.h"
 
+#include <cstdio>
 #include <vector>
 
 #include "common/error.h"
@@ -21,6 +22,7 @@ CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algor
   h.count = args.kind == CollectiveKind::kAllToAll && !args.send_counts.empty() ? 0 : args.count;
   h.root = args.root;
   h.segment_bytes = static_cast<uint32_t>(ctx.segment_bytes);
+  h.issuer = ctx.issuer;
   return h;
 }
 
@@ -43,6 +45,12 @@ std::string describe_header(const CallHeader& h) {
   return describe_call(args) + path + " as call #" + std::to_string(h.seq);
 }
 
+std::string issuer_tag(uint64_t tag) {
+  char text[32];
+  std::snprintf(text, sizeof text, "issuer tag 0x%016llx", static_cast<unsigned long long>(tag));
+  return text;
+}
+
 }  // namespace
 
 void check_call_header(const CallHeader& theirs, const CallHeader& mine, int left, int rank) {
@@ -53,6 +61,17 @@ void check_call_header(const CallHeader& theirs, const CallHeader& mine, int lef
                             " bytes, rank " + std::to_string(rank) + " of " +
                             std::to_string(mine.segment_bytes) +
                             " (set RINGREDUCE_SEGMENT_BYTES alike on every rank)",
+                        left);
+  }
+  if (theirs.magic == kHeaderMagic && theirs.issuer != mine.issuer && theirs.seq == mine.seq) {
+    // Two threads of the program take turns on the communicator, in a
+    // different order on the two ranks: the data would be the wrong thread's.
+    throw MismatchError("call #" + std::to_string(mine.seq) +
+                            " was issued by another thread on rank " + std::to_string(left) +
+                            " than on rank " + std::to_string(rank) + ": rank " +
+                            std::to_string(left) + " (" + issuer_tag(theirs.issuer) + ") called " +
+                            describe_header(theirs) + ", rank " + std::to_string(rank) + " (" +
+                            issuer_tag(mine.issuer) + ") called " + describe_header(mine),
                         left);
   }
   if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||

@@ -1,9 +1,11 @@
 // The always-on consistency check. Before any data, every rank sends its right
-// neighbour a 32-byte header describing the call it is making, and compares
+// neighbour a 40-byte header describing the call it is making, and compares
 // the header from its left neighbour with its own. Around the ring this
-// compares every rank with every other, for 32 bytes per call. A mismatch
+// compares every rank with every other, for 40 bytes per call. A mismatch
 // raises MismatchError naming both ranks and both calls, instead of a hang or
-// silently wrong data.
+// silently wrong data. The header also carries which of the program's threads
+// issued the call (a tag the caller sets), so that calls two threads issue in
+// different orders on different ranks cannot pair up unnoticed.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +29,16 @@ struct CallHeader {
   // The message size the ranks cut steps into (RINGREDUCE_SEGMENT_BYTES):
   // ranks that cut differently would misread each other's messages.
   uint32_t segment_bytes;
+  // The issuing thread's tag (Communicator::set_issuer; 0 when not told).
+  uint64_t issuer;
 };
-static_assert(sizeof(CallHeader) == 32, "the header is part of the wire format");
+static_assert(sizeof(CallHeader) == 40, "the header is part of the wire format");
 
 // Raises MismatchError naming both ranks and calls unless the left
-// neighbour's header `theirs` (any 32 bytes off the wire) matches ours.
+// neighbour's header `theirs` (any 40 bytes off the wire) matches ours. When
+// the issuers differ, the message says "was issued by another thread" and
+// gives each rank's tag as "rank R (issuer tag 0x<16 hex digits>)" (the Python
+// layer names the threads from them).
 void check_call_header(const CallHeader& theirs, const CallHeader& mine, int left, int rank);
 
 // Sends our header right, receives the left neighbour's and checks it. The

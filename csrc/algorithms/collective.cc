@@ -1,5 +1,8 @@
 #include "algorithms/collective.h"
 
+#include <cmath>
+#include <cstdio>
+
 #include "algorithms/call_header.h"
 #include "algorithms/ring_schedule.h"
 #include "algorithms/schedule.h"
@@ -119,6 +122,72 @@ Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * dtype_size(args.dtype);
   if (bytes <= ctx.small_bytes) return ctx.reaches_all ? Algorithm::kDirect : Algorithm::kSmall;
   return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
+}
+
+namespace {
+
+std::string byte_count(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 3 && std::fmod(v, 1024.0) == 0) {
+    v /= 1024;
+    ++u;
+  }
+  char text[48];
+  std::snprintf(text, sizeof text, "%.0f %s", v, units[u]);
+  return text;
+}
+
+// Why the hierarchical all_reduce can or cannot run on these ranks.
+std::string hosts_sentence(const RingContext& ctx) {
+  const Hierarchy* h = ctx.hierarchy;
+  const std::string n = std::to_string(ctx.transport.size());
+  if (h == nullptr || h->hosts() == 0) {
+    return "the " + n +
+           " ranks' hosts hold different numbers of ranks, so the hierarchical "
+           "all_reduce cannot line up its rings";
+  }
+  if (h->hosts() == 1) return "all " + n + " ranks share one host";
+  if (h->local_size() == 1) return "the " + n + " ranks are on " + n + " hosts, one rank each";
+  return "the " + n + " ranks span " + std::to_string(h->hosts()) + " hosts of " +
+         std::to_string(h->local_size()) + " ranks";
+}
+
+}  // namespace
+
+std::string explain_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
+  const Algorithm chosen = choose_algorithm(ctx, args);
+  const std::string name = algorithm_name(chosen);
+  if (ctx.transport.size() == 1) return "one rank, nothing to exchange: " + name;
+  if (args.kind != CollectiveKind::kAllReduce) {
+    return std::string(collective_name(args.kind)) + " has one schedule, no choice to make";
+  }
+  const bool hierarchical = ctx.hierarchy != nullptr && ctx.hierarchy->usable();
+  switch (ctx.policy) {
+    case AlgorithmPolicy::kRing:
+      return "RINGREDUCE_ALGORITHM=ring: " + name;
+    case AlgorithmPolicy::kHierarchical:
+      return hierarchical
+                 ? "RINGREDUCE_ALGORITHM=hierarchical and " + hosts_sentence(ctx) + ": " + name
+                 : "RINGREDUCE_ALGORITHM=hierarchical, but " + hosts_sentence(ctx) + ": " + name;
+    case AlgorithmPolicy::kAuto:
+      break;
+  }
+  const size_t bytes = args.count * dtype_size(args.dtype);
+  const std::string limit = "the small-message limit of " + byte_count(ctx.small_bytes) + " at " +
+                            std::to_string(ctx.transport.size()) +
+                            " ranks (RINGREDUCE_SMALL_BYTES, scaled by 2/N)";
+  if (bytes <= ctx.small_bytes) {
+    return byte_count(bytes) + " <= " + limit + ", latency-bound; " +
+           (ctx.reaches_all ? "every peer is one link away (shared memory), so one step: "
+                            : "peers are reached around the ring, so N-1 steps of whole "
+                              "vectors: ") +
+           name;
+  }
+  return byte_count(bytes) + " > " + limit + ", bandwidth-bound; " + hosts_sentence(ctx) +
+         (hierarchical ? ", so each host's data crosses the network once per direction: " : ": ") +
+         name;
 }
 
 std::string describe_call(const CollectiveArgs& args) {

@@ -92,6 +92,8 @@ struct RingContext {
   const Hierarchy* hierarchy = nullptr;
   // How all_reduce picks its algorithm (Options::algorithm).
   AlgorithmPolicy policy = AlgorithmPolicy::kAuto;
+  // The issuing thread's tag (Communicator::set_issuer), sent in the header.
+  uint64_t issuer = 0;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };
@@ -110,6 +112,10 @@ constexpr int kAlgorithms = 4;
 const char* algorithm_name(Algorithm algorithm);
 
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);
+// Why choose_algorithm picks what it does for this call, in a sentence that
+// ends with the algorithm's name for all_reduce (RINGREDUCE_DEBUG=algorithm
+// logs it for every call).
+std::string explain_algorithm(const RingContext& ctx, const CollectiveArgs& args);
 
 // Runs one collective to completion on the calling thread: the call header,
 // then the collective's schedule on the executor for its memory. Throws the

@@ -243,6 +243,7 @@ void register_communicator(py::module_& m) {
       .def_readwrite("shm_slot_bytes", &rr::Options::shm_slot_bytes)
       .def_readwrite("socket_addr", &rr::Options::socket_addr)
       .def_readwrite("token", &rr::Options::token)
+      .def_readwrite("log_algorithm", &rr::Options::log_algorithm)
       .def_readwrite("fake_device", &rr::Options::fake_device)
       .def_readwrite("point_to_point", &rr::Options::point_to_point);
 
@@ -330,5 +331,7 @@ void register_communicator(py::module_& m) {
            py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
            "Records that this rank refused a call (bad arguments), so that peers failing "
            "on its account name the reason.")
+      .def("set_issuer", &rr::Communicator::set_issuer, py::arg("tag"),
+           "Tags the calls that follow with the issuing thread (see Communicator::set_issuer).")
       .def("stats", &stats);
 }

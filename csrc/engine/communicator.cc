@@ -1,6 +1,7 @@
 #include "engine/communicator.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/error.h"
 #include "engine/failure_report.h"
@@ -136,7 +137,7 @@ std::shared_ptr<Work> Communicator::submit(const CollectiveArgs& args) {
   refuse_if_unusable();
   const uint64_t seq = ++issued_;
   auto work = std::make_shared<Work>(describe(args, seq));
-  queue_.push_back({args, work, std::move(mark), seq});
+  queue_.push_back({args, work, std::move(mark), seq, issuer_});
   cv_.notify_all();
   return work;
 }
@@ -150,10 +151,11 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
     if (queue_.empty() && !busy_) {
       busy_ = true;
       const uint64_t seq = ++issued_;
+      const uint64_t issuer = issuer_;
       lock.unlock();
       std::exception_ptr error;
       try {
-        execute(args, nullptr, seq, interrupt, true);
+        execute(args, nullptr, seq, issuer, interrupt, true);
       } catch (...) {
         error = on_failure(std::current_exception(), describe(args, seq), seq);
       }
@@ -181,14 +183,25 @@ Device& Communicator::device(int id) {
   return *slot;
 }
 
+void Communicator::set_issuer(uint64_t tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  issuer_ = tag;
+}
+
 void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
-                           const Interrupt* interrupt, bool on_caller_thread) {
+                           uint64_t issuer, const Interrupt* interrupt, bool on_caller_thread) {
   RingContext ctx{*transport_, options_.timeout_seconds, options_.segment_bytes, seq, scratch_,
                   small_bytes_};
   ctx.interrupt = interrupt;
   ctx.reaches_all = reaches_all_;
   ctx.hierarchy = &hierarchy_;
   ctx.policy = policy_;
+  ctx.issuer = issuer;
+  if (options_.log_algorithm) {
+    const std::string line = "ringreduce rank " + std::to_string(rank_) + ": " +
+                             describe(args, seq) + ": " + explain_algorithm(ctx, args) + "\n";
+    std::fputs(line.c_str(), stderr);
+  }
   // On the caller's thread latency counts; on the worker the collective
   // overlaps the caller's computation, which spinning would slow down.
   transport_->set_eager(on_caller_thread);
@@ -231,7 +244,7 @@ void Communicator::worker() {
                 " was not run because an earlier collective failed: " + broken)));
     } else {
       try {
-        execute(item.args, item.mark.get(), item.seq, nullptr, false);
+        execute(item.args, item.mark.get(), item.seq, item.issuer, nullptr, false);
         item.work->finish();
       } catch (...) {
         item.work->finish(on_failure(std::current_exception(), item.work->description(), item.seq));

@@ -98,6 +98,14 @@ class Communicator {
 
   CommStats stats() const;
 
+  // Which of the program's threads issues the calls that follow (any 64-bit
+  // tag; 0, the default, means none). Each call's header carries the tag it
+  // was issued with and its neighbour compares it with its own, so calls
+  // that two threads issue in a different order on different ranks raise
+  // MismatchError ("issued by another thread") instead of combining one
+  // thread's data with another's. The caller keeps it set while it issues.
+  void set_issuer(uint64_t tag);
+
  private:
   // The point-to-point links; an error if the communicator is broken or has none.
   PointToPoint& point_to_point();
@@ -107,6 +115,7 @@ class Communicator {
     std::shared_ptr<Work> work;
     std::shared_ptr<StreamMark> mark;  // the caller's stream at submit, for device buffers
     uint64_t seq = 0;
+    uint64_t issuer = 0;  // set_issuer's tag at submit
   };
 
   // The Device serving CUDA device `id`, made on first use.
@@ -115,7 +124,7 @@ class Communicator {
   std::string describe(const CollectiveArgs& args, uint64_t seq) const;
   void worker();
   // Runs one collective (the caller has made it the only one running).
-  void execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
+  void execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq, uint64_t issuer,
                const Interrupt* interrupt, bool on_caller_thread);
   std::exception_ptr on_failure(std::exception_ptr error, const std::string& description,
                                 uint64_t seq);
@@ -147,6 +156,7 @@ class Communicator {
   bool closed_ = false;
   std::string broken_;          // the first error's message, once broken
   uint64_t issued_ = 0;         // collectives issued so far: the next one's number minus one
+  uint64_t issuer_ = 0;         // set_issuer's tag: goes with every call issued until changed
   uint64_t refused_seq_ = 0;    // the number of the last call this rank refused (0: none)
   std::string refused_reason_;  // and why
   CommStats stats_;

@@ -33,6 +33,9 @@ struct Options {
   // The job's secret (RINGREDUCE_TOKEN / init(token=...)): every store
   // connection and data link proves it holds it; empty: no proof asked.
   std::string token;
+  // Log to stderr, for every collective, which algorithm runs and why
+  // (RINGREDUCE_DEBUG=algorithm).
+  bool log_algorithm = false;
   bool fake_device = false;  // tests: the CPU stand-in for CUDA devices
   // Make the links for send/recv too (engine/p2p.h): shared memory on the
   // host, TCP connected on first use, a second MPI communicator.

@@ -227,6 +227,7 @@ void fuzz_call_headers(Gen& g, FuzzCounts& c) {
   mine.count = g.below(1 << 20);
   mine.root = static_cast<int32_t>(g.below(8));
   mine.segment_bytes = 128 << 10;
+  mine.issuer = g.below(3);
   std::string wire(reinterpret_cast<const char*>(&mine), sizeof mine);
   std::string input = g.chance(20) ? g.bytes(sizeof mine) : g.fit(g.mutate(wire), sizeof mine);
   ++c.frames;
@@ -236,7 +237,7 @@ void fuzz_call_headers(Gen& g, FuzzCounts& c) {
                     theirs.dtype == mine.dtype && theirs.op == mine.op &&
                     theirs.algorithm == mine.algorithm && theirs.seq == mine.seq &&
                     theirs.count == mine.count && theirs.root == mine.root &&
-                    theirs.segment_bytes == mine.segment_bytes;
+                    theirs.segment_bytes == mine.segment_bytes && theirs.issuer == mine.issuer;
   try {
     check_call_header(theirs, mine, 1, 2);
     ++c.accepted;

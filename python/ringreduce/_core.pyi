@@ -74,6 +74,7 @@ class Options:
     shm_slot_bytes: int
     socket_addr: str
     token: str
+    log_algorithm: bool
     fake_device: bool
     point_to_point: bool
     def __init__(self) -> None: ...

@@ -206,6 +206,23 @@ def _int_env(name: str, default: int, low: int = 0) -> int:
     return value
 
 
+DEBUG_TOPICS = ("algorithm",)
+
+
+def debug_topics() -> set:
+    """RINGREDUCE_DEBUG: a comma-separated list of what the engine logs to stderr.
+    ``algorithm``: for every collective, which algorithm runs and why."""
+    text = os.environ.get("RINGREDUCE_DEBUG", "")
+    topics = {t.strip() for t in text.split(",") if t.strip()}
+    unknown = sorted(topics - set(DEBUG_TOPICS) - {"all"})
+    if unknown:
+        raise ValueError(
+            f"RINGREDUCE_DEBUG: unknown topic(s) {unknown} in {text!r}; known: "
+            f"{', '.join(DEBUG_TOPICS)} (or all)"
+        )
+    return set(DEBUG_TOPICS) if "all" in topics else topics
+
+
 def engine_options(transport: str, timeout: float) -> Any:
     """The engine's settings for a new communicator: ``transport`` and ``timeout`` as
     given, the rest from the RINGREDUCE_* environment, read here once."""
@@ -217,6 +234,7 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.segment_bytes = segment_bytes()
     options.small_bytes = _int_env("RINGREDUCE_SMALL_BYTES", 64 << 10)
     options.algorithm = os.environ.get("RINGREDUCE_ALGORITHM", "auto")
+    options.log_algorithm = "algorithm" in debug_topics()
     options.spin_us = _int_env("RINGREDUCE_SPIN_US", 50)
     options.shm_single_copy_bytes = _int_env("RINGREDUCE_SHM_SINGLE_COPY_BYTES", 0)
     options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", 0)

@@ -86,3 +86,37 @@ def expected(size: int, count: int, dtype: str, op: str) -> np.ndarray:
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Bitwise equality (0 ULP), treating the arrays as raw bytes."""
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def all_reduce_exact_failures(comm, dtype: str) -> list:
+    """all_reduce of exactly representable data against the numpy reference, bit for bit,
+    for every op and size: out of place (input untouched), in place and into ``out=``.
+    Returns what failed; runs 3 all_reduce calls per (op, size)."""
+    failures = []
+    n, r = comm.world_size, comm.rank
+    for op in OPS:
+        if op == "avg" and dtype not in FLOATING:
+            continue
+        for count in sizes_for(n):
+            want = expected(n, count, dtype, op)
+            x = contribution(r, count, dtype, op)
+            got = comm.all_reduce(x, op=op)
+            if not same_bits(got, want):
+                failures.append(f"out-of-place {dtype} {op} count={count}")
+            if not same_bits(x, contribution(r, count, dtype, op)):
+                failures.append(f"out-of-place {dtype} {op} count={count} modified its input")
+            inplace = contribution(r, count, dtype, op)
+            res = comm.all_reduce(inplace, op=op, out=inplace)
+            if res is not inplace or not same_bits(inplace, want):
+                failures.append(f"in-place {dtype} {op} count={count}")
+            out = np.full(count, 99, dtype=np_dtype(dtype))
+            comm.all_reduce(x, op=op, out=out)
+            if not same_bits(out, want):
+                failures.append(f"out= {dtype} {op} count={count}")
+    return failures
+
+
+def all_reduce_exact_calls(n: int, dtype: str) -> int:
+    """How many all_reduce calls all_reduce_exact_failures makes at world size n."""
+    ops = [op for op in OPS if op != "avg" or dtype in FLOATING]
+    return 3 * len(ops) * len(sizes_for(n))

@@ -11,7 +11,16 @@ import pytest
 
 import ringreduce as rr
 
-from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
+from _data import (
+    DTYPES,
+    FLOATING,
+    all_reduce_exact_failures,
+    contribution,
+    expected,
+    np_dtype,
+    same_bits,
+    sizes_for,
+)
 
 WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 
@@ -20,28 +29,7 @@ WORLD_SIZES = [1, 2, 3, 4, 5, 8]
 
 
 def _all_reduce_exact(comm, dtype):
-    failures = []
-    n, r = comm.world_size, comm.rank
-    for op in OPS:
-        if op == "avg" and dtype not in FLOATING:
-            continue
-        for count in sizes_for(n):
-            want = expected(n, count, dtype, op)
-            x = contribution(r, count, dtype, op)
-            got = comm.all_reduce(x, op=op)
-            if not same_bits(got, want):
-                failures.append(f"out-of-place {op} count={count}")
-            if not same_bits(x, contribution(r, count, dtype, op)):
-                failures.append(f"out-of-place {op} count={count} modified its input")
-            inplace = contribution(r, count, dtype, op)
-            res = comm.all_reduce(inplace, op=op, out=inplace)
-            if res is not inplace or not same_bits(inplace, want):
-                failures.append(f"in-place {op} count={count}")
-            out = np.full(count, 99, dtype=np_dtype(dtype))
-            comm.all_reduce(x, op=op, out=out)
-            if not same_bits(out, want):
-                failures.append(f"out= {op} count={count}")
-    return failures
+    return all_reduce_exact_failures(comm, dtype)
 
 
 def _all_reduce_random(comm, dtype, count, seed):

@@ -19,7 +19,13 @@ import pytest
 import ringreduce as rr
 
 import _ranks
-from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits, sizes_for
+from _data import (
+    DTYPES,
+    all_reduce_exact_calls,
+    all_reduce_exact_failures,
+    np_dtype,
+    sizes_for,
+)
 from _ranks import RankGroup
 
 # The host of each rank, by layout.
@@ -100,28 +106,13 @@ def _digest(x: np.ndarray) -> str:
 
 
 def _exact_every_op(comm, dtypes):
-    """Exact data: bit for bit the numpy reference, out of place and in place."""
+    """Exact data: bit for bit the numpy reference, out of place, in place and out=;
+    every call hierarchical."""
     failures = []
-    n, r = comm.world_size, comm.rank
-    calls = 0
     before = comm.stats()["all_reduce_algorithms"]["hierarchical"]
     for dtype in dtypes:
-        for op in OPS:
-            if op == "avg" and dtype not in FLOATING:
-                continue
-            for count in sizes_for(n):
-                want = expected(n, count, dtype, op)
-                x = contribution(r, count, dtype, op)
-                got = comm.all_reduce(x, op=op)
-                if not same_bits(got, want):
-                    failures.append(f"{dtype} {op} count={count}")
-                if not same_bits(x, contribution(r, count, dtype, op)):
-                    failures.append(f"{dtype} {op} count={count} modified its input")
-                inplace = contribution(r, count, dtype, op)
-                comm.all_reduce(inplace, op=op, out=inplace)
-                if not same_bits(inplace, want):
-                    failures.append(f"in-place {dtype} {op} count={count}")
-                calls += 2
+        failures += all_reduce_exact_failures(comm, dtype)
+    calls = sum(all_reduce_exact_calls(comm.world_size, dtype) for dtype in dtypes)
     ran = comm.stats()["all_reduce_algorithms"]["hierarchical"] - before
     if ran != calls:
         failures.append(f"{ran} of {calls} calls ran hierarchical")

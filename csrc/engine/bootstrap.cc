@@ -156,10 +156,12 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
     link_token = store->set_if_absent(prefix + "link_token", hex);
   }
   Store& rendezvous = *store;
+  const int streams =
+      options.tcp_streams > 0 ? options.tcp_streams : default_tcp_streams(advertise);
   const NetworkFactory tcp = [&] {
     return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,
                                       std::chrono::microseconds(options.spin_us), deadline,
-                                      link_token);
+                                      link_token, streams);
   };
   Placement placement;
   auto transport =

@@ -30,6 +30,10 @@ struct Options {
   size_t shm_single_copy_bytes = 0;
   size_t shm_slot_bytes = 0;
   std::string socket_addr;  // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
+  // TCP connections (streams) per link into this rank, messages striped
+  // across them (RINGREDUCE_TCP_STREAMS, 1..16); 0: from the NIC's speed
+  // (default_tcp_streams in transport/tcp/tcp_transport.h).
+  int tcp_streams = 0;
   // The job's secret (RINGREDUCE_TOKEN / init(token=...)): every store
   // connection and data link proves it holds it; empty: no proof asked.
   std::string token;

@@ -197,7 +197,9 @@ void fuzz_link_hellos(Gen& g, FuzzCounts& c) {
   const std::string token = g.chance(20) ? "" : g.bytes(1 + g.below(40));
   int from = static_cast<int>(g.below(static_cast<uint64_t>(size)));
   if (from == self) from = (from + 1) % size;
-  LinkHello valid = make_link_hello(from, self, session, token);
+  const int streams = 1 + static_cast<int>(g.below(kMaxLinkStreams));
+  const int stream = static_cast<int>(g.below(static_cast<uint64_t>(streams)));
+  LinkHello valid = make_link_hello(from, self, session, token, stream, streams);
   std::string wire(reinterpret_cast<const char*>(&valid), sizeof valid);
   const bool random = g.chance(20);
   // The acceptor reads exactly this many bytes.

@@ -235,6 +235,12 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.small_bytes = _int_env("RINGREDUCE_SMALL_BYTES", 64 << 10)
     options.algorithm = os.environ.get("RINGREDUCE_ALGORITHM", "auto")
     options.log_algorithm = "algorithm" in debug_topics()
+    options.tcp_streams = _int_env("RINGREDUCE_TCP_STREAMS", 0)
+    if options.tcp_streams > 16:
+        raise ValueError(
+            f"RINGREDUCE_TCP_STREAMS must be 1..16 (0 or unset: from the NIC's speed), "
+            f"got {options.tcp_streams}"
+        )
     options.spin_us = _int_env("RINGREDUCE_SPIN_US", 50)
     options.shm_single_copy_bytes = _int_env("RINGREDUCE_SHM_SINGLE_COPY_BYTES", 0)
     options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", 0)

@@ -11,19 +11,23 @@ std::string_view raw(const T& v) {
 }
 
 Digest link_proof(const std::string& token, uint64_t session, int32_t from, int32_t to,
-                  const Nonce& nonce) {
-  return prove(token, "rr-link", {raw(session), raw(from), raw(to), bytes_of(nonce)});
+                  uint16_t stream, uint16_t streams, const Nonce& nonce) {
+  return prove(token, "rr-link",
+               {raw(session), raw(from), raw(to), raw(stream), raw(streams), bytes_of(nonce)});
 }
 
 }  // namespace
 
-LinkHello make_link_hello(int rank, int to, uint64_t session, const std::string& token) {
+LinkHello make_link_hello(int rank, int to, uint64_t session, const std::string& token, int stream,
+                          int streams) {
   LinkHello h{};
   h.magic = kLinkHelloMagic;
   h.rank = rank;
   h.session = session;
+  h.stream = static_cast<uint16_t>(stream);
+  h.streams = static_cast<uint16_t>(streams);
   h.nonce = random_nonce();
-  h.proof = link_proof(token, session, rank, to, h.nonce);
+  h.proof = link_proof(token, session, rank, to, h.stream, h.streams, h.nonce);
   return h;
 }
 
@@ -35,7 +39,13 @@ std::string check_link_hello(const LinkHello& h, int self, int size, uint64_t se
     return "a hello from rank " + std::to_string(h.rank) + ", not a peer in a world of " +
            std::to_string(size);
   }
-  if (!digests_equal(h.proof, link_proof(token, session, h.rank, self, h.nonce))) {
+  if (h.streams < 1 || h.streams > kMaxLinkStreams || h.stream >= h.streams || h.reserved != 0) {
+    return "rank " + std::to_string(h.rank) + "'s hello names stream " + std::to_string(h.stream) +
+           " of " + std::to_string(h.streams) + " (at most " + std::to_string(kMaxLinkStreams) +
+           ")";
+  }
+  if (!digests_equal(h.proof,
+                     link_proof(token, session, h.rank, self, h.stream, h.streams, h.nonce))) {
     return "rank " + std::to_string(h.rank) + "'s hello did not prove the job's token";
   }
   return "";

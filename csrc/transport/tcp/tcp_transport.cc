@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -9,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -19,36 +21,53 @@
 
 namespace rr {
 
-// A send or a receive in flight: `cursor` advances as the kernel takes bytes.
-// A receive into a view owns its buffer (`slot`) until released.
+// A send or a receive in flight: `left` falls as the kernel takes its bytes,
+// on whichever streams its pieces went to. A receive into a view owns its
+// buffer (`slot`) until released.
 struct TcpTransport::Op : Request {
   Op(int peer, char* data, size_t bytes, bool sending)
-      : peer_(peer), cursor(data), left(bytes), total(bytes), sending(sending) {}
+      : peer_(peer), data(data), left(bytes), total(bytes), sending(sending) {}
   bool done() const override { return left == 0; }
   int peer() const override { return peer_; }
   const char* view() const override { return slot && done() ? slot->data() : nullptr; }
 
   int peer_;
-  char* cursor;
+  char* data;
   size_t left;
   size_t total;
   bool sending;
   ViewPool::Slot slot;
 };
 
-// One direction of one connection, with its FIFO of posted operations.
+// The bytes of an Op that one stream carries; `cursor` advances as they move.
+struct TcpTransport::Piece {
+  std::shared_ptr<Op> op;
+  char* cursor;
+  size_t left;
+};
+
+// One connection of a link, with its FIFO of pieces.
+struct TcpTransport::Stream {
+  Fd fd;
+  std::deque<Piece> queue;
+  // The peer closed a stream we only send on. Harmless unless we send again.
+  bool peer_closed = false;
+};
+
+// One direction between us and a peer: one or more streams.
 struct TcpTransport::Link {
-  Link(int peer, bool sending, Fd fd) : peer(peer), sending(sending), fd(std::move(fd)) {}
+  Link(int peer, bool sending, int streams)
+      : peer(peer), sending(sending), streams(static_cast<size_t>(streams)) {}
+
+  // A receiving link some of whose streams the peer has not connected yet:
+  // pieces queue until accept_arrivals() finds their connections.
+  bool awaiting() const { return arrived < streams.size(); }
 
   int peer;
   bool sending;
-  Fd fd;
-  // A receiving link whose peer has not connected yet: operations queue
-  // until accept_arrivals() finds its connection.
-  bool awaiting = false;
-  std::deque<std::shared_ptr<Op>> queue;
-  // The peer closed a link we only send on. Harmless unless we send again.
-  bool peer_closed = false;
+  std::vector<Stream> streams;
+  size_t arrived = 0;     // streams connected so far
+  uint64_t messages = 0;  // messages posted so far: which stream(s) the next one takes
   // Bytes moved on this link so far: how wait() tells progress from a stall.
   uint64_t moved = 0;
   // Buffers of released views, reused by the next irecv_view.
@@ -61,10 +80,19 @@ namespace {
 // closed at once.
 constexpr size_t kMaxArrivals = 1024;
 
+// Messages from this size are cut across every stream of a link, into pieces
+// of whole pages.
+constexpr size_t kStripeMinBytes = 64 << 10;
+constexpr size_t kStripeAlign = 4096;
+
 std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
 
 std::string addr_key(const std::string& prefix, int rank) {
   return prefix + "addr/" + std::to_string(rank);
+}
+
+std::string streams_key(const std::string& prefix, int rank) {
+  return prefix + "streams/" + std::to_string(rank);
 }
 
 std::pair<std::string, int> split_host_port(const std::string& addr) {
@@ -98,6 +126,29 @@ std::string local_ip_towards(const std::string& host) {
   return ip;
 }
 
+int default_tcp_streams(const std::string& local_ip) {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return 1;
+  std::string nic;
+  for (ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char ip[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip) != nullptr && local_ip == ip) {
+      nic = a->ifa_name;
+      break;
+    }
+  }
+  ::freeifaddrs(all);
+  if (nic.empty() || nic.find('/') != std::string::npos) return 1;
+  long mbit = 0;
+  if (FILE* f = std::fopen(("/sys/class/net/" + nic + "/speed").c_str(), "r")) {
+    if (std::fscanf(f, "%ld", &mbit) != 1) mbit = 0;
+    std::fclose(f);
+  }
+  return mbit >= 100000 ? 8 : mbit >= 40000 ? 4 : mbit >= 25000 ? 2 : 1;
+}
+
 TcpTransport::TcpTransport(int rank, int size, std::chrono::microseconds spin)
     : rank_(rank), size_(size), wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin) {}
 
@@ -110,11 +161,20 @@ void TcpTransport::wake() {
 }
 TcpTransport::~TcpTransport() = default;
 
-std::unique_ptr<TcpTransport> TcpTransport::listen(
-    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
-    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
+std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::string& prefix,
+                                                   int rank, int size,
+                                                   const std::string& advertise_host,
+                                                   std::chrono::microseconds spin,
+                                                   const Deadline& deadline,
+                                                   const std::string& token, int streams) {
+  if (streams < 1 || streams > kMaxLinkStreams) {
+    throw InvalidArgument("tcp transport: " + std::to_string(streams) +
+                          " streams per link asked for; 1 to " + std::to_string(kMaxLinkStreams) +
+                          " are possible");
+  }
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, spin));
   t->token_ = token;
+  t->streams_ = streams;
   if (size == 1) return t;
 
   // Every rank learns one session number from rank 0, so a stale connection
@@ -130,6 +190,8 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(
   // Peers on this host only (a loopback address advertised): loopback only.
   const bool loopback = advertise_host.rfind("127.", 0) == 0 || advertise_host == "localhost";
   t->listener_ = listen_tcp(loopback ? "127.0.0.1" : "", 0, 1024);
+  // Before the address: whoever reads the address finds the streams too.
+  store.set(streams_key(prefix, rank), std::to_string(streams));
   store.set(addr_key(prefix, rank),
             advertise_host + ":" + std::to_string(bound_port(t->listener_.get())));
   t->store_ = &store;
@@ -141,28 +203,28 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(
 std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
     Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
     std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
-  return listen(store, prefix, rank, size, advertise_host, spin, deadline, token);
+  return listen(store, prefix, rank, size, advertise_host, spin, deadline, token, 1);
 }
 
-std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
-    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
-    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
+std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
+                                                         int rank, int size,
+                                                         const std::string& advertise_host,
+                                                         std::chrono::microseconds spin,
+                                                         const Deadline& deadline,
+                                                         const std::string& token, int streams) {
   std::unique_ptr<TcpTransport> t =
-      listen(store, prefix, rank, size, advertise_host, spin, deadline, token);
+      listen(store, prefix, rank, size, advertise_host, spin, deadline, token, streams);
   if (size == 1) return t;
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
 
   // Connect first: the kernel completes the handshake from the listener's
   // backlog even before the neighbour calls accept(), so this cannot deadlock.
-  auto [host, port] = split_host_port(store.get(addr_key(prefix, right), deadline));
-  Fd out = connect_tcp(host, port, deadline, peer_name(right));
-  const LinkHello hello = make_link_hello(rank, right, t->session_, t->token_);
-  send_exact(out.get(), &hello, sizeof hello, deadline, right, peer_name(right));
-  t->links_.push_back(std::make_unique<Link>(right, true, std::move(out)));
+  t->connect_to(right, deadline);
 
-  Fd in;
-  while (!in.valid()) {
+  while (true) {
+    const Link* in = t->find_link(left, false);
+    if (in != nullptr && !in->awaiting()) break;
     Fd candidate = accept_tcp(t->listener_.get(), deadline, peer_name(left));
     LinkHello theirs{};
     try {
@@ -171,15 +233,50 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
       continue;  // a connection that died before saying hello is not our neighbour
     }
     if (!t->accept_hello(theirs)) continue;
-    if (theirs.rank == left) {
-      in = std::move(candidate);
-    } else if (theirs.rank >= 0 && theirs.rank < size && !t->find_link(theirs.rank, false)) {
-      // Another rank already sending to us (its first all_to_all, say): keep it.
-      t->links_.push_back(std::make_unique<Link>(theirs.rank, false, std::move(candidate)));
-    }
+    // The left neighbour, or another rank already sending to us (its first
+    // all_to_all, say): kept either way.
+    t->adopt(std::move(candidate), theirs);
   }
-  t->links_.push_back(std::make_unique<Link>(left, false, std::move(in)));
   return t;
+}
+
+TcpTransport::Link& TcpTransport::connect_to(int peer, const Deadline& deadline) {
+  auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline));
+  const std::string count = store_->get(streams_key(prefix_, peer), deadline);
+  const int streams = std::atoi(count.c_str());
+  if (streams < 1 || streams > kMaxLinkStreams) {
+    throw Error("tcp transport: rank " + std::to_string(peer) + " asks for " + count +
+                " streams per link (1 to " + std::to_string(kMaxLinkStreams) + " are possible)");
+  }
+  auto link = std::make_unique<Link>(peer, true, streams);
+  for (int i = 0; i < streams; ++i) {
+    Fd out = connect_tcp(host, port, deadline, peer_name(peer));
+    const LinkHello hello = make_link_hello(rank_, peer, session_, token_, i, streams);
+    send_exact(out.get(), &hello, sizeof hello, deadline, peer, peer_name(peer));
+    link->streams[static_cast<size_t>(i)].fd = std::move(out);
+  }
+  link->arrived = link->streams.size();
+  links_.push_back(std::move(link));
+  return *links_.back();
+}
+
+void TcpTransport::adopt(Fd fd, const LinkHello& h) {
+  Link* link = find_link(h.rank, false);
+  if (link == nullptr) {
+    links_.push_back(std::make_unique<Link>(h.rank, false, streams_));
+    link = links_.back().get();
+  }
+  if (h.streams != link->streams.size()) {
+    std::fprintf(stderr,
+                 "ringreduce: rank %d refused a connection from rank %d: it opens %d streams per "
+                 "link, rank %d takes %zu\n",
+                 rank_, h.rank, h.streams, rank_, link->streams.size());
+    return;
+  }
+  Stream& stream = link->streams[h.stream];
+  if (stream.fd.valid()) return;  // that stream is connected already: a duplicate
+  stream.fd = std::move(fd);
+  ++link->arrived;
 }
 
 bool TcpTransport::accept_hello(const LinkHello& h) {
@@ -209,19 +306,12 @@ TcpTransport::Link& TcpTransport::link_to(int peer, bool sending) {
   }
   if (!sending) {
     // The peer connects when it first sends to us; until then receives queue.
-    links_.push_back(std::make_unique<Link>(peer, false, Fd()));
-    links_.back()->awaiting = true;
+    links_.push_back(std::make_unique<Link>(peer, false, streams_));
     Link& link = *links_.back();
     accept_arrivals();
     return link;
   }
-  const Deadline deadline = Deadline::after(connect_seconds_);
-  auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline));
-  Fd out = connect_tcp(host, port, deadline, peer_name(peer));
-  const LinkHello hello = make_link_hello(rank_, peer, session_, token_);
-  send_exact(out.get(), &hello, sizeof hello, deadline, peer, peer_name(peer));
-  links_.push_back(std::make_unique<Link>(peer, true, std::move(out)));
-  return *links_.back();
+  return connect_to(peer, Deadline::after(connect_seconds_));
 }
 
 void TcpTransport::accept_arrivals() {
@@ -258,31 +348,43 @@ void TcpTransport::accept_arrivals() {
     // Not one of this job's ranks (a stale connection from an earlier job on
     // a reused port, a port scanner, a process without the token): dropped.
     if (dead || !accept_hello(h)) continue;
-    Link* link = find_link(h.rank, false);
-    if (link == nullptr) {
-      links_.push_back(std::make_unique<Link>(h.rank, false, std::move(fd)));
-    } else if (link->awaiting) {
-      link->fd = std::move(fd);
-      link->awaiting = false;
-    }
+    adopt(std::move(fd), h);
   }
 }
 
 RequestPtr TcpTransport::post(std::shared_ptr<Op> op) {
   if (op->total > 0) {
     Link& link = link_to(op->peer_, op->sending);
-    if (link.awaiting) {
-      link.queue.push_back(op);
-      return op;
+    if (!link.awaiting()) {
+      for (const Stream& stream : link.streams) {
+        if (!stream.fd.valid()) {
+          throw PeerError("connection to rank " + std::to_string(op->peer_) + " is closed",
+                          op->peer_);
+        }
+      }
     }
-    if (!link.fd.valid()) {
-      throw PeerError("connection to rank " + std::to_string(op->peer_) + " is closed", op->peer_);
-    }
-    link.queue.push_back(op);
+    distribute(link, op);
     // Start moving bytes now: small messages often complete right here.
     progress(link);
   }
   return op;
+}
+
+void TcpTransport::distribute(Link& link, const std::shared_ptr<Op>& op) {
+  const size_t n = link.streams.size();
+  const size_t first = static_cast<size_t>(link.messages++ % n);
+  if (n == 1 || op->total < kStripeMinBytes) {
+    link.streams[first].queue.push_back({op, op->data, op->total});
+    return;
+  }
+  const size_t per = (op->total + n - 1) / n;
+  const size_t piece = (per + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
+  size_t offset = 0;
+  for (size_t i = 0; i < n && offset < op->total; ++i) {
+    const size_t bytes = std::min(piece, op->total - offset);
+    link.streams[(first + i) % n].queue.push_back({op, op->data + offset, bytes});
+    offset += bytes;
+  }
 }
 
 RequestPtr TcpTransport::isend(int peer, const void* data, size_t bytes) {
@@ -312,52 +414,59 @@ void TcpTransport::release(Request& view) {
 }
 
 void TcpTransport::progress(Link& link) {
-  if (link.awaiting) return;
-  while (!link.queue.empty()) {
-    Op& op = *link.queue.front();
-    ssize_t k = link.sending
-                    ? ::send(link.fd.get(), op.cursor, op.left, MSG_NOSIGNAL | MSG_DONTWAIT)
-                    : ::recv(link.fd.get(), op.cursor, op.left, MSG_DONTWAIT);
-    if (k > 0) {
-      op.cursor += k;
-      op.left -= static_cast<size_t>(k);
-      link.moved += static_cast<uint64_t>(k);
-      (link.sending ? stats_.bytes_sent : stats_.bytes_received) += static_cast<uint64_t>(k);
-      if (op.left == 0) link.queue.pop_front();
-      continue;
+  for (Stream& stream : link.streams) {
+    if (!stream.fd.valid()) continue;  // not connected yet (or aborted)
+    while (!stream.queue.empty()) {
+      Piece& p = stream.queue.front();
+      ssize_t k = link.sending
+                      ? ::send(stream.fd.get(), p.cursor, p.left, MSG_NOSIGNAL | MSG_DONTWAIT)
+                      : ::recv(stream.fd.get(), p.cursor, p.left, MSG_DONTWAIT);
+      if (k > 0) {
+        p.cursor += k;
+        p.left -= static_cast<size_t>(k);
+        p.op->left -= static_cast<size_t>(k);
+        link.moved += static_cast<uint64_t>(k);
+        (link.sending ? stats_.bytes_sent : stats_.bytes_received) += static_cast<uint64_t>(k);
+        if (p.left == 0) stream.queue.pop_front();
+        continue;
+      }
+      if (k == 0 && !link.sending) {
+        throw PeerError("rank " + std::to_string(link.peer) +
+                            " closed its connection (it exited, crashed or aborted) while rank " +
+                            std::to_string(rank_) + " expected " + std::to_string(p.op->left) +
+                            " more bytes from it",
+                        link.peer);
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      throw PeerError(
+          errno_message("connection to rank " + std::to_string(link.peer) + " failed", errno),
+          link.peer);
     }
-    if (k == 0 && !link.sending) {
-      throw PeerError("rank " + std::to_string(link.peer) +
-                          " closed its connection (it exited, crashed or aborted) while rank " +
-                          std::to_string(rank_) + " expected " + std::to_string(op.left) +
-                          " more bytes from it",
-                      link.peer);
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    throw PeerError(
-        errno_message("connection to rank " + std::to_string(link.peer) + " failed", errno),
-        link.peer);
   }
 }
 
 void TcpTransport::poll_links(const Deadline& deadline) {
   std::vector<pollfd> fds;
-  std::vector<Link*> owners;
+  std::vector<std::pair<Link*, Stream*>> owners;
   bool awaiting = false;
   for (auto& link : links_) {
-    awaiting = awaiting || (link->awaiting && !link->queue.empty());
-    if (!link->fd.valid()) continue;
-    short events = 0;
-    if (!link->queue.empty()) {
-      events = link->sending ? POLLOUT : POLLIN;
-    } else if (link->sending && !link->peer_closed) {
-      // Nobody writes to us on a send link, so readability means EOF or reset.
-      events = POLLIN;
-    }
-    if (events) {
-      fds.push_back({link->fd.get(), events, 0});
-      owners.push_back(link.get());
+    for (Stream& stream : link->streams) {
+      if (!stream.fd.valid()) {
+        awaiting = awaiting || (link->awaiting() && !stream.queue.empty());
+        continue;
+      }
+      short events = 0;
+      if (!stream.queue.empty()) {
+        events = link->sending ? POLLOUT : POLLIN;
+      } else if (link->sending && !stream.peer_closed) {
+        // Nobody writes to us on a send stream, so readability means EOF or reset.
+        events = POLLIN;
+      }
+      if (events) {
+        fds.push_back({stream.fd.get(), events, 0});
+        owners.emplace_back(link.get(), &stream);
+      }
     }
   }
   const size_t links = fds.size();
@@ -374,8 +483,8 @@ void TcpTransport::poll_links(const Deadline& deadline) {
     (void)ignored;
   }
   for (size_t i = 0; i < links; ++i) {
-    Link& link = *owners[i];
-    if (link.sending && link.queue.empty() && fds[i].revents) link.peer_closed = true;
+    auto [link, stream] = owners[i];
+    if (link->sending && stream->queue.empty() && fds[i].revents) stream->peer_closed = true;
   }
 }
 
@@ -414,7 +523,7 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
 bool TcpTransport::progress() {
   uint64_t before = stats_.bytes_sent + stats_.bytes_received;
   bool awaiting = !arrivals_.empty();
-  for (auto& link : links_) awaiting = awaiting || link->awaiting;
+  for (auto& link : links_) awaiting = awaiting || link->awaiting();
   if (awaiting) accept_arrivals();
   for (auto& link : links_) progress(*link);
   return stats_.bytes_sent + stats_.bytes_received != before;
@@ -438,7 +547,7 @@ bool TcpTransport::reaches(int peer) const {
   bool to = false;
   bool from = false;
   for (const auto& link : links_) {
-    if (link->peer == peer && !link->awaiting) (link->sending ? to : from) = true;
+    if (link->peer == peer && !link->awaiting()) (link->sending ? to : from) = true;
   }
   return to && from;
 }
@@ -450,7 +559,7 @@ bool TcpTransport::connects(int peer) const {
 void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline) {
   const auto& op = static_cast<const Op&>(request);
   const Link* link = find_link(op.peer_, op.sending);
-  if (link != nullptr && link->awaiting) {
+  if (link != nullptr && link->awaiting()) {
     throw TimeoutError("rank " + std::to_string(op.peer_) + " did not connect to rank " +
                            std::to_string(rank_) + " within " + format_seconds(deadline.seconds()) +
                            " s to send it " + std::to_string(op.total) + " bytes",
@@ -468,10 +577,12 @@ void TcpTransport::abort() noexcept {
   listener_.reset();
   arrivals_.clear();
   for (auto& link : links_) {
-    link->queue.clear();
-    if (link->fd.valid()) {
-      ::shutdown(link->fd.get(), SHUT_RDWR);
-      link->fd.reset();
+    for (Stream& stream : link->streams) {
+      stream.queue.clear();
+      if (stream.fd.valid()) {
+        ::shutdown(stream.fd.get(), SHUT_RDWR);
+        stream.fd.reset();
+      }
     }
   }
 }

@@ -7,6 +7,14 @@
 // both ends agree on every message's size (transport.h), so no framing is
 // sent. Views (irecv_view) are buffers of ours, reused once released.
 //
+// A link may be several sockets (streams; RINGREDUCE_TCP_STREAMS, or picked
+// from the NIC's speed), for NICs that one TCP stream cannot fill. The
+// receiving rank decides how many (it publishes the number with its address).
+// Both ends cut the k-th message of a link the same way, from its size alone:
+// below kStripeMinBytes it goes whole on stream k mod S; from there it is cut
+// into S pieces (4 KiB-aligned), one per stream, starting at stream k mod S.
+// Each stream keeps its pieces in order, so no framing is needed here either.
+//
 // Sockets are non-blocking with TCP_NODELAY and large kernel buffers. Progress
 // is driven by wait(): it writes and reads as much as the kernel takes on every
 // link that has work queued, then poll()s in slices of at most 100 ms until the
@@ -41,7 +49,7 @@ class TcpTransport : public Transport {
                                                     const std::string& advertise_host,
                                                     std::chrono::microseconds spin,
                                                     const Deadline& deadline,
-                                                    const std::string& token = "");
+                                                    const std::string& token = "", int streams = 1);
   // The same without the ring: every link is connected on first use.
   static std::unique_ptr<TcpTransport> connect_lazy(Store& store, const std::string& prefix,
                                                     int rank, int size,
@@ -71,16 +79,25 @@ class TcpTransport : public Transport {
 
  private:
   struct Op;
+  struct Piece;
+  struct Stream;
   struct Link;
   struct Arrival;
 
   TcpTransport(int rank, int size, std::chrono::microseconds spin);
-  // Publishes our listening address and learns the session; the first half
-  // of connect_ring and connect_lazy.
+  // Publishes our listening address and the number of streams links into us
+  // have, and learns the session; the first half of connect_ring and connect_lazy.
   static std::unique_ptr<TcpTransport> listen(Store& store, const std::string& prefix, int rank,
                                               int size, const std::string& advertise_host,
                                               std::chrono::microseconds spin,
-                                              const Deadline& deadline, const std::string& token);
+                                              const Deadline& deadline, const std::string& token,
+                                              int streams);
+  // Connects every stream of our link to `peer` (as many as it asks for).
+  Link& connect_to(int peer, const Deadline& deadline);
+  // Files an accepted connection whose hello checked out under its link.
+  void adopt(Fd fd, const LinkHello& hello);
+  // Queues op's bytes on the streams of `link`, cut as the header says.
+  void distribute(Link& link, const std::shared_ptr<Op>& op);
   // Whether an accepted connection's hello is a peer's of this job (else it
   // is dropped, with a line on stderr unless it is a stale one).
   bool accept_hello(const LinkHello& hello);
@@ -103,6 +120,7 @@ class TcpTransport : public Transport {
   std::string prefix_;
   uint64_t session_ = 0;
   std::string token_;
+  int streams_ = 1;  // streams of every link into this rank
   std::set<std::string> nonces_seen_;
   Fd listener_;
   std::vector<std::unique_ptr<Arrival>> arrivals_;
@@ -118,5 +136,11 @@ class TcpTransport : public Transport {
 
 // The address of the local interface that routes to `host` (no packet is sent).
 std::string local_ip_towards(const std::string& host);
+
+// How many streams links into a rank whose address is `local_ip` should have
+// when not told (RINGREDUCE_TCP_STREAMS unset): from the speed of the NIC with
+// that address (/sys/class/net/<nic>/speed): 8 from 100 Gbit/s, 4 from 40, 2
+// from 25, else 1 (also for loopback and NICs that report no speed).
+int default_tcp_streams(const std::string& local_ip);
 
 }  // namespace rr

@@ -23,7 +23,8 @@ the txt and png again from a validate.json, and needs neither root nor ringreduc
 
 Both sides use the bench's busbw, ``algbw x 2(N-1)/N`` with GB = 1e9 bytes, for the
 hierarchical all_reduce too, so measured / model is the model's time over the measured
-time. The network link of the model is the tbf rate; its latency (``--alpha-us``), the
+time. The network link of the model is the tbf rate times the share of each frame
+that is TCP payload (``--wire-efficiency``, 1448/1514 at MTU 1500); its latency (``--alpha-us``), the
 shared memory between the ranks of a host (``--shm-gbs``, ``--shm-alpha-us``) and the
 reduction throughput (``--reduce-gbs``) are given, else fitted by the model's probe on
 local ranks (``--calibrate``, as ``ringreduce model --probe``), else the model's
@@ -51,6 +52,9 @@ NETNS_HOSTS = HERE / "netns_hosts.sh"
 MASTER_ADDR = "10.231.0.1"  # rrhost0, as netns_hosts.sh numbers the hosts
 JUDGED_FROM = 16 << 20  # the model is judged at this size and above
 TOLERANCE = 0.15
+# tbf counts whole Ethernet frames; TCP payload is 1448 of every 1514 bytes at MTU 1500
+# (20 bytes of IP header, 32 of TCP with timestamps, 14 of Ethernet header).
+WIRE_EFFICIENCY = 1448 / 1514
 DTYPE, ITEMSIZE = "float32", 4
 PLACEMENTS = ("in-place", "out-of-place")
 
@@ -170,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shm-alpha-us", type=float, help="shared-memory latency per step, us")
     g.add_argument("--reduce-gbs", type=float, help="reduction throughput, GB/s per rank")
     g.add_argument(
+        "--wire-efficiency",
+        type=float,
+        default=WIRE_EFFICIENCY,
+        help="share of the tbf rate that carries TCP payload (default %(default).4f: "
+        "1448 payload bytes per 1514-byte frame, MTU 1500 with TCP timestamps; 1: the "
+        "bare line rate)",
+    )
+    g.add_argument(
         "--calibrate",
         action="store_true",
         help="fit the shared-memory link and the reduction rate with the model's probe "
@@ -180,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="output folder (default: netns_validate; with --from-json, the file's)"
     )
     g.add_argument("--from-json", metavar="PATH", help="only render txt and png from PATH")
+    g.add_argument(
+        "--remodel",
+        action="store_true",
+        help="with --from-json: recompute the model's columns with --wire-efficiency "
+        "(and --alpha-us, --shm-gbs, --reduce-gbs if given)",
+    )
     g.add_argument(
         "--dry-run", action="store_true", help="print the plan and its expected duration"
     )
@@ -205,6 +223,7 @@ def model_params(args: argparse.Namespace, local_ranks: int) -> dict[str, Any]:
         "reduce_source": "model default",
         "segment_bytes": _env_int("RINGREDUCE_SEGMENT_BYTES", 128 << 10),
         "small_bytes": _env_int("RINGREDUCE_SMALL_BYTES", 64 << 10),
+        "wire_efficiency": args.wire_efficiency,
     }
     if args.calibrate:
         from ringreduce._model_probe import probe
@@ -249,7 +268,9 @@ def build_model(hosts: int, local: int, gbps: float, params: dict[str, Any]):
         hosts=hosts,
         ranks_per_host=local,
         links={
-            "tcp": Link.from_gbps(gbps, alpha=params["alpha_us"] * 1e-6),
+            "tcp": Link.from_gbps(
+                gbps * params.get("wire_efficiency", 1.0), alpha=params["alpha_us"] * 1e-6
+            ),
             "shm": Link(params["shm_alpha_us"] * 1e-6, shm_beta),
         },
         intra_link="shm",
@@ -548,6 +569,28 @@ def _rows(
     return rows
 
 
+def remodel(report: dict[str, Any], args: argparse.Namespace) -> None:
+    """Recomputes the model's columns of every row with the numbers given now."""
+    params = report["meta"]["model"]
+    params["wire_efficiency"] = args.wire_efficiency
+    for key, source in (("alpha_us", "alpha"), ("shm_gbs", "shm"), ("reduce_gbs", "reduce")):
+        value = getattr(args, key)
+        if value is not None:
+            params[key], params[f"{source}_source"] = value, "given"
+    for row in report["rows"]:
+        model = build_model(row["hosts"], row["ranks_per_host"], row["rate_gbps"], params)
+        pred = model.predict("all_reduce", row["size"], algorithm=row["algo"], dtype=DTYPE)
+        row.update(
+            model_algorithm=pred.algorithm,
+            model_time_us=pred.seconds * 1e6,
+            model_algbw_gbs=pred.algbw,
+            model_busbw_gbs=pred.algbw * bus_factor(model.ranks),
+            model_sent_gbs=pred.busbw,
+        )
+        busbw, model_busbw = row["measured_busbw_gbs"], row["model_busbw_gbs"]
+        row["ratio"] = busbw / model_busbw if busbw and model_busbw else None
+
+
 def _write_json(path: Path, report: dict[str, Any]) -> None:
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w") as f:
@@ -592,8 +635,10 @@ def _size(nbytes: float) -> str:
 def _model_line(params: dict[str, Any]) -> str:
     shm = "free" if params["shm_gbs"] is None else f"{params['shm_gbs']:.3g} GB/s"
     red = "free" if params["reduce_gbs"] is None else f"{params['reduce_gbs']:.3g} GB/s"
+    eff = params.get("wire_efficiency", 1.0)
     return (
-        f"network link = the tbf rate, alpha {params['alpha_us']:.3g} us/step "
+        f"network link = the tbf rate x {eff:.4f} (TCP payload share of a frame), alpha "
+        f"{params['alpha_us']:.3g} us/step "
         f"({params['alpha_source']}); shared memory {shm}, alpha "
         f"{params['shm_alpha_us']:.3g} us/step ({params['shm_source']}); reduction {red} "
         f"({params['reduce_source']}); segment {_size(params['segment_bytes'])}, "
@@ -808,6 +853,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             report = json.load(f)
         out = Path(args.out or Path(args.from_json).parent)
         out.mkdir(parents=True, exist_ok=True)
+        if args.remodel:
+            remodel(report, args)
+            _write_json(out / "validate.json", report)
         render(report, out)
         return 0
     unknown = [a for a in args.algos if a not in ("ring", "hierarchical")]

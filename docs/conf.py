@@ -28,7 +28,7 @@ extensions = [
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "perf/*.txt", "perf/*.json", "requirements.txt"]
+exclude_patterns = ["_build", "perf/**.txt", "perf/**.json", "requirements.txt"]
 
 # Docstrings write `name` for code, as Markdown does.
 default_role = "literal"

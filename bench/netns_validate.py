@@ -24,11 +24,14 @@ the txt and png again from a validate.json, and needs neither root nor ringreduc
 Both sides use the bench's busbw, ``algbw x 2(N-1)/N`` with GB = 1e9 bytes, for the
 hierarchical all_reduce too, so measured / model is the model's time over the measured
 time. The network link of the model is the tbf rate times the share of each frame
-that is TCP payload (``--wire-efficiency``, 1448/1514 at MTU 1500); its latency (``--alpha-us``), the
-shared memory between the ranks of a host (``--shm-gbs``, ``--shm-alpha-us``) and the
-reduction throughput (``--reduce-gbs``) are given, else fitted by the model's probe on
-local ranks (``--calibrate``, as ``ringreduce model --probe``), else the model's
-defaults; validate.txt says which numbers the model used and where each came from.
+that is TCP payload (``--wire-efficiency``, 1448/1514 at MTU 1500); its latency
+(``--alpha-us``), the shared memory between the ranks of a host (``--shm-gbs``,
+``--shm-alpha-us``) and the reduction throughput (``--reduce-gbs``) are given, else
+fitted by the model's probe on local ranks (``--calibrate``, as ``ringreduce model
+--probe``), else the model's defaults; validate.txt says which numbers the model used
+and where each came from. ``--from-json ... --remodel --fit-below 16M`` instead
+calibrates each configuration's network link on its own sizes below 16 MiB, as a short
+probe of the job would, and predicts the sizes from 16 MiB up with it.
 """
 
 from __future__ import annotations
@@ -192,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="output folder (default: netns_validate; with --from-json, the file's)"
     )
     g.add_argument("--from-json", metavar="PATH", help="only render txt and png from PATH")
+    g.add_argument(
+        "--fit-below",
+        type=parse_size,
+        metavar="SIZE",
+        help="with --remodel: calibrate each configuration's network link (alpha, beta) "
+        "on its own measured sizes below SIZE (at most 16M, so that every judged size "
+        "is predicted, not fitted), as a short probe of the job would",
+    )
     g.add_argument(
         "--remodel",
         action="store_true",
@@ -569,6 +580,38 @@ def _rows(
     return rows
 
 
+def fit_network_link(rows: list[dict[str, Any]], params: dict[str, Any]) -> tuple[float, float]:
+    """(alpha s, beta s/byte) of the network link that best explains the measured times
+    of ``rows`` (one configuration), the rest of the model as ``params`` says: least
+    squares on relative error, both >= 0."""
+    import numpy as np
+
+    a, y = [], []
+    for row in rows:
+        # A network link far slower than shared memory, so that every phase it takes
+        # part in is costed on it (a ring phase goes at its slowest link's pace).
+        bare = dict(params, alpha_us=0.0, wire_efficiency=1.0)
+        model = build_model(row["hosts"], row["ranks_per_host"], 1e-9, bare)
+        pred = model.predict("all_reduce", row["size"], algorithm=row["algo"], dtype=DTYPE)
+        net = [p for p in pred.phases if p.link == model.inter_link]
+        fixed = sum(p.seconds(model) for p in pred.phases if p.link != model.inter_link)
+        seconds = row["measured_time_us"] * 1e-6
+        a.append([sum(p.steps for p in net) / seconds, sum(p.wire_bytes for p in net) / seconds])
+        y.append(1.0 - fixed / seconds)
+    a_, y_ = np.array(a), np.array(y)
+    best, best_x = math.inf, np.zeros(2)
+    for cols in ([0], [1], [0, 1]):
+        sub, *_ = np.linalg.lstsq(a_[:, cols], y_, rcond=None)
+        if np.any(sub < 0):
+            continue
+        x = np.zeros(2)
+        x[cols] = sub
+        residual = float(np.sum((a_ @ x - y_) ** 2))
+        if residual < best:
+            best, best_x = residual, x
+    return float(best_x[0]), float(best_x[1])
+
+
 def remodel(report: dict[str, Any], args: argparse.Namespace) -> None:
     """Recomputes the model's columns of every row with the numbers given now."""
     params = report["meta"]["model"]
@@ -577,8 +620,28 @@ def remodel(report: dict[str, Any], args: argparse.Namespace) -> None:
         value = getattr(args, key)
         if value is not None:
             params[key], params[f"{source}_source"] = value, "given"
+    fitted: dict[tuple, tuple[float, float]] = {}
+    if args.fit_below:
+        if args.fit_below > JUDGED_FROM:
+            raise ValueError(f"--fit-below: at most {_size(JUDGED_FROM)}, the judged sizes")
+        params["fit_below"] = args.fit_below
+        for config, rows in _groups(report):
+            probe = [r for r in rows if r["size"] < args.fit_below and r["measured_time_us"]]
+            if len(probe) >= 2:
+                key = (config["layout"], config["rate"], config["algo"])
+                fitted[key] = fit_network_link(probe, params)
     for row in report["rows"]:
-        model = build_model(row["hosts"], row["ranks_per_host"], row["rate_gbps"], params)
+        key = (row["layout"], row["rate"], row["algo"])
+        link = fitted.get(key)
+        row_params = params
+        if link is not None:
+            alpha, beta = link
+            gbps = 8.0 / beta / 1e9 if beta > 0 else 1e30
+            row_params = dict(params, alpha_us=alpha * 1e6, wire_efficiency=1.0)
+            row["model_link_gbps"], row["model_link_alpha_us"] = gbps, alpha * 1e6
+            model = build_model(row["hosts"], row["ranks_per_host"], gbps, row_params)
+        else:
+            model = build_model(row["hosts"], row["ranks_per_host"], row["rate_gbps"], params)
         pred = model.predict("all_reduce", row["size"], algorithm=row["algo"], dtype=DTYPE)
         row.update(
             model_algorithm=pred.algorithm,
@@ -685,6 +748,12 @@ def render_text(report: dict[str, Any]) -> str:
             verdicts.append(f"{config['layout']} {config['rate']} {config['algo']}: failed")
             continue
         lines.append(f"{head}, transport {config.get('transport', '?')}")
+        if rows and "model_link_gbps" in rows[0]:
+            lines.append(
+                f"model's network link fitted on the sizes below "
+                f"{_size(meta['model']['fit_below'])}: {rows[0]['model_link_gbps']:.3g} Gbit/s, "
+                f"alpha {rows[0]['model_link_alpha_us']:.3g} us/step"
+            )
         lines.append(
             f"{'size':>9}  {'measured busbw GB/s':>19}  {'model busbw GB/s':>16}  "
             f"{'model/measured - 1 (%)':>22}  {'within 15%?':>11}"

@@ -301,7 +301,8 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   const ExecutorSetup setup{
       ctx.transport,     ctx.timeout_seconds,
       ctx.segment_bytes, args.dtype,
-      args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes)};
+      args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes),
+      ctx.interrupt};
   if (args.device >= 0) {
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/host_id.h"
+#include "engine/identity.h"
 #include "security/auth.h"
 #include "transport/routed.h"
 #include "transport/shm/shm_transport.h"
@@ -144,7 +145,10 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
                                                    const Deadline& deadline) {
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
   if (advertise.empty()) advertise = local_ip_towards("192.0.2.1");  // the default route's
-  const std::string prefix = "rr/";
+  // Every key of this communicator lives under an id its members agree on
+  // first, so that communicators sharing a store never read each other's.
+  const std::string prefix =
+      identity_prefix(agree_on_identity(*store, rank, size, meeting, deadline));
   std::string link_token = options.token;
   if (link_token.empty() && size > 1) {
     // No job token: the data links still prove a secret, agreed through the

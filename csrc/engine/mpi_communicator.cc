@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "engine/bootstrap.h"
+#include "engine/identity.h"
 #include "rendezvous/mpi_store.h"
 #include "transport/mpi/mpi_transport.h"
 
@@ -13,8 +14,10 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
   auto channel = MpiChannel::open(comm, deadline, /*watch_liveness=*/true);
   auto store = make_mpi_store(channel);
   const NetworkFactory mpi = [&] { return std::make_unique<MpiTransport>(channel); };
+  const std::string prefix = identity_prefix(
+      agree_on_identity(*store, channel->rank(), channel->size(), "the MPI communicator", deadline));
   Placement placement;
-  auto transport = connect_links(*store, "rr/", channel->rank(), channel->size(), options, mpi,
+  auto transport = connect_links(*store, prefix, channel->rank(), channel->size(), options, mpi,
                                  &placement, "the MPI communicator", deadline);
   std::unique_ptr<Transport> p2p;
   if (options.point_to_point && channel->size() > 1) {
@@ -22,11 +25,11 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
     // the collectives' (MPI_Comm_idup again: collective, like this call).
     auto p2p_channel = MpiChannel::open(comm, deadline);
     const NetworkFactory mpi_p2p = [&] { return std::make_unique<MpiTransport>(p2p_channel); };
-    p2p = connect_links_among(*store, "rr/p2p/", channel->rank(), channel->size(), options, mpi_p2p,
+    p2p = connect_links_among(*store, prefix + "p2p/", channel->rank(), channel->size(), options, mpi_p2p,
                               placement.local_ranks, deadline);
   }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
-                                        "rr/", std::move(p2p));
+                                        prefix, std::move(p2p));
 }
 
 }  // namespace rr

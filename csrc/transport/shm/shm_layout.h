@@ -31,6 +31,8 @@ namespace rr {
 namespace shm {
 
 constexpr uint64_t kMagic = 0x3130484D53485252ull;  // "RRHSHM01"
+// The layout of Header and the inboxes: segments of another version are refused.
+constexpr uint32_t kLayoutVersion = 2;
 // Ranks of one host that can share memory with each other.
 constexpr int kMaxLocal = 1024;
 
@@ -47,9 +49,14 @@ struct alignas(64) Header {
   int32_t pid;
   uint32_t local_size;
   uint32_t slots;
-  uint32_t reserved;
+  uint32_t version;  // kLayoutVersion
   uint64_t slot_bytes;
   uint64_t inbox_bytes;
+  // The segment's size and a random number drawn when it was made: both are
+  // also published through the store, and a peer checks them before it
+  // reads anything else (shm_segment.h).
+  uint64_t bytes;
+  uint64_t nonce;
   // Set when the owner gives up on the communicator after a failure, or
   // closes it, so that peers still waiting on it fail at once instead of at
   // their deadline.

@@ -125,8 +125,7 @@ struct ShmTransport::Peer {
   int local = -1;
   pid_t pid = 0;
   Fd pidfd;
-  char* base = nullptr;  // its home segment, mapped here
-  size_t bytes = 0;
+  shm::Segment segment;  // its home segment, mapped here
   shm::Header* header = nullptr;
 
   shm::InboxControl* out = nullptr;  // our inbox in its segment: we write
@@ -168,59 +167,36 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
   // needs our consent (as Open MPI's CMA support asks for it too).
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 
-  t->home_bytes_ = shm::segment_bytes(local_size, settings.slots, settings.slot_bytes);
-  t->memfd_ = Fd(static_cast<int>(syscall(SYS_memfd_create, "ringreduce", MFD_CLOEXEC)));
-  if (!t->memfd_.valid()) throw Error(errno_message("shared memory: memfd_create failed", errno));
-  if (ftruncate(t->memfd_.get(), static_cast<off_t>(t->home_bytes_)) != 0) {
-    throw Error(errno_message("shared memory: cannot size the segment", errno));
-  }
-  void* home =
-      mmap(nullptr, t->home_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, t->memfd_.get(), 0);
-  if (home == MAP_FAILED) throw Error(errno_message("shared memory: mmap failed", errno));
-  t->home_ = static_cast<char*>(home);
-  t->header_ = new (t->home_) shm::Header();
-  t->header_->magic = shm::kMagic;
+  const size_t bytes = shm::segment_bytes(local_size, settings.slots, settings.slot_bytes);
+  t->home_ = shm::Segment::create(bytes);
+  t->header_ = t->home_.header();
   t->header_->probe = reinterpret_cast<uint64_t>(&t->header_->magic);
-  t->header_->pid = getpid();
   t->header_->local_size = static_cast<uint32_t>(local_size);
   t->header_->slots = static_cast<uint32_t>(settings.slots);
   t->header_->slot_bytes = settings.slot_bytes;
   t->header_->inbox_bytes = shm::inbox_bytes(settings.slots, settings.slot_bytes);
 
-  store.set(prefix + "shm/" + std::to_string(rank),
-            std::to_string(getpid()) + ":" + std::to_string(t->memfd_.get()));
+  store.set(prefix + "shm/" + std::to_string(rank), t->home_.record().encode());
   for (int l = 0; l < local_size; ++l) {
     const int r = local_ranks[static_cast<size_t>(l)];
     if (r == rank) continue;
     auto p = std::make_unique<Peer>();
     p->rank = r;
     p->local = l;
-    const std::string where = store.get(prefix + "shm/" + std::to_string(r), deadline);
-    const size_t colon = where.find(':');
-    p->pid = static_cast<pid_t>(std::stol(where.substr(0, colon)));
-    const std::string path = "/proc/" + where.substr(0, colon) + "/fd/" + where.substr(colon + 1);
-    Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-    if (!fd.valid()) {
-      throw Error(errno_message("shared memory: cannot open the segment of " + rank_name(r) + " (" +
-                                    path +
-                                    "); processes of one host must be able to "
-                                    "see each other's /proc, or use transport='tcp'",
-                                errno));
-    }
-    p->bytes = t->home_bytes_;
-    void* base = mmap(nullptr, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (base == MAP_FAILED) {
-      throw Error(errno_message("shared memory: cannot map the segment of " + rank_name(r), errno));
-    }
-    p->base = static_cast<char*>(base);
-    p->header = reinterpret_cast<shm::Header*>(p->base);
-    if (p->header->magic != shm::kMagic || p->header->local_size != t->header_->local_size ||
-        p->header->slots != t->header_->slots || p->header->slot_bytes != t->header_->slot_bytes) {
+    const shm::SegmentRecord record =
+        shm::SegmentRecord::decode(store.get(prefix + "shm/" + std::to_string(r), deadline), r);
+    p->pid = record.pid;
+    // Checked before it is mapped, and its header before anything else is read.
+    p->segment = shm::Segment::attach(record, bytes, r);
+    p->header = p->segment.header();
+    if (p->header->local_size != t->header_->local_size ||
+        p->header->slots != t->header_->slots || p->header->slot_bytes != t->header_->slot_bytes ||
+        p->header->inbox_bytes != t->header_->inbox_bytes) {
       throw Error("shared memory: the segment of " + rank_name(r) +
                   " has another layout (a different ringreduce version or settings)");
     }
-    p->out = shm::inbox(p->base, t->local_);
-    p->in = shm::inbox(t->home_, l);
+    p->out = shm::inbox(p->segment.base(), t->local_);
+    p->in = shm::inbox(t->home_.base(), l);
     p->consumed.assign(settings.slots, 0);
     p->pidfd = Fd(pidfd_open(p->pid));
     // Can we read its memory? Then it may send us large messages by address.
@@ -236,7 +212,7 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
   for (int r : local_ranks) {
     if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline);
   }
-  t->memfd_.reset();
+  t->home_.close_fd();
   for (auto& p : t->peers_) {
     if (p) p->by_address = p->header->cma_from[t->local_].load(std::memory_order_acquire) != 0;
   }
@@ -445,6 +421,9 @@ bool ShmTransport::progress() {
 
 void ShmTransport::wake() {
   wakes_.fetch_add(1);
+  // Any thread may wake us, also while another closes: the header is read
+  // under the lock that close() takes to unmap it.
+  std::lock_guard<std::mutex> lock(life_mu_);
   if (header_ != nullptr) header_->doorbell.ring();
 }
 
@@ -554,18 +533,26 @@ void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {
 }
 
 void ShmTransport::abort() noexcept {
-  if (aborted_ || header_ == nullptr) return;
-  aborted_ = true;
-  // Peers waiting on us fail now rather than at their deadline; they look at
-  // the flag whenever a wait of theirs sleeps or spins long.
-  header_->aborted.store(1, std::memory_order_release);
-  for (auto& p : peers_) {
-    if (p) p->header->doorbell.ring();
+  {
+    std::lock_guard<std::mutex> lock(life_mu_);
+    if (aborted_ || header_ == nullptr) return;
+    aborted_ = true;
+    // Peers waiting on us fail now rather than at their deadline; they look
+    // at the flag whenever a wait of theirs sleeps or spins long.
+    header_->aborted.store(1, std::memory_order_release);
+    for (auto& p : peers_) {
+      if (p) p->header->doorbell.ring();
+    }
   }
   close();
 }
 
+// Safe to call from several threads, and more than once: the first caller
+// unmaps, under the lock wake() reads the header with. The caller makes sure
+// that no thread is inside a wait or progress() on this transport (the
+// communicator joins its threads first; a failing thread aborts its own).
 void ShmTransport::close() noexcept {
+  std::lock_guard<std::mutex> lock(life_mu_);
   if (header_ == nullptr) return;
   // A peer still waiting on us (it went on while we stopped) learns it now.
   header_->closed.store(1, std::memory_order_release);
@@ -581,12 +568,11 @@ void ShmTransport::close() noexcept {
     p->sends.clear();
     p->by_address_sent.clear();
     p->recvs.clear();
-    if (p->base) munmap(p->base, p->bytes);
+    p->segment.unmap();
   }
   peers_.clear();
-  munmap(home_, home_bytes_);
-  home_ = nullptr;
   header_ = nullptr;
+  home_.unmap();
 }
 
 }  // namespace rr

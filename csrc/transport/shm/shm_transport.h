@@ -18,8 +18,9 @@
 // asks for it.
 //
 // Segments are memfds: no name in /dev/shm, nothing left behind when ranks
-// exit or are killed. A peer maps ours through /proc/<pid>/fd/<n>; once every
-// peer has, we close the fd and the memory lives as long as a mapping does.
+// exit or are killed. A peer maps ours through /proc/<pid>/fd/<n>, checked
+// before it is trusted (shm_segment.h); once every peer has, we close the fd
+// and the memory lives as long as a mapping does.
 //
 // Waiting spins for `spin` (a neighbour's message is usually microseconds
 // away), then sleeps on this rank's doorbell (a futex), which peers ring when
@@ -34,12 +35,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/socket.h"
 #include "rendezvous/store.h"
 #include "transport/shm/shm_layout.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 #include "transport/view_pool.h"
 
@@ -105,10 +108,9 @@ class ShmTransport : public Transport {
   int rank_;
   int size_;
   ShmSettings settings_;
-  Fd memfd_;
-  char* home_ = nullptr;  // our segment
-  size_t home_bytes_ = 0;
-  shm::Header* header_ = nullptr;
+  shm::Segment home_;  // our segment
+  shm::Header* header_ = nullptr;  // home_'s header while mapped; null once closed
+  std::mutex life_mu_;             // wake() against close()
   std::atomic<uint64_t> wakes_{0};
   int local_ = -1;                            // our index among the local ranks
   std::vector<std::unique_ptr<Peer>> peers_;  // by global rank; null for other hosts

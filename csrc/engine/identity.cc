@@ -1,0 +1,142 @@
+#include "engine/identity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "common/error.h"
+#include "security/auth.h"
+
+namespace rr {
+namespace {
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string meeting_place(int size) { return "rr/w" + std::to_string(size) + "/"; }
+
+std::string ask_key(int size, int rank) {
+  return meeting_place(size) + "ask/" + std::to_string(rank);
+}
+
+std::string answer_key(int size, int rank, const std::string& ticket) {
+  return meeting_place(size) + "answer/" + std::to_string(rank) + "/" + ticket;
+}
+
+std::string seat_key(const std::string& id, int rank) {
+  return identity_prefix(id) + "seat/" + std::to_string(rank);
+}
+
+// Polling the store: quick at first (the others are usually there already),
+// then no more than every 20 ms.
+class Backoff {
+ public:
+  void sleep(const Deadline& deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, deadline.poll_ms(ms_))));
+    ms_ = std::min(ms_ * 2, 20);
+  }
+  void reset() { ms_ = 1; }
+
+ private:
+  int ms_ = 1;
+};
+
+// Rank 0: answers the tickets of every rank until each has taken its seat.
+void seat_everyone(Store& store, int size, const std::string& id, const std::string& meeting,
+                   const Deadline& deadline) {
+  std::set<int> pending;
+  for (int r = 1; r < size; ++r) pending.insert(r);
+  std::set<std::pair<int, std::string>> answered;
+  Backoff backoff;
+  while (!pending.empty()) {
+    bool news = false;
+    for (auto it = pending.begin(); it != pending.end();) {
+      const int r = *it;
+      if (store.try_get(seat_key(id, r))) {
+        it = pending.erase(it);
+        news = true;
+        continue;
+      }
+      if (auto ticket = store.try_get(ask_key(size, r))) {
+        if (answered.insert({r, *ticket}).second) {
+          store.set(answer_key(size, r, *ticket), id);
+          news = true;
+        }
+      }
+      ++it;
+    }
+    if (pending.empty()) break;
+    if (deadline.expired()) {
+      const int r = *pending.begin();
+      throw TimeoutError("rank " + std::to_string(r) + " did not join within " +
+                             format_seconds(deadline.seconds()) + " s; rank 0 waited for it at " +
+                             meeting +
+                             ". Check that it was started, with the same rendezvous settings "
+                             "and world size " +
+                             std::to_string(size) + ", and can reach that address",
+                         r);
+    }
+    if (news) backoff.reset();
+    backoff.sleep(deadline);
+  }
+}
+
+// Rank r > 0: asks rank 0 for the id with a fresh ticket, then takes its seat.
+std::string ask_for_id(Store& store, int rank, int size, const std::string& meeting,
+                       const Deadline& deadline) {
+  // Re-publish the ticket now and then: a rank r of another communicator
+  // meeting on the same store may have overwritten it before rank 0 read it.
+  constexpr auto kRepublish = std::chrono::milliseconds(100);
+  while (true) {
+    const std::string ticket = hex64(random_u64());
+    store.set(ask_key(size, rank), ticket);
+    Clock::time_point asked = Clock::now();
+    Backoff backoff;
+    std::optional<std::string> id;
+    while (!(id = store.try_get(answer_key(size, rank, ticket)))) {
+      if (deadline.expired()) {
+        throw TimeoutError("rank 0 did not join within " + format_seconds(deadline.seconds()) +
+                               " s; rank " + std::to_string(rank) + " waited for it at " +
+                               meeting +
+                               ". Check that it was started, with the same rendezvous settings "
+                               "and world size " +
+                               std::to_string(size) + ", and can reach that address",
+                           0);
+      }
+      if (Clock::now() - asked >= kRepublish) {
+        store.set(ask_key(size, rank), ticket);
+        asked = Clock::now();
+      }
+      backoff.sleep(deadline);
+    }
+    if (id->size() != 16 ||
+        id->find_first_not_of("0123456789abcdef") != std::string::npos) {
+      throw Error("rendezvous: rank 0 answered rank " + std::to_string(rank) +
+                  " with a malformed communicator id (" + std::to_string(id->size()) +
+                  " bytes); is something else writing to this store?");
+    }
+    if (store.set_if_absent(seat_key(*id, rank), ticket) == ticket) return *id;
+    // Another rank `rank` (of a communicator made at the same time on this
+    // store) took this seat first: ask again.
+  }
+}
+
+}  // namespace
+
+std::string agree_on_identity(Store& store, int rank, int size, const std::string& meeting,
+                              const Deadline& deadline) {
+  if (rank == 0) {
+    const std::string id = hex64(random_u64());
+    if (size > 1) seat_everyone(store, size, id, meeting, deadline);
+    return id;
+  }
+  return ask_for_id(store, rank, size, meeting, deadline);
+}
+
+}  // namespace rr

@@ -10,6 +10,7 @@
 #include "algorithms/ring_schedule.h"
 #include "bindings/codes.h"
 #include "common/error.h"
+#include "common/fault_report.h"
 #include "config.h"
 #include "reduce/cpu_kernels.h"
 #include "security/auth.h"
@@ -168,6 +169,7 @@ void register_testing(py::module_& t) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ringreduce C++ engine (internal; use the ringreduce package)";
   py::register_exception_translator(&translate);
+  rr::install_fault_report_if_requested();  // RINGREDUCE_DEBUG=faults: a word on SIGBUS/SIGSEGV
 
   register_enums(m);
   register_communicator(m);

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -25,7 +24,6 @@ std::string link_target(const char* path) {
 }  // namespace
 
 std::string host_identity() {
-  if (const char* forced = std::getenv("RINGREDUCE_HOST_ID")) return forced;
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return std::string(name) + "|" + first_line("/proc/sys/kernel/random/boot_id") + "|" +

@@ -11,7 +11,7 @@ namespace rr {
 std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Options& options) {
   if (options.timeout_seconds <= 0) throw InvalidArgument("timeout must be > 0 seconds");
   const Deadline deadline = Deadline::after(options.timeout_seconds);
-  auto channel = MpiChannel::open(comm, deadline, /*watch_liveness=*/true);
+  auto channel = MpiChannel::open(comm, deadline, /*watch_liveness=*/true, options.socket_addr);
   auto store = make_mpi_store(channel);
   const NetworkFactory mpi = [&] { return std::make_unique<MpiTransport>(channel); };
   const std::string prefix = identity_prefix(

@@ -1,5 +1,8 @@
 // A communicator's settings, read once at the edge (ringreduce.init reads the
-// arguments and the RINGREDUCE_* environment) and passed down as values.
+// arguments and the RINGREDUCE_* environment, python/ringreduce/_env.py) and
+// passed down as values: the engine reads no environment of its own. The
+// defaults here are the only ones; Python reads them from a default-made
+// _core.Options().
 #pragma once
 
 #include <cstddef>
@@ -20,7 +23,7 @@ struct Options {
   // "auto" (shared memory between ranks of one host, the network transport
   // between hosts).
   std::string transport = "auto";
-  std::string host_id;  // which host this is; empty: host_identity()
+  std::string host_id;  // which host this is (RINGREDUCE_HOST_ID); empty: host_identity()
   long spin_us = 50;    // spinning before a wait sleeps (RINGREDUCE_SPIN_US)
   // Shared memory: messages from this size go by address, in one copy, where
   // the kernel allows cross-memory attach (RINGREDUCE_SHM_SINGLE_COPY_BYTES;
@@ -29,7 +32,9 @@ struct Options {
   // size, so that every message fits one slot and is read where it lies).
   size_t shm_single_copy_bytes = 0;
   size_t shm_slot_bytes = 0;
-  std::string socket_addr;  // the address peers reach our sockets at (RINGREDUCE_SOCKET_ADDR)
+  // The address peers reach our sockets at, data links and the MPI liveness
+  // mesh alike (RINGREDUCE_SOCKET_ADDR); empty: the default route's interface.
+  std::string socket_addr;
   // TCP connections (streams) per link into this rank, messages striped
   // across them (RINGREDUCE_TCP_STREAMS, 1..16); 0: from the NIC's speed
   // (default_tcp_streams in transport/tcp/tcp_transport.h).

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -68,7 +67,7 @@ bool MpiChannel::test_until(MPI_Request& request, const Deadline& deadline) {
 }
 
 std::shared_ptr<MpiChannel> MpiChannel::open(MPI_Comm comm, const Deadline& deadline,
-                                             bool watch_liveness) {
+                                             bool watch_liveness, const std::string& socket_addr) {
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
@@ -135,14 +134,13 @@ std::shared_ptr<MpiChannel> MpiChannel::open(MPI_Comm comm, const Deadline& dead
   }
   channel->instance_ = instance;
   if (watch_liveness && channel->size_ > 1 && channel->size_ <= kMaxLivenessRanks) {
-    channel->watch_liveness(deadline);
+    channel->watch_liveness(deadline, socket_addr);
   }
   return channel;
 }
 
-void MpiChannel::watch_liveness(const Deadline& deadline) {
-  const char* addr = std::getenv("RINGREDUCE_SOCKET_ADDR");
-  const std::string advertise = addr && *addr ? addr : local_ip_towards("192.0.2.1");
+void MpiChannel::watch_liveness(const Deadline& deadline, const std::string& socket_addr) {
+  const std::string advertise = socket_addr.empty() ? local_ip_towards("192.0.2.1") : socket_addr;
   // Every rank gets the same outcome: each says whether it is connected, and
   // the mesh is kept only if all are.
   const Liveness::Allgather allgather = [&](const std::string& mine) {

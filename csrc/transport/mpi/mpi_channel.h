@@ -36,9 +36,12 @@ class MpiChannel {
   // With `watch_liveness`, also connects a Liveness mesh (common/liveness.h)
   // so that a rank whose process ends is known within moments; without it (or
   // if the ranks cannot reach each other's sockets) dead ranks are found by
-  // timeouts, as MPI alone allows.
+  // timeouts, as MPI alone allows. The mesh's sockets are advertised at
+  // `socket_addr` (Options::socket_addr); empty: the address of the default
+  // route's interface.
   static std::shared_ptr<MpiChannel> open(MPI_Comm comm, const Deadline& deadline,
-                                          bool watch_liveness = false);
+                                          bool watch_liveness = false,
+                                          const std::string& socket_addr = {});
   ~MpiChannel();
   MpiChannel(const MpiChannel&) = delete;
   MpiChannel& operator=(const MpiChannel&) = delete;
@@ -100,7 +103,7 @@ class MpiChannel {
   // other communicators keep progressing while we wait for slow ranks.
   bool test_until(MPI_Request& request, const Deadline& deadline);
   void send_control(char kind, const std::string& payload);
-  void watch_liveness(const Deadline& deadline);
+  void watch_liveness(const Deadline& deadline, const std::string& socket_addr);
   void reap_outgoing(bool final);
 
   MPI_Comm comm_ = MPI_COMM_NULL;

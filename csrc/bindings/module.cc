@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/fault_report.h"
 #include "config.h"
+#include "engine/options.h"
 #include "reduce/cpu_kernels.h"
 #include "security/auth.h"
 #include "testing/fuzz.h"
@@ -164,6 +165,109 @@ void register_testing(py::module_& t) {
       "of accepted, rejected and incomplete inputs and of contract violations.");
 }
 
+// The latency paths' limit at `size` ranks: Options::small_bytes at 2 ranks,
+// scaled by 2/N (they send N/2 times the ring's bytes or more); 0 at one
+// rank. The rule of small_message_bytes in engine/communicator.cc, which keeps
+// it private there; tests/test_engine_choice.py checks running communicators
+// against this.
+size_t small_message_bytes(size_t small_bytes, int size) {
+  return size > 1 ? small_bytes * 2 / static_cast<size_t>(size) : 0;
+}
+
+// A transport of `size` ranks that carries nothing: all the choice of
+// algorithm asks of its transport is the number of ranks.
+class ShapeOnlyTransport final : public rr::Transport {
+ public:
+  ShapeOnlyTransport(int size, bool reaches_all) : size_(size), reaches_all_(reaches_all) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  const char* name() const override { return "shape only"; }
+  rr::RequestPtr isend(int, const void*, size_t) override { refuse(); }
+  rr::RequestPtr irecv(int, void*, size_t) override { refuse(); }
+  rr::RequestPtr irecv_view(int, size_t) override { refuse(); }
+  void release(rr::Request&) override { refuse(); }
+  void wait(rr::Request&, const rr::Deadline&) override { refuse(); }
+  bool progress() override { return false; }
+  bool wait_for(rr::Request&, std::chrono::microseconds) override { refuse(); }
+  bool reaches(int peer) const override {
+    return peer > 0 && peer < size_ && (reaches_all_ || peer == 1 || peer == size_ - 1);
+  }
+  void abort() noexcept override {}
+  rr::TransportStats stats() const override { return {}; }
+
+ private:
+  [[noreturn]] static void refuse() { throw rr::Error("a shape-only transport carries nothing"); }
+  int size_;
+  bool reaches_all_;
+};
+
+// The algorithm the engine runs `kind` with on `nbytes` per rank, for rank 0
+// of `world_size` ranks on hosts of `ranks_per_host` consecutive ranks (the
+// last host smaller when they do not divide), over a transport that reaches
+// every peer directly or only the ring neighbours: choose_algorithm itself,
+// with the context a communicator gives it. `explain`: explain_algorithm's
+// sentence instead of the name.
+std::string engine_choice(rr::CollectiveKind kind, size_t nbytes, int world_size,
+                          int ranks_per_host, bool reaches_all, const rr::Options& options,
+                          bool explain) {
+  if (world_size < 1) throw rr::InvalidArgument("world_size must be >= 1");
+  if (ranks_per_host < 1 || ranks_per_host > world_size) {
+    throw rr::InvalidArgument("ranks_per_host must be in 1..world_size");
+  }
+  std::vector<std::string> host_of(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    host_of[static_cast<size_t>(r)] = std::to_string(r / ranks_per_host);
+  }
+  const rr::Hierarchy hierarchy = rr::make_hierarchy(host_of, 0);
+  ShapeOnlyTransport transport(world_size, reaches_all);
+  std::vector<char> scratch;
+  rr::RingContext ctx{transport,
+                      options.timeout_seconds,
+                      options.segment_bytes,
+                      1,
+                      scratch,
+                      small_message_bytes(options.small_bytes, world_size)};
+  ctx.reaches_all = reaches_all;
+  ctx.hierarchy = &hierarchy;
+  ctx.policy = rr::parse_algorithm_policy(options.algorithm);
+  rr::CollectiveArgs args;
+  args.kind = kind;
+  args.dtype = rr::DataType::kUInt8;  // so that count is the byte count
+  args.count = nbytes;
+  return explain ? rr::explain_algorithm(ctx, args)
+                 : rr::algorithm_name(rr::choose_algorithm(ctx, args));
+}
+
+// The engine's rules, as pure functions of a job's shape and settings, for
+// the cost model (ringreduce.model) to follow instead of copying them.
+void register_rules(py::module_& m) {
+  m.def("small_message_bytes", &small_message_bytes, py::arg("small_bytes"), py::arg("world_size"),
+        "all_reduce up to this many bytes takes a latency path at world_size ranks: "
+        "small_bytes x 2 / world_size (0 at one rank).");
+  m.def(
+      "engine_algorithm",
+      [](rr::CollectiveKind kind, size_t nbytes, int world_size, int ranks_per_host,
+         bool reaches_all, const rr::Options& options) {
+        return engine_choice(kind, nbytes, world_size, ranks_per_host, reaches_all, options, false);
+      },
+      py::arg("kind"), py::arg("nbytes"), py::arg("world_size"), py::arg("ranks_per_host"),
+      py::arg("reaches_all"), py::arg("options"),
+      "The algorithm (\"ring\", \"small\", \"direct\" or \"hierarchical\") the engine runs "
+      "`kind` with on `nbytes` per rank: world_size ranks on hosts of ranks_per_host "
+      "consecutive ranks, over a transport that reaches every peer directly (reaches_all) "
+      "or only the ring neighbours, with options.small_bytes and options.algorithm.");
+  m.def(
+      "explain_engine_algorithm",
+      [](rr::CollectiveKind kind, size_t nbytes, int world_size, int ranks_per_host,
+         bool reaches_all, const rr::Options& options) {
+        return engine_choice(kind, nbytes, world_size, ranks_per_host, reaches_all, options, true);
+      },
+      py::arg("kind"), py::arg("nbytes"), py::arg("world_size"), py::arg("ranks_per_host"),
+      py::arg("reaches_all"), py::arg("options"),
+      "Why the engine picks engine_algorithm(...)'s algorithm: the sentence "
+      "RINGREDUCE_DEBUG=algorithm logs.");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -173,6 +277,7 @@ PYBIND11_MODULE(_core, m) {
 
   register_enums(m);
   register_communicator(m);
+  register_rules(m);
 
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
   m.def("local_ip_towards", &rr::local_ip_towards, py::arg("host"),

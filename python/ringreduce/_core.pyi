@@ -156,6 +156,29 @@ class Communicator:
 def chunk_bounds(count: int, parts: int, index: int) -> Tuple[int, int]: ...
 def local_ip_towards(host: str) -> str: ...
 def build_info() -> Dict[str, Union[str, bool, List[str]]]: ...
+def small_message_bytes(small_bytes: int, world_size: int) -> int:
+    """all_reduce up to this many bytes takes a latency path at world_size ranks."""
+
+def engine_algorithm(
+    kind: Collective,
+    nbytes: int,
+    world_size: int,
+    ranks_per_host: int,
+    reaches_all: bool,
+    options: Options,
+) -> str:
+    """The algorithm the engine runs ``kind`` with (choose_algorithm)."""
+
+def explain_engine_algorithm(
+    kind: Collective,
+    nbytes: int,
+    world_size: int,
+    ranks_per_host: int,
+    reaches_all: bool,
+    options: Options,
+) -> str:
+    """Why the engine picks that algorithm (explain_algorithm)."""
+
 def cuda_device_count() -> int: ...
 def cuda_device_properties(device: int = 0) -> Dict[str, Any]: ...
 def cuda_pointer_device(ptr: int) -> int: ...

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ringreduce import _core
 from ringreduce.model import COLLECTIVES, CostModel, Link, Sample, fit
 
 S7B = 7e9 * 2  # a 7B model's fp16 gradients, bytes
@@ -66,16 +67,96 @@ def test_time_grows_with_size_and_shrinks_with_bandwidth(collective):
         assert times[-1] > times[0]
 
 
-def test_engine_rule_follows_the_cpp_threshold():
-    # small_bytes x 2 / N: 64 KiB at 2 ranks, 16 KiB at 8.
+# Shapes the model describes, and whether their transport reaches every peer directly
+# (shared memory and MPI do; TCP only the ring neighbours, so every peer only at 2 ranks).
+SHAPES = [
+    (dict(ranks_per_host=8), True),
+    (dict(ranks_per_host=8, intra_link="tcp"), False),
+    (dict(ranks_per_host=2, intra_link="tcp"), True),
+    (dict(ranks_per_host=3, intra_link="mpi"), True),
+    (dict(hosts=2, ranks_per_host=2), False),
+    (dict(hosts=4, ranks_per_host=1), False),
+    (dict(hosts=2, ranks_per_host=4, intra_link="mpi", inter_link="mpi"), True),
+    (dict(hosts=3, ranks_per_host=2, small_bytes=10000), False),
+    (dict(ranks_per_host=4, small_bytes=0), True),
+    (dict(), True),
+]
+
+
+@pytest.mark.parametrize("shape, reaches_all", SHAPES)
+def test_engine_rule_is_the_engines(shape, reaches_all):
+    """The model asks the engine's own rule (_core.engine_algorithm) with its shape,
+    its links and its small_bytes, at the limit and on either side of it."""
+    m = CostModel(**shape)
+    assert m.reaches_every_peer() == reaches_all
+    options = _core.Options()
+    options.small_bytes = m.small_bytes
+    limit = _core.small_message_bytes(m.small_bytes, m.ranks)
+    assert m.small_limit() == limit
+    for nbytes in (0, 1, max(limit - 1, 0), limit, limit + 1, limit + 0.5, 1 << 30):
+        engine = _core.engine_algorithm(
+            _core.Collective.ALL_REDUCE,
+            math.ceil(nbytes),
+            m.ranks,
+            m.ranks_per_host,
+            reaches_all,
+            options,
+        )
+        assert m.engine_algorithm(nbytes) == engine, (shape, nbytes)
+        assert m.choose(max(nbytes, 1)).engine == m.engine_algorithm(max(nbytes, 1))
+
+
+def test_engine_rule_at_the_threshold():
+    # small_bytes x 2 / N: 64 KiB at 2 ranks, 16 KiB at 8 (the engine's defaults).
     shm8 = CostModel(ranks_per_host=8)
-    assert shm8.small_limit() == 16 << 10
-    assert shm8.engine_algorithm(16 << 10) == "direct"  # shared memory reaches every peer
-    assert shm8.engine_algorithm((16 << 10) + 4) == "ring"
+    assert shm8.small_limit() == shm8.small_bytes * 2 // 8
+    assert shm8.engine_algorithm(shm8.small_limit()) == "direct"  # shm reaches every peer
+    assert shm8.engine_algorithm(shm8.small_limit() + 4) == "ring"
     tcp8 = CostModel(ranks_per_host=8, intra_link="tcp")
     assert tcp8.engine_algorithm(1024) == "small"  # TCP reaches ring neighbours only
     assert CostModel(ranks_per_host=2, intra_link="tcp").engine_algorithm(1024) == "direct"
     assert CostModel(ranks_per_host=4, small_bytes=0).engine_algorithm(8) == "ring"
+    assert CostModel(hosts=2, ranks_per_host=2).engine_algorithm(1 << 30) == "hierarchical"
+    assert CostModel(hosts=2, ranks_per_host=2).candidates() == ("ring", "small", "hierarchical")
+    assert CostModel(hosts=4).candidates() == ("ring", "small")
+
+
+def test_defaults_are_the_engines():
+    from ringreduce import model
+
+    assert model.DEFAULT_SMALL_BYTES == _core.Options().small_bytes
+    assert model.DEFAULT_SEGMENT_BYTES == _core.Options().segment_bytes
+    assert CostModel().small_bytes == _core.Options().small_bytes
+
+
+def _ran(comm, counts):
+    """Which all_reduce algorithm each call of float32 ``count`` ran on this rank."""
+    import numpy as np
+
+    out = []
+    for count in counts:
+        before = comm.stats()["all_reduce_algorithms"]
+        comm.all_reduce(np.ones(count, dtype=np.float32))
+        after = comm.stats()["all_reduce_algorithms"]
+        out += [name for name in after if after[name] != before[name]]
+    return out
+
+
+@pytest.mark.parametrize(
+    "links, n, shape",
+    [
+        ("tcp", 3, dict(ranks_per_host=3, intra_link="tcp")),
+        ("shm", 4, dict(ranks_per_host=4)),
+        ("shm+tcp", 4, dict(hosts=2, ranks_per_host=2)),
+    ],
+)
+def test_engine_rule_matches_running_ranks(group_factory, links, n, shape):
+    """What the model says the engine runs is what running ranks run."""
+    m = CostModel(**shape)
+    limit = m.small_limit()
+    counts = [1, limit // 4, limit // 4 + 1, 1 << 18]
+    ran = group_factory(n, transport=links).run(_ran, counts)
+    assert ran == [[m.engine_algorithm(4 * c) for c in counts]] * n
 
 
 def test_choice_latency_paths_small_ring_large_hierarchical_across_hosts():

@@ -54,6 +54,8 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from . import _core
+
 __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
@@ -93,10 +95,11 @@ _ITEMSIZE = {
     "int64": 8,
 }
 
-# The engine's defaults (csrc/engine/options.h): the message size of every step, and
-# the all_reduce size at 2 ranks up to which the latency paths run (scaled by 2/N).
-DEFAULT_SEGMENT_BYTES = 128 << 10
-DEFAULT_SMALL_BYTES = 64 << 10
+# The engine's defaults, read from csrc/engine/options.h through a default-made Options:
+# the message size of every step, and the all_reduce size at 2 ranks up to which the
+# latency paths run (scaled by 2/N).
+DEFAULT_SEGMENT_BYTES: int = _core.Options().segment_bytes
+DEFAULT_SMALL_BYTES: int = _core.Options().small_bytes
 # reduce_scatter moves each chunk in pieces of this many segments (collective.cc).
 _PIECE_SEGMENTS = 4
 
@@ -274,6 +277,8 @@ class CostModel:
             raise ValueError(
                 f"hosts and ranks_per_host must be >= 1, got {self.hosts}, {self.ranks_per_host}"
             )
+        if self.small_bytes < 0:
+            raise ValueError(f"small_bytes must be >= 0, got {self.small_bytes}")
         if self.reduce_gbs is not None and not self.reduce_gbs > 0:
             raise ValueError(f"reduce_gbs must be positive or None, got {self.reduce_gbs}")
 
@@ -306,9 +311,9 @@ class CostModel:
         return tuple(kinds) or (self.intra_link,)
 
     def small_limit(self) -> int:
-        """all_reduce sizes up to this take a latency path: small_bytes x 2 / N, as
-        ``small_message_bytes`` in csrc/engine/communicator.cc (0 at one rank)."""
-        return self.small_bytes * 2 // self.ranks if self.ranks > 1 else 0
+        """all_reduce sizes up to this take a latency path: small_bytes x 2 / N (0 at one
+        rank), as the engine computes it."""
+        return _core.small_message_bytes(self.small_bytes, self.ranks)
 
     def reaches_every_peer(self) -> bool:
         """Whether every peer is reached directly: shared memory and MPI reach all, TCP
@@ -480,19 +485,34 @@ class CostModel:
 
     def engine_algorithm(self, nbytes: float) -> str:
         """The all_reduce algorithm the engine runs at ``nbytes`` with
-        RINGREDUCE_ALGORITHM=auto (choose_algorithm in csrc/algorithms/collective.cc): a
+        RINGREDUCE_ALGORITHM=auto: the engine's own rule (choose_algorithm in
+        csrc/algorithms/collective.cc, asked through ``_core.engine_algorithm``), a
         latency path up to :meth:`small_limit`; above it the hierarchical all_reduce
         where there are several hosts with several ranks each, else the ring."""
-        if self.ranks > 1 and nbytes <= self.small_limit():
-            return "direct" if self.reaches_every_peer() else "small"
-        if self.hosts > 1 and self.ranks_per_host > 1:
-            return "hierarchical"
-        return "ring"
+        return self._engine(nbytes, "auto")
+
+    def _engine(self, nbytes: float, policy: str) -> str:
+        """The engine's choice at ``nbytes`` under RINGREDUCE_ALGORITHM=``policy``."""
+        options = _core.Options()
+        options.small_bytes = self.small_bytes
+        options.segment_bytes = self.segment_bytes
+        options.algorithm = policy
+        # The engine counts whole bytes: a fraction of one more is one more.
+        top = 1 << 62
+        whole = 0 if not nbytes > 0 else top if nbytes >= top else math.ceil(nbytes)
+        return _core.engine_algorithm(
+            _core.Collective.ALL_REDUCE,
+            whole,
+            self.ranks,
+            self.ranks_per_host,
+            self.reaches_every_peer(),
+            options,
+        )
 
     def candidates(self) -> tuple[str, ...]:
         """The all_reduce algorithms that can run on this job's shape and links."""
         out = ["ring", "direct" if self.reaches_every_peer() else "small"]
-        if self.hosts > 1 and self.ranks_per_host > 1:
+        if self._engine(math.inf, "hierarchical") == "hierarchical":  # where it can run
             out.append("hierarchical")
         return tuple(out)
 

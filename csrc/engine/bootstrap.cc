@@ -149,6 +149,8 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
   // first, so that communicators sharing a store never read each other's.
   const std::string prefix =
       identity_prefix(agree_on_identity(*store, rank, size, meeting, deadline));
+  // Every rank has taken its seat, so every rank is connected to the store.
+  if (rank == 0) store->seal();
   std::string link_token = options.token;
   if (link_token.empty() && size > 1) {
     // No job token: the data links still prove a secret, agreed through the

@@ -25,6 +25,12 @@ class Store {
   // Waits until `key` is set. Throws TimeoutError naming the key at the deadline.
   std::string get(const std::string& key, const Deadline& deadline);
 
+  // Every rank of the communicator has connected: a store served here takes
+  // no new connections from now on, so that a rank that closed this
+  // communicator and makes the next one on the same address meets the next
+  // store, not this one on its way out. (Connections made stay open.)
+  virtual void seal() {}
+
   // True when this process serves the store, so that it ends with us.
   virtual bool hosted_here() const { return false; }
   // True once the store's host closed our connection without a goodbye: its

@@ -74,6 +74,8 @@ class StoreServer {
     stop_ = true;
     thread_.join();
   }
+  // The server thread closes the listening socket on its next round.
+  void stop_accepting() { sealed_ = true; }
 
  private:
   struct Client {
@@ -88,7 +90,8 @@ class StoreServer {
   void run() {
     while (!stop_) {
       std::vector<pollfd> fds;
-      fds.push_back({listener_.get(), POLLIN, 0});
+      if (sealed_ && listener_.valid()) listener_.reset();
+      fds.push_back({listener_.get(), POLLIN, 0});  // fd -1 once sealed: poll skips it
       for (auto& c : clients_) fds.push_back({c.fd.get(), POLLIN, 0});
       if (::poll(fds.data(), fds.size(), 100) > 0) {
         if (fds[0].revents & POLLIN) accept_all();
@@ -244,6 +247,7 @@ class StoreServer {
   std::vector<Client> clients_;
   std::map<std::string, std::string> data_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> sealed_{false};
   std::thread thread_;
 };
 
@@ -263,6 +267,9 @@ class TcpStore : public Store {
   }
   bool hosted_here() const override { return server_ != nullptr; }
   bool host_lost() const override { return lost_; }
+  void seal() override {
+    if (server_) server_->stop_accepting();
+  }
 
   std::string set_if_absent(const std::string& key, const std::string& value) override {
     if (auto known = noticed(key)) return *known;

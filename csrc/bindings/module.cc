@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdlib>
+
 #include "algorithms/collective.h"
 #include "algorithms/ring_schedule.h"
 #include "bindings/codes.h"
@@ -273,7 +275,7 @@ void register_rules(py::module_& m) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ringreduce C++ engine (internal; use the ringreduce package)";
   py::register_exception_translator(&translate);
-  rr::install_fault_report_if_requested();  // RINGREDUCE_DEBUG=faults: a word on SIGBUS/SIGSEGV
+  rr::install_fault_report_if_requested(std::getenv("RINGREDUCE_DEBUG"));  // SIGBUS report
 
   register_enums(m);
   register_communicator(m);

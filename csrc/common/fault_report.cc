@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 namespace rr {
@@ -240,11 +239,10 @@ void on_fault(int sig, siginfo_t* info, void* /*context*/) {
   if (info->si_code <= 0) ::raise(sig);
 }
 
-bool requested_by_environment() {
-  const char* text = std::getenv("RINGREDUCE_DEBUG");
-  if (text == nullptr) return false;
-  // A comma-separated list: does one of its topics read "faults" or "all"?
-  const char* p = text;
+// Whether the comma-separated list names "faults" or "all".
+bool names_faults(const char* topics) {
+  if (topics == nullptr) return false;
+  const char* p = topics;
   while (*p != '\0') {
     while (*p == ',' || *p == ' ') ++p;
     const char* start = p;
@@ -276,13 +274,13 @@ bool install_fault_report() {
   return true;
 }
 
-bool install_fault_report_if_requested() {
+bool install_fault_report_if_requested(const char* debug_topics) {
 #if defined(RINGREDUCE_FAULT_REPORT) || !defined(NDEBUG)
   constexpr bool kBuiltIn = true;
 #else
   constexpr bool kBuiltIn = false;
 #endif
-  return (kBuiltIn || requested_by_environment()) && install_fault_report();
+  return (kBuiltIn || names_faults(debug_topics)) && install_fault_report();
 }
 
 }  // namespace rr

@@ -18,10 +18,11 @@ namespace rr {
 // Returns whether this call installed it.
 bool install_fault_report();
 
-// Installs it when RINGREDUCE_DEBUG (a comma-separated list of topics) names
-// "faults" or "all", or always in a build with -DRINGREDUCE_FAULT_REPORT or
-// without NDEBUG (a CMake Debug build). The Python module calls this once,
-// when it is imported.
-bool install_fault_report_if_requested();
+// Installs it when `debug_topics` (RINGREDUCE_DEBUG's value, a comma-separated
+// list, or null) names "faults" or "all", or always in a build with
+// -DRINGREDUCE_FAULT_REPORT or without NDEBUG (a CMake Debug build). The
+// Python module reads the variable and calls this once, when it is imported:
+// the engine reads no environment.
+bool install_fault_report_if_requested(const char* debug_topics);
 
 }  // namespace rr

@@ -137,3 +137,89 @@ def test_a_port_that_is_not_a_number_names_its_variable(env, var):
     env(**{var: "http"})
     with pytest.raises(ValueError, match=f"{var} must be a port number, got 'http'"):
         _env.master_address(None, None)
+
+
+# The RINGREDUCE_* settings engine_options reads, by Options field.
+SETTINGS = {
+    "segment_bytes": "RINGREDUCE_SEGMENT_BYTES",
+    "small_bytes": "RINGREDUCE_SMALL_BYTES",
+    "algorithm": "RINGREDUCE_ALGORITHM",
+    "tcp_streams": "RINGREDUCE_TCP_STREAMS",
+    "spin_us": "RINGREDUCE_SPIN_US",
+    "shm_single_copy_bytes": "RINGREDUCE_SHM_SINGLE_COPY_BYTES",
+    "shm_slot_bytes": "RINGREDUCE_SHM_SLOT_BYTES",
+    "host_id": "RINGREDUCE_HOST_ID",
+    "socket_addr": "RINGREDUCE_SOCKET_ADDR",
+}
+
+
+@pytest.fixture
+def no_settings(monkeypatch):
+    for var in (*SETTINGS.values(), "RINGREDUCE_DEBUG", "RINGREDUCE_TEST_FAKE_DEVICE"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_unset_settings_keep_the_engines_defaults(no_settings):
+    from ringreduce import _core
+
+    defaults = _core.Options()
+    options = _env.engine_options("tcp", 7.0)
+    assert (options.transport, options.timeout_seconds) == ("tcp", 7.0)
+    for field in SETTINGS:
+        assert getattr(options, field) == getattr(defaults, field), field
+    assert _env.segment_bytes() == defaults.segment_bytes
+    assert _env.small_bytes() == defaults.small_bytes
+
+
+def test_set_settings_reach_their_options_field(no_settings):
+    values = {
+        "segment_bytes": 4096,
+        "small_bytes": 1000,
+        "algorithm": "ring",
+        "tcp_streams": 3,
+        "spin_us": 7,
+        "shm_single_copy_bytes": 1 << 20,
+        "shm_slot_bytes": 8192,
+        "host_id": "host-7",
+        "socket_addr": "10.0.0.7",
+    }
+    for field, value in values.items():
+        no_settings.setenv(SETTINGS[field], str(value))
+    options = _env.engine_options("auto", 1.0)
+    assert {field: getattr(options, field) for field in SETTINGS} == values
+
+
+@pytest.mark.parametrize(
+    "var, text",
+    [
+        ("RINGREDUCE_SEGMENT_BYTES", "0"),
+        ("RINGREDUCE_SEGMENT_BYTES", "lots"),
+        ("RINGREDUCE_SMALL_BYTES", "-1"),
+        ("RINGREDUCE_SMALL_BYTES", "64k"),
+        ("RINGREDUCE_TCP_STREAMS", "17"),
+    ],
+)
+def test_a_bad_setting_names_its_variable(no_settings, var, text):
+    no_settings.setenv(var, text)
+    with pytest.raises(ValueError, match=var):
+        _env.engine_options("auto", 1.0)
+
+
+def test_launcher_variables_are_read_here(env, monkeypatch):
+    monkeypatch.delenv("RINGREDUCE_TOKEN", raising=False)
+    assert _env.transport_setting() is None
+    assert _env.master_addr() is None
+    assert _env.token() == ""
+    assert not _env.launched_with_rank()
+    assert _env.launcher_rank() is None
+    env(RINGREDUCE_TRANSPORT="shm", MASTER_ADDR="10.0.0.3", RINGREDUCE_TOKEN="s3cret")
+    assert _env.transport_setting() == "shm"
+    assert _env.master_addr() == "10.0.0.3"
+    assert _env.token() == "s3cret"
+    env(OMPI_COMM_WORLD_RANK="2", OMPI_COMM_WORLD_SIZE="4")
+    assert _env.launcher_rank() == "2"
+    assert not _env.launched_with_rank()
+    env(RANK="1", WORLD_SIZE="4")
+    assert _env.launcher_rank() == "1"  # the first launcher that says, as rank_and_size
+    assert _env.launched_with_rank()

@@ -278,6 +278,21 @@ def test_cli_topology_and_calls(capsys):
     assert "model: hierarchical" in out  # the fastest is named first
 
 
+def test_cli_takes_the_engine_settings_from_the_environment(capsys, monkeypatch):
+    from ringreduce._model_cli import main
+
+    monkeypatch.setenv("RINGREDUCE_SMALL_BYTES", "0")  # no latency path: the ring
+    assert "1 KiB > 0 B (small_bytes x 2/N): ring" in run_cli(
+        capsys, "--ranks", "4", "--size", "1K"
+    )
+    monkeypatch.delenv("RINGREDUCE_SMALL_BYTES")
+    assert "engine: 1 KiB <= " in run_cli(capsys, "--ranks", "4", "--size", "1K")  # default
+    monkeypatch.setenv("RINGREDUCE_SMALL_BYTES", "64k")  # a mistake is said, not ignored
+    with pytest.raises(SystemExit):
+        main(["--ranks", "4", "--size", "1K"])
+    assert "RINGREDUCE_SMALL_BYTES" in capsys.readouterr().err
+
+
 def test_cli_rejects_a_bad_topology(capsys):
     from ringreduce._model_cli import main
 

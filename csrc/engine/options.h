@@ -11,8 +11,14 @@
 namespace rr {
 
 struct Options {
-  double timeout_seconds = 60.0;     // every wait gives up after this long without progress
-  size_t segment_bytes = 128 << 10;  // the message size of every step (RINGREDUCE_SEGMENT_BYTES)
+  double timeout_seconds = 60.0;  // every wait gives up after this long without progress
+  // The message size of every step (RINGREDUCE_SEGMENT_BYTES): large enough to
+  // amortize per-message overhead, small enough that reducing one segment
+  // overlaps the arrival of the next and that the segments in flight stay in
+  // the cache (shared-memory slots, TCP receive buffers). Measured side by side
+  // with MPI_Allreduce and Gloo (README, Performance), 128 KiB beat 1 MiB on
+  // shared memory at every size from 1 MB and matched it over TCP.
+  size_t segment_bytes = 128 << 10;
   // all_reduce up to this many bytes at 2 ranks (scaled by 2/N) skips the
   // ring for a latency path (RINGREDUCE_SMALL_BYTES).
   size_t small_bytes = 64 << 10;

@@ -61,7 +61,8 @@ class Collective:
     def value(self) -> int: ...
 
 class Options:
-    """A communicator's settings (see csrc/engine/options.h)."""
+    """A communicator's settings (see csrc/engine/options.h). A default-made one holds
+    the engine's defaults, the only copy of them: Python reads them from it."""
 
     timeout_seconds: float
     segment_bytes: int

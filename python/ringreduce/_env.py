@@ -1,9 +1,15 @@
-"""Where rank and world size come from, for each launcher we know."""
+"""The one reader of the environment: where rank and world size come from, for each
+launcher we know, and the RINGREDUCE_* settings. Other modules ask here, and the engine
+gets the settings as Options (csrc/engine/options.h, whose defaults are the only ones:
+they are read from a default-made ``_core.Options``).
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Optional, Tuple
+
+from . import _core
 
 # (rank variable, size variable), in the order they are trusted.
 _LAUNCHERS = (
@@ -165,22 +171,15 @@ def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
     return host, int(port)
 
 
-# Default pipelining unit: large enough to amortize per-message overhead, small
-# enough that reducing one segment overlaps the arrival of the next and that the
-# segments in flight stay in the cache (shared-memory slots, TCP receive buffers).
-# Measured side by side with MPI_Allreduce and Gloo (README, Performance), 128 KiB
-# beat 1 MiB on shared memory at every size from 1 MB and matched it over TCP.
-DEFAULT_SEGMENT_BYTES = 128 << 10
-
-
 def segment_bytes() -> int:
-    """RINGREDUCE_SEGMENT_BYTES (the size of every message of a collective), or 128 KiB.
+    """RINGREDUCE_SEGMENT_BYTES (the size of every message of a collective), or the
+    engine's default (128 KiB).
 
     Every rank of a job must use the same value: the call header compares them.
     """
     text = os.environ.get("RINGREDUCE_SEGMENT_BYTES", "")
     if not text:
-        return DEFAULT_SEGMENT_BYTES
+        return _core.Options().segment_bytes
     try:
         value = int(text)
     except ValueError:
@@ -206,6 +205,41 @@ def _int_env(name: str, default: int, low: int = 0) -> int:
     return value
 
 
+def small_bytes() -> int:
+    """RINGREDUCE_SMALL_BYTES (all_reduce up to this size at 2 ranks, scaled by 2/N,
+    takes a latency path), or the engine's default."""
+    return _int_env("RINGREDUCE_SMALL_BYTES", _core.Options().small_bytes)
+
+
+def transport_setting() -> Optional[str]:
+    """RINGREDUCE_TRANSPORT (which links ``transport="auto"`` means), or None."""
+    return os.environ.get("RINGREDUCE_TRANSPORT") or None
+
+
+def token() -> str:
+    """RINGREDUCE_TOKEN, the job's secret, or "" (none)."""
+    return os.environ.get("RINGREDUCE_TOKEN", "")
+
+
+def master_addr() -> Optional[str]:
+    """MASTER_ADDR as set (possibly empty), or None where it is not set."""
+    return os.environ.get("MASTER_ADDR")
+
+
+def launched_with_rank() -> bool:
+    """True when RANK and WORLD_SIZE are both set (ringreduce launch, torchrun)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launcher_rank() -> Optional[str]:
+    """This process's rank as the first launcher that sets one says, unchecked (for
+    messages), or None."""
+    for rank_var, _ in _LAUNCHERS:
+        if os.environ.get(rank_var):
+            return os.environ[rank_var]
+    return None
+
+
 DEBUG_TOPICS = ("algorithm",)
 
 
@@ -225,27 +259,28 @@ def debug_topics() -> set:
 
 def engine_options(transport: str, timeout: float) -> Any:
     """The engine's settings for a new communicator: ``transport`` and ``timeout`` as
-    given, the rest from the RINGREDUCE_* environment, read here once."""
-    from . import _core
-
+    given, the rest from the RINGREDUCE_* environment, read here once; what is not set
+    keeps the default of a default-made Options (csrc/engine/options.h)."""
     options = _core.Options()
     options.transport = transport
     options.timeout_seconds = float(timeout)
     options.segment_bytes = segment_bytes()
-    options.small_bytes = _int_env("RINGREDUCE_SMALL_BYTES", 64 << 10)
-    options.algorithm = os.environ.get("RINGREDUCE_ALGORITHM", "auto")
+    options.small_bytes = small_bytes()
+    options.algorithm = os.environ.get("RINGREDUCE_ALGORITHM", options.algorithm)
     options.log_algorithm = "algorithm" in debug_topics()
-    options.tcp_streams = _int_env("RINGREDUCE_TCP_STREAMS", 0)
+    options.tcp_streams = _int_env("RINGREDUCE_TCP_STREAMS", options.tcp_streams)
     if options.tcp_streams > 16:
         raise ValueError(
             f"RINGREDUCE_TCP_STREAMS must be 1..16 (0 or unset: from the NIC's speed), "
             f"got {options.tcp_streams}"
         )
-    options.spin_us = _int_env("RINGREDUCE_SPIN_US", 50)
-    options.shm_single_copy_bytes = _int_env("RINGREDUCE_SHM_SINGLE_COPY_BYTES", 0)
-    options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", 0)
-    options.host_id = os.environ.get("RINGREDUCE_HOST_ID", "")
-    options.socket_addr = os.environ.get("RINGREDUCE_SOCKET_ADDR", "")
+    options.spin_us = _int_env("RINGREDUCE_SPIN_US", options.spin_us)
+    options.shm_single_copy_bytes = _int_env(
+        "RINGREDUCE_SHM_SINGLE_COPY_BYTES", options.shm_single_copy_bytes
+    )
+    options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", options.shm_slot_bytes)
+    options.host_id = os.environ.get("RINGREDUCE_HOST_ID", options.host_id)
+    options.socket_addr = os.environ.get("RINGREDUCE_SOCKET_ADDR", options.socket_addr)
     # Tests only: the engine's CPU stand-in for CUDA devices.
     options.fake_device = os.environ.get("RINGREDUCE_TEST_FAKE_DEVICE") == "1"
     return options

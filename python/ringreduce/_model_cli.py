@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import _env
 from ._bench_data import parse_size
 from .model import (
     COLLECTIVES,
@@ -98,11 +98,6 @@ def _topology(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tupl
     return hosts, local
 
 
-def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, "")
-    return int(text) if text.isdigit() else default
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "ringreduce model") -> int:
     """Entry point of ``ringreduce model``; returns the exit status."""
     parser = build_parser(prog)
@@ -144,6 +139,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce model") -> i
             reduce_gbs = fitted_reduce
     _given(links, source, inter, args.link_gbps, args.alpha_us, 8.0)
     _given(links, source, "shm", args.shm_gbs, args.shm_alpha_us, 1.0)
+    try:
+        # As the engine would run here: the arguments, else RINGREDUCE_SEGMENT_BYTES /
+        # RINGREDUCE_SMALL_BYTES, else the engine's defaults.
+        segment_bytes = args.segment_bytes or _env.segment_bytes()
+        small_bytes = args.small_bytes if args.small_bytes is not None else _env.small_bytes()
+    except ValueError as exc:
+        parser.error(str(exc))
     model = CostModel(
         hosts=hosts,
         ranks_per_host=local,
@@ -151,10 +153,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce model") -> i
         intra_link=intra,
         inter_link=inter,
         reduce_gbs=reduce_gbs,
-        segment_bytes=args.segment_bytes or _env_int("RINGREDUCE_SEGMENT_BYTES", 128 << 10),
-        small_bytes=args.small_bytes
-        if args.small_bytes is not None
-        else _env_int("RINGREDUCE_SMALL_BYTES", 64 << 10),
+        segment_bytes=segment_bytes,
+        small_bytes=small_bytes,
     )
     report: dict[str, Any] = {"hosts": hosts, "ranks_per_host": local, "ranks": model.ranks}
     _print_model(model, source, args.reduce_gbs is not None)

@@ -60,6 +60,13 @@ Report classify(std::exception_ptr error, int rank) {
     r = {"timeout", e.peer(), rank, e.what()};
   } catch (const PeerError& e) {
     r = {"peer", e.peer(), rank, e.what()};
+  } catch (const Interrupted&) {
+    // This rank's caller stopped it (Ctrl-C): to the others it is a peer
+    // that left, and it is the one to name.
+    r = {"peer", rank, rank,
+         "rank " + std::to_string(rank) +
+             " was interrupted (Ctrl-C or another signal in its caller) and left the "
+             "communicator"};
   } catch (const std::exception& e) {
     r = {"error", -1, rank, e.what()};
   }

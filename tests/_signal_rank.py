@@ -1,12 +1,13 @@
 """One rank that loops an all_reduce until something stops it, and says what did.
 
-    python _signal_rank.py RANK SIZE PORT TRANSPORT HOSTS TIMEOUT MB [--p2p]
+    python _signal_rank.py RANK SIZE PORT TRANSPORT HOSTS TIMEOUT MB [MODE]
 
 (under mpirun: RANK and SIZE are -1 and come from the launcher, TRANSPORT is "mpi").
 Prints "ready RANK PID" once the communicator is made and its first call done, then
 "end RANK WHAT" for how the loop ended: WHAT is "interrupted", "peer P ..." (PeerError,
-P its .peer), "timeout P ..." (TimeoutError) or "error ..." (anything else). With --p2p the loop is a
-recv from the next rank instead (point-to-point waits).
+P its .peer), "timeout P ..." (TimeoutError) or "error ..." (anything else). MODE: "sync" (blocking
+all_reduce, the default), "async" (Work.wait()), "p2p" (a recv from the next rank),
+"init" (rank 0 says ready before init: it waits there for ranks never started).
 """
 
 from __future__ import annotations
@@ -28,26 +29,34 @@ def main() -> None:
 
     import ringreduce as rr
 
-    if transport == "mpi":
-        comm = rr.init("mpi", timeout=float(timeout))
-    else:
-        comm = rr.init(
-            transport,
-            rank=rank,
-            world_size=size,
-            master_addr="127.0.0.1",
-            master_port=int(port),
-            timeout=float(timeout),
-        )
+    mode = sys.argv[8] if len(sys.argv) > 8 else "sync"
+    try:
+        if mode == "init" and rank == 0:
+            print(f"ready {rank} {os.getpid()}", flush=True)  # waits for ranks never started
+        if transport == "mpi":
+            comm = rr.init("mpi", timeout=float(timeout))
+        else:
+            comm = rr.init(
+                transport,
+                rank=rank,
+                world_size=size,
+                master_addr="127.0.0.1",
+                master_port=int(port),
+                timeout=float(timeout),
+            )
+    except KeyboardInterrupt:
+        print(f"end {rank} interrupted", flush=True)
+        os._exit(0)
     x = np.ones(int(float(mb) * (1 << 20)) // 4, dtype=np.float32)
     out = np.empty_like(x)
     comm.all_reduce(x, out=out)
     print(f"ready {comm.rank} {os.getpid()}", flush=True)
-    p2p = "--p2p" in sys.argv
     try:
         while True:
-            if p2p:
+            if mode == "p2p":
                 comm.recv(out, src=(comm.rank + 1) % comm.world_size)
+            elif mode == "async":
+                comm.all_reduce(x, out=out, async_op=True).wait()
             else:
                 comm.all_reduce(x, out=out)
     except KeyboardInterrupt:

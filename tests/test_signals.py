@@ -31,7 +31,8 @@ TRANSPORTS = ["tcp", "shm", "shm+tcp", pytest.param("mpi", marks=[pytest.mark.mp
 class Ranks:
     """n rank processes (one mpirun for "mpi"), their stdout read line by line."""
 
-    def __init__(self, n: int, links: str, timeout: float, mb: float, *extra: str):
+    def __init__(self, n: int, links: str, timeout: float, mb: float, *extra: str, only=None):
+        """n ranks; `only`: start just these of them (the others never come)."""
         transport, hosts = _HOSTS[links]
         port = str(free_port())
         if links == "mpi":
@@ -54,9 +55,9 @@ class Ranks:
                     stderr=subprocess.STDOUT,
                     text=True,
                 )
-                for r in range(n)
+                for r in (range(n) if only is None else only)
             ]
-        self.n = n
+        self.n = len(self.procs) if links != "mpi" else n
         self.pid = {}  # rank -> pid
         self.ended = {}  # rank -> (what, seconds since the test's mark)
         self.lines = []
@@ -168,5 +169,56 @@ def test_a_rank_paused_mid_call_is_named_by_every_other_rank(links):
             kind, peer = what.split()[:2]
             assert kind in ("timeout", "peer") and peer == "1", f"rank {r}: {what}"
             assert seconds < 3 * timeout + 5, f"rank {r} named it after {seconds:.1f} s"
+    finally:
+        ranks.close()
+
+
+@pytest.mark.parametrize("links", ["tcp", "shm"])
+def test_ctrl_c_in_work_wait_raises_at_once_and_the_peer_names_the_interrupted_rank(links):
+    ranks = Ranks(2, links, 60, 64, "async")
+    try:
+        ranks.wait_ready()
+        time.sleep(0.5)
+        ranks.signal(1, signal.SIGSTOP)
+        time.sleep(0.5)
+        ranks.signal(0, signal.SIGINT)
+        ended = ranks.wait_ended([0], 10)
+        assert 0 in ended, "\n".join(ranks.lines[-20:])
+        what, seconds = ended[0]
+        assert what == "interrupted" and seconds < 2.5, (what, seconds)
+        os.kill(ranks.pid[1], signal.SIGCONT)
+        ended = ranks.wait_ended([1], 30)
+        assert 1 in ended, "\n".join(ranks.lines[-20:])
+        assert ended[1][0].startswith("peer 0 "), ended[1][0]
+    finally:
+        ranks.close()
+
+
+@pytest.mark.parametrize("links", ["tcp", "shm"])
+def test_ctrl_c_in_a_point_to_point_recv_raises_at_once(links):
+    ranks = Ranks(2, links, 60, 1, "p2p")
+    try:
+        ranks.wait_ready()
+        time.sleep(0.5)  # both ranks wait for a message that never comes
+        ranks.signal(0, signal.SIGINT)
+        ended = ranks.wait_ended([0], 10)
+        assert 0 in ended, "\n".join(ranks.lines[-20:])
+        what, seconds = ended[0]
+        assert what == "interrupted" and seconds < 1.5, (what, seconds)
+    finally:
+        ranks.close()
+
+
+def test_ctrl_c_while_init_waits_for_the_other_ranks():
+    ranks = Ranks(2, "tcp", 60, 1, "init", only=[0])  # rank 1 never comes
+    try:
+        ranks.wait_ready()
+        time.sleep(1.0)
+        ranks.signal(0, signal.SIGINT)
+        ended = ranks.wait_ended([0], 10)
+        assert 0 in ended, "\n".join(ranks.lines[-20:])
+        what, seconds = ended[0]
+        # Rank 0 hosts the store and stays up to a second so others could read why.
+        assert what == "interrupted" and seconds < 2.5, (what, seconds)
     finally:
         ranks.close()

@@ -257,18 +257,26 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("description", &rr::Work::description);
 
   py::class_<rr::Communicator>(m, "Communicator")
-      .def_static("create_tcp", &rr::create_tcp_communicator, py::arg("rank"),
-                  py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
-                  py::arg("store_dir"), py::arg("options"),
-                  py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "create_tcp",
+          [](int rank, int world_size, const std::string& master_addr, int master_port,
+             const std::string& store_dir, const rr::Options& options) {
+            py::gil_scoped_release release;
+            PythonInterrupt interrupt;  // Ctrl-C while waiting for the other ranks
+            return rr::create_tcp_communicator(rank, world_size, master_addr, master_port,
+                                               store_dir, options, &interrupt);
+          },
+          py::arg("rank"), py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
+          py::arg("store_dir"), py::arg("options"))
       .def_static(
           "create_with_store",
           [](py::object store, int rank, int world_size, const std::string& advertise,
              const std::string& meeting, const rr::Options& options) {
             auto impl = std::make_unique<PythonStore>(std::move(store));
             py::gil_scoped_release release;
+            PythonInterrupt interrupt;
             return rr::create_store_communicator(std::move(impl), rank, world_size, advertise,
-                                                 meeting, options);
+                                                 meeting, options, &interrupt);
           },
           py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("advertise"),
           py::arg("meeting"), py::arg("options"),
@@ -280,6 +288,9 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("local_world_size", &rr::Communicator::local_size)
       .def_property_readonly("transport", &rr::Communicator::transport_name)
       .def_property_readonly("timeout", &rr::Communicator::timeout)
+      .def("interrupt", &rr::Communicator::interrupt,
+           "The caller stopped waiting (Ctrl-C): the running or next collective fails on the "
+           "worker as interrupted, the peers are told, and the communicator is broken.")
       .def(
           "submit",
           [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,

@@ -114,9 +114,10 @@ void check_arguments(int rank, int size, const Options& options) {
 std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
                                                       const std::string& master_addr,
                                                       int master_port, const std::string& store_dir,
-                                                      const Options& options) {
+                                                      const Options& options,
+                                                      const Interrupt* interrupt) {
   check_arguments(rank, size, options);
-  const Deadline deadline = Deadline::after(options.timeout_seconds);
+  const Deadline deadline = Deadline::after(options.timeout_seconds, interrupt);
   std::unique_ptr<Store> store;
   std::string advertise;
   std::string meeting;
@@ -215,10 +216,11 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
 std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,
                                                         int size, const std::string& advertise,
                                                         const std::string& meeting,
-                                                        const Options& options) {
+                                                        const Options& options,
+                                                        const Interrupt* interrupt) {
   check_arguments(rank, size, options);
   return create_communicator(std::move(store), rank, size, advertise, meeting, options,
-                             Deadline::after(options.timeout_seconds));
+                             Deadline::after(options.timeout_seconds, interrupt));
 }
 
 }  // namespace rr

@@ -50,7 +50,8 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
 std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
                                                       const std::string& master_addr,
                                                       int master_port, const std::string& store_dir,
-                                                      const Options& options);
+                                                      const Options& options,
+                                                      const Interrupt* interrupt = nullptr);
 
 // A communicator whose ranks meet through a store the caller made (a
 // torch.distributed store, through the bindings): every key goes there, so no
@@ -59,8 +60,11 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
 std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,
                                                         int size, const std::string& advertise,
                                                         const std::string& meeting,
-                                                        const Options& options);
+                                                        const Options& options,
+                                                        const Interrupt* interrupt = nullptr);
 
+// Both wait for the other ranks within options.timeout_seconds, asking
+// `interrupt` (if any) while they wait: Ctrl-C during a rendezvous.
 // The common end of both: links and the communicator, once a store is there.
 std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
                                                   std::string advertise, const std::string& meeting,

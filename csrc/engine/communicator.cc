@@ -112,6 +112,10 @@ std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int src, int6
 
 Communicator::~Communicator() { close(); }
 
+void Communicator::FlagInterrupt::check() const {
+  if (flag_.load()) throw Interrupted("interrupted: the caller stopped waiting (Ctrl-C)");
+}
+
 void Communicator::refuse_if_unusable() const {
   if (closing_ || closed_) {
     throw Error("rank " + std::to_string(rank_) + ": the communicator is closed");
@@ -244,7 +248,7 @@ void Communicator::worker() {
                 " was not run because an earlier collective failed: " + broken)));
     } else {
       try {
-        execute(item.args, item.mark.get(), item.seq, item.issuer, nullptr, false);
+        execute(item.args, item.mark.get(), item.seq, item.issuer, &worker_interrupt_, false);
         item.work->finish();
       } catch (...) {
         item.work->finish(on_failure(std::current_exception(), item.work->description(), item.seq));
@@ -359,6 +363,11 @@ void Communicator::close() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (closed_) return;
+    if (closing_ && std::this_thread::get_id() != worker_.get_id()) {
+      // Another thread is closing: return once it has.
+      cv_.wait(lock, [this] { return closed_; });
+      return;
+    }
     closing_ = true;
     cv_.notify_all();
     // A call running on another thread finishes first.
@@ -377,6 +386,7 @@ void Communicator::close() {
   store_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;
+  cv_.notify_all();
 }
 
 CommStats Communicator::stats() const {

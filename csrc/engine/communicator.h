@@ -13,6 +13,7 @@
 // error.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -85,8 +86,16 @@ class Communicator {
   std::shared_ptr<Work> send(const void* data, size_t bytes, int dst, int64_t tag);
   std::shared_ptr<Work> recv(void* data, size_t bytes, int src, int64_t tag);
 
-  // Finishes the queued work, then closes every connection. Idempotent.
+  // Finishes the queued work, then closes every connection. Idempotent, and
+  // safe to call from several threads at once (the others wait for the first).
   void close();
+
+  // The caller stopped waiting for this communicator's work (Ctrl-C in
+  // Work.wait()). The collective the worker runs, or else the next one it
+  // takes, fails as interrupted on the worker's own thread, which publishes
+  // the interruption so that the peers raise PeerError naming this rank, and
+  // the communicator is broken from then on.
+  void interrupt() { interrupted_.store(true); }
 
   // This rank refused a collective before issuing it (bad arguments: the
   // caller raised ValueError/TypeError), while the other ranks may be in it.
@@ -162,6 +171,18 @@ class Communicator {
   CommStats stats_;
   std::mutex devices_mu_;  // apart from mu_: making a Device can take a while
   std::map<int, std::unique_ptr<Device>> devices_;
+  // interrupt()'s flag, asked by the worker's waits through worker_interrupt_.
+  class FlagInterrupt final : public Interrupt {
+   public:
+    explicit FlagInterrupt(const std::atomic<bool>& flag)
+        : Interrupt(std::chrono::milliseconds(0)), flag_(flag) {}
+    void check() const override;  // throws Interrupted once the flag is set
+
+   private:
+    const std::atomic<bool>& flag_;
+  };
+  std::atomic<bool> interrupted_{false};
+  FlagInterrupt worker_interrupt_{interrupted_};
   std::thread worker_;
 };
 

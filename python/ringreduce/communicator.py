@@ -78,6 +78,11 @@ class Work:
                     finished = self._handle.wait(max(left, 0.0))
                 except MismatchError as exc:
                     raise (self._comm._issuer.explain(exc) or exc) from exc
+                except KeyboardInterrupt:
+                    # Ctrl-C: the collective is abandoned where it runs, on the worker,
+                    # which tells the peers (PeerError naming this rank there).
+                    self._comm._core.interrupt()
+                    raise
                 if limit is not None and time.monotonic() >= limit:
                     break
             if not finished:

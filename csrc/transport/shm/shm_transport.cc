@@ -1,10 +1,7 @@
 #include "transport/shm/shm_transport.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sched.h>
-#include <signal.h>
-#include <sys/mman.h>
+#include "transport/shm/shm_peer.h"
+
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -13,49 +10,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
 #include "common/error.h"
 
 namespace rr {
-namespace {
 
-// How long one sleep on the doorbell lasts at most: also how often a wait
-// looks at whether the awaited peer is still alive.
-constexpr std::chrono::microseconds kSleepSlice{100000};
-// While spinning, the clock is read every kRoundsPerLook rounds of looking
-// for messages, and the awaited peer's liveness every kSpinsPerLivenessCheck.
-constexpr unsigned kRoundsPerLook = 32;
-// A wait in the background spins this long at most (set_eager(false)).
-constexpr std::chrono::microseconds kPoliteSpin{2};
-constexpr unsigned kSpinsPerLivenessCheck = 32 * 1024;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-#endif
-}
-
-}  // namespace
-
-// One round of waiting without sleeping: a spin of the CPU when every rank of
-// the host has a core of its own; with more ranks than cores, a yield, since
-// the peer we wait for may be runnable on this very core.
-std::chrono::microseconds ShmTransport::spin() const {
-  return eager_ ? settings_.spin : std::min(settings_.spin, kPoliteSpin);
-}
-
-void ShmTransport::pause() const {
-  if (settings_.oversubscribed) {
-    sched_yield();
-  } else {
-    cpu_relax();
-  }
-}
-
-namespace {
+namespace shm {
 
 int pidfd_open(pid_t pid) {
 #ifdef SYS_pidfd_open
@@ -66,8 +26,6 @@ int pidfd_open(pid_t pid) {
 #endif
 }
 
-// Reads `bytes` at `remote` in process `pid` into `local`; false when the
-// kernel refuses (no permission), errno set.
 bool read_remote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
   char* out = static_cast<char*>(local);
   size_t done = 0;
@@ -88,60 +46,11 @@ bool read_remote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
   return true;
 }
 
-std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
+}  // namespace shm
 
-}  // namespace
-
-// A send or a receive. A receive into a view either points into its inbox
-// slot (`slot_index`, released by release()) or owns a bounce buffer.
-struct ShmTransport::Op : Request {
-  Op(int peer, char* data, size_t bytes, bool sending)
-      : peer_(peer), data(data), bytes(bytes), sending(sending) {}
-  bool done() const override { return done_; }
-  int peer() const override { return peer_; }
-  const char* view() const override { return is_view && done_ ? view_ptr : nullptr; }
-
-  int peer_;
-  char* data;
-  size_t bytes;
-  bool sending;
-  bool done_ = false;
-  size_t moved = 0;  // inline fragments: bytes copied so far
-  // Sends by address: the message's index in the peer's inbox; done once
-  // the receiver has released it.
-  uint64_t index = 0;
-  bool is_view = false;
-  const char* view_ptr = nullptr;
-  bool holds_slot = false;  // the view is an inbox slot, released by release()
-  uint64_t slot_index = 0;
-  ViewPool::Slot bounce;
-};
-
-// One rank on this host, seen from here: its mapped home segment, our inbox
-// in it (we send), its inbox in ours (we receive), and the operations queued
-// on each.
-struct ShmTransport::Peer {
-  int rank = -1;
-  int local = -1;
-  pid_t pid = 0;
-  Fd pidfd;
-  shm::Segment segment;  // its home segment, mapped here
-  shm::Header* header = nullptr;
-
-  shm::InboxControl* out = nullptr;  // our inbox in its segment: we write
-  uint64_t out_head = 0;
-  bool by_address = false;                // it can read our memory: large sends go by address
-  std::deque<std::shared_ptr<Op>> sends;  // not yet (fully) published
-  std::deque<std::shared_ptr<Op>> by_address_sent;  // published by address, not yet read
-
-  shm::InboxControl* in = nullptr;  // its inbox in our segment: we read
-  uint64_t in_next = 0;             // next message to take
-  uint64_t in_tail = 0;             // released so far (our copy of in->tail)
-  std::vector<uint8_t> consumed;    // by slot: taken and done with, not yet released
-  std::deque<std::shared_ptr<Op>> recvs;
-
-  uint64_t moved = 0;  // messages moved either way: how a wait tells progress
-};
+using shm::rank_name;
+using shm::read_remote;
+using shm::pidfd_open;
 
 ShmTransport::ShmTransport(int rank, int size, const ShmSettings& settings)
     : rank_(rank), size_(size), settings_(settings) {
@@ -417,119 +326,6 @@ bool ShmTransport::progress() {
     moved |= progress_sends(*p);
   }
   return moved;
-}
-
-void ShmTransport::wake() {
-  wakes_.fetch_add(1);
-  // Any thread may wake us, also while another closes: the header is read
-  // under the lock that close() takes to unmap it.
-  std::lock_guard<std::mutex> lock(life_mu_);
-  if (header_ != nullptr) header_->doorbell.ring();
-}
-
-bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
-  auto& op = static_cast<Op&>(request);
-  Peer& awaited = peer(op.peer_);
-  const Clock::time_point until = Clock::now() + slice;
-  const Clock::time_point spin_until = Clock::now() + std::min(spin(), slice);
-  const uint64_t wakes = wakes_.load();
-  while (true) {
-    const uint32_t seen = header_->doorbell.read();
-    progress();
-    if (op.done_) return true;
-    const Clock::time_point now = Clock::now();
-    if (now >= until || wakes_.load() != wakes) return false;
-    if (now < spin_until) {
-      pause();
-      continue;
-    }
-    check_peer(awaited, op);
-    if (op.done_) return true;
-    header_->doorbell.sleep(
-        seen,
-        std::min(kSleepSlice, std::chrono::duration_cast<std::chrono::microseconds>(until - now)));
-  }
-}
-
-void ShmTransport::check_peer(Peer& p, const Op& op) {
-  const bool aborted = p.header->aborted.load(std::memory_order_acquire) != 0;
-  const bool closed = p.header->closed.load(std::memory_order_acquire) != 0;
-  bool dead = false;
-  if (p.pidfd.valid()) {
-    pollfd fd{p.pidfd.get(), POLLIN, 0};
-    dead = ::poll(&fd, 1, 0) > 0;
-  } else {
-    dead = ::kill(p.pid, 0) != 0 && errno == ESRCH;
-  }
-  if (!aborted && !closed && !dead) return;
-  // What it published before it went is in our memory: take it first.
-  progress();
-  if (op.done_) return;
-  const std::string doing =
-      std::string(op.sending ? "sending to" : "waiting for data from") + " it over shared memory";
-  if (aborted) {
-    throw PeerError(rank_name(p.rank) + " gave up on the communicator (it failed) while " +
-                        rank_name(rank_) + " was " + doing,
-                    p.rank);
-  }
-  if (dead) {
-    throw PeerError(rank_name(p.rank) + " (pid " + std::to_string(p.pid) +
-                        " on this host) exited, crashed or was killed while " + rank_name(rank_) +
-                        " was " + doing,
-                    p.rank);
-  }
-  throw PeerError(
-      rank_name(p.rank) + " closed its communicator while " + rank_name(rank_) + " was " + doing,
-      p.rank);
-}
-
-void ShmTransport::wait(Request& request, const Deadline& deadline) {
-  auto& op = static_cast<Op&>(request);
-  if (op.done_) return;
-  Peer& awaited = peer(op.peer_);
-  Deadline window = deadline;
-  uint64_t moved = awaited.moved;
-  const Clock::time_point spin_until = Clock::now() + spin();
-  bool spinning = true;
-  unsigned rounds = 0;
-  while (true) {
-    const uint32_t seen = header_->doorbell.read();
-    progress();
-    if (op.done_) return;
-    // Clocks, the deadline and the peer's liveness are looked at every few
-    // rounds while spinning: a round without them is a few loads.
-    if (spinning && ++rounds % kRoundsPerLook != 0) {
-      pause();
-      continue;
-    }
-    if (awaited.moved != moved) {
-      // The deadline bounds time without progress on the awaited link.
-      moved = awaited.moved;
-      window = deadline.renewed();
-    }
-    if (window.expired()) fail_timeout(op, window);
-    if (spinning) {
-      spinning = Clock::now() < spin_until;
-      if (rounds % kSpinsPerLivenessCheck == 0 || !spinning) {
-        check_peer(awaited, op);
-        if (op.done_) return;
-      }
-      continue;
-    }
-    check_peer(awaited, op);
-    if (op.done_) return;
-    header_->doorbell.sleep(
-        seen, std::min<std::chrono::microseconds>(
-                  kSleepSlice, std::chrono::milliseconds(std::max(1, window.poll_ms(100)))));
-  }
-}
-
-void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {
-  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
-                         (op.sending ? "sending " : "receiving ") + std::to_string(op.bytes) +
-                         " bytes " + (op.sending ? "to " : "from ") + rank_name(op.peer_) +
-                         " over shared memory",
-                     op.peer_);
 }
 
 void ShmTransport::abort() noexcept {

@@ -15,17 +15,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import _env
 from .launch import free_port
 
 __all__ = ["GlooPeer", "MpiPeer", "Peer", "open_peers", "under_mpirun"]
 
-# Open MPI (mpirun/srun with PMIx) and MPICH/Intel MPI (Hydra) set these in every rank.
-_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-
 
 def under_mpirun() -> bool:
     """True when this process was started by an MPI launcher."""
-    return any(v in os.environ for v in _MPI_SIZE_VARS)
+    return _env.launched_by_mpirun()
 
 
 class Peer:
@@ -119,7 +117,7 @@ def _share_endpoint(comm: Any) -> tuple[str, int]:
     """
     msg = np.zeros(128, dtype=np.uint8)
     if comm.rank == 0:
-        addr = os.environ.get("MASTER_ADDR") or _host_address()
+        addr = _env.master_addr() or _host_address()
         text = f"{addr} {free_port(addr, span=1)}".encode()
         msg[: len(text)] = np.frombuffer(text, dtype=np.uint8)
     msg = comm.all_reduce(msg, "sum")

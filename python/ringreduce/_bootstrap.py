@@ -8,10 +8,9 @@ values.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
-from . import _core, _mpi
+from . import _core, _env, _mpi
 from ._env import engine_options, launched_by_mpirun, master_address, rank_and_size
 from .communicator import Communicator
 
@@ -58,7 +57,7 @@ def init(
     job is not disturbed. Without a token anyone who reaches the store's port can
     join; it then listens on loopback only when MASTER_ADDR is a loopback address.
     """
-    env_transport = os.environ.get("RINGREDUCE_TRANSPORT")
+    env_transport = _env.transport_setting()
     if transport == "auto" and env_transport:
         transport = env_transport
     if transport not in ("auto", "tcp", "mpi", "shm"):
@@ -95,7 +94,7 @@ def init(
         raise ValueError(f"rank {r} is not in [0, world_size={n})")
     if (
         master_addr is None
-        and "MASTER_ADDR" not in os.environ
+        and _env.master_addr() is None
         and not store_dir
         and rank is None
         and world_size is None
@@ -114,7 +113,7 @@ def init(
 def _token(token: Optional[str]) -> str:
     """The job token: the argument, else RINGREDUCE_TOKEN, else none ("")."""
     if token is None:
-        token = os.environ.get("RINGREDUCE_TOKEN", "")
+        token = _env.token()
     if not isinstance(token, str):
         raise TypeError(f"token must be a str, got {type(token).__name__}")
     if token and not token.isprintable():

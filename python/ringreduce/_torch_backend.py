@@ -12,14 +12,13 @@ objects and futures: _torch_work.py.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import _core
-from ._env import engine_options
+from ._env import engine_options, master_addr
 from ._torch_tensors import (
     _R,
     _bytes,
@@ -467,7 +466,7 @@ def _advertise(store: Any) -> str:
     else MASTER_ADDR, else the engine's default (RINGREDUCE_SOCKET_ADDR overrides)."""
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
-    host = getattr(store, "host", None) or os.environ.get("MASTER_ADDR")
+    host = getattr(store, "host", None) or master_addr()
     if not host:
         return ""
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _bench_peers, _bench_report
+from . import _bench_peers, _bench_report, _env
 
 # The reference data; re-exported, since bench.parse_size and friends are this module's API.
 from ._bench_data import (
@@ -125,8 +124,7 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
 
 def _in_job() -> bool:
     """True when started as one rank of a job (ringreduce launch, torchrun or mpirun)."""
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    return launched or _bench_peers.under_mpirun()
+    return _env.launched_with_rank() or _bench_peers.under_mpirun()
 
 
 def _without_nprocs(argv: Sequence[str]) -> list[str]:
@@ -226,12 +224,12 @@ def _run(args: argparse.Namespace, dtype: np.dtype) -> int:
             pass  # open_peers reports it
     import ringreduce as rr
 
-    transport = args.transport or os.environ.get("RINGREDUCE_TRANSPORT") or "auto"
+    transport = args.transport or _env.transport_setting() or "auto"
     try:
         comm = rr.init(transport, timeout=args.timeout)
     except (rr.RingReduceError, ValueError) as exc:
         # A setup problem (no such transport, rendezvous failed): one line, no traceback.
-        rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "?"
+        rank = _env.launcher_rank() or "?"
         print(f"ringreduce bench: rank {rank}: init failed: {exc}", file=sys.stderr)
         return 1
     try:

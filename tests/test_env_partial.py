@@ -223,3 +223,16 @@ def test_launcher_variables_are_read_here(env, monkeypatch):
     env(RANK="1", WORLD_SIZE="4")
     assert _env.launcher_rank() == "1"  # the first launcher that says, as rank_and_size
     assert _env.launched_with_rank()
+
+
+@pytest.mark.parametrize(
+    "text, log_algorithm",
+    [("faults", False), ("algorithm,faults", True), ("all", True), ("", False)],
+)
+def test_every_debug_topic_is_known(no_settings, text, log_algorithm):
+    # "faults" is read by _core as it loads; init() must not call it unknown.
+    no_settings.setenv("RINGREDUCE_DEBUG", text)
+    assert _env.engine_options("auto", 1.0).log_algorithm == log_algorithm
+    no_settings.setenv("RINGREDUCE_DEBUG", text + ",nonsense")
+    with pytest.raises(ValueError, match="unknown topic"):
+        _env.engine_options("auto", 1.0)

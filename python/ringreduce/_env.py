@@ -240,12 +240,13 @@ def launcher_rank() -> Optional[str]:
     return None
 
 
-DEBUG_TOPICS = ("algorithm",)
+DEBUG_TOPICS = ("algorithm", "faults")
 
 
 def debug_topics() -> set:
     """RINGREDUCE_DEBUG: a comma-separated list of what the engine logs to stderr.
-    ``algorithm``: for every collective, which algorithm runs and why."""
+    ``algorithm``: for every collective, which algorithm runs and why; ``faults``: where
+    a SIGBUS or SIGSEGV struck (installed when ``_core`` loads)."""
     text = os.environ.get("RINGREDUCE_DEBUG", "")
     topics = {t.strip() for t in text.split(",") if t.strip()}
     unknown = sorted(topics - set(DEBUG_TOPICS) - {"all"})

@@ -70,6 +70,13 @@ enum class AlgorithmPolicy : uint8_t { kAuto, kRing, kHierarchical };
 // Throws InvalidArgument unless `name` is "auto", "ring" or "hierarchical".
 AlgorithmPolicy parse_algorithm_policy(const std::string& name);
 
+// The latency paths send N/2 times the ring's bytes or more, so their
+// threshold shrinks as 2/N: `small_bytes` (Options) at 2 ranks, half that at
+// 4; 0 at one rank. The all_reduce size up to which they run.
+inline size_t small_message_bytes(size_t small_bytes, int size) {
+  return size > 1 ? small_bytes * 2 / static_cast<size_t>(size) : 0;
+}
+
 // What a collective runs with, besides its arguments: the communicator's link
 // to its peers and settings, and the memory it reuses from call to call.
 struct RingContext {

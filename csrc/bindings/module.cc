@@ -167,14 +167,7 @@ void register_testing(py::module_& t) {
       "of accepted, rejected and incomplete inputs and of contract violations.");
 }
 
-// The latency paths' limit at `size` ranks: Options::small_bytes at 2 ranks,
-// scaled by 2/N (they send N/2 times the ring's bytes or more); 0 at one
-// rank. The rule of small_message_bytes in engine/communicator.cc, which keeps
-// it private there; tests/test_engine_choice.py checks running communicators
-// against this.
-size_t small_message_bytes(size_t small_bytes, int size) {
-  return size > 1 ? small_bytes * 2 / static_cast<size_t>(size) : 0;
-}
+using rr::small_message_bytes;  // the engine's rule (algorithms/collective.h)
 
 // A transport of `size` ranks that carries nothing: all the choice of
 // algorithm asks of its transport is the number of ranks.
@@ -243,6 +236,10 @@ std::string engine_choice(rr::CollectiveKind kind, size_t nbytes, int world_size
 // The engine's rules, as pure functions of a job's shape and settings, for
 // the cost model (ringreduce.model) to follow instead of copying them.
 void register_rules(py::module_& m) {
+  m.def("install_fault_report", &rr::install_fault_report,
+        "Reports a SIGBUS/SIGSEGV's code, address and mapping on stderr before the previous "
+        "handler runs (RINGREDUCE_DEBUG=faults; ringreduce._env installs it). True if "
+        "installed.");
   m.def("small_message_bytes", &small_message_bytes, py::arg("small_bytes"), py::arg("world_size"),
         "all_reduce up to this many bytes takes a latency path at world_size ranks: "
         "small_bytes x 2 / world_size (0 at one rank).");
@@ -275,7 +272,9 @@ void register_rules(py::module_& m) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ringreduce C++ engine (internal; use the ringreduce package)";
   py::register_exception_translator(&translate);
-  rr::install_fault_report_if_requested(std::getenv("RINGREDUCE_DEBUG"));  // SIGBUS report
+  // Debug builds report faults always; others when RINGREDUCE_DEBUG names
+  // "faults", which ringreduce._env reads (install_fault_report below).
+  rr::install_fault_report_if_requested(nullptr);
 
   register_enums(m);
   register_communicator(m);

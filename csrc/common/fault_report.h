@@ -21,8 +21,8 @@ bool install_fault_report();
 // Installs it when `debug_topics` (RINGREDUCE_DEBUG's value, a comma-separated
 // list, or null) names "faults" or "all", or always in a build with
 // -DRINGREDUCE_FAULT_REPORT or without NDEBUG (a CMake Debug build). The
-// Python module reads the variable and calls this once, when it is imported:
-// the engine reads no environment.
+// module calls it with null when it is imported (debug builds); the
+// environment is read by ringreduce._env, which calls install_fault_report().
 bool install_fault_report_if_requested(const char* debug_topics);
 
 }  // namespace rr

@@ -8,17 +8,6 @@
 #include "executor/devices.h"
 
 namespace rr {
-namespace {
-
-// The latency paths send N/2 times the ring's bytes or more, so their
-// threshold shrinks as 2/N: small_bytes at 2 ranks, half that at 4. 0 turns
-// them off.
-size_t small_message_bytes(size_t small_bytes, int size) {
-  return size > 1 ? small_bytes * 2 / static_cast<size_t>(size) : 0;
-}
-
-}  // namespace
-
 Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transport> transport,
                            const Options& options, Placement placement, std::string store_prefix,
                            std::unique_ptr<Transport> p2p)

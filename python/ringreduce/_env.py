@@ -268,7 +268,10 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.segment_bytes = segment_bytes()
     options.small_bytes = small_bytes()
     options.algorithm = os.environ.get("RINGREDUCE_ALGORITHM", options.algorithm)
-    options.log_algorithm = "algorithm" in debug_topics()
+    topics = debug_topics()
+    options.log_algorithm = "algorithm" in topics
+    if "faults" in topics:
+        _core.install_fault_report()  # once per process; later calls change nothing
     options.tcp_streams = _int_env("RINGREDUCE_TCP_STREAMS", options.tcp_streams)
     if options.tcp_streams > 16:
         raise ValueError(

@@ -1,0 +1,109 @@
+// The TCP transport's inner parts, shared by its source files (tcp_links.cc:
+// listening, connecting and hellos; tcp_transport.cc: queues, progress and
+// waiting). Not part of the engine's interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transport/tcp/hello.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace rr {
+
+// A send or a receive in flight: `left` falls as the kernel takes its bytes,
+// on whichever streams its pieces went to. A receive into a view owns its
+// buffer (`slot`) until released.
+struct TcpTransport::Op : Request {
+  Op(int peer, char* data, size_t bytes, bool sending)
+      : peer_(peer), data(data), left(bytes), total(bytes), sending(sending) {}
+  bool done() const override { return left == 0; }
+  int peer() const override { return peer_; }
+  const char* view() const override { return slot && done() ? slot->data() : nullptr; }
+
+  int peer_;
+  char* data;
+  size_t left;
+  size_t total;
+  bool sending;
+  ViewPool::Slot slot;
+};
+
+// The bytes of an Op that one stream carries; `cursor` advances as they move.
+struct TcpTransport::Piece {
+  std::shared_ptr<Op> op;
+  char* cursor;
+  size_t left;
+};
+
+// One connection of a link, with its FIFO of pieces.
+struct TcpTransport::Stream {
+  Fd fd;
+  std::deque<Piece> queue;
+  // The peer closed a stream we only send on. Harmless unless we send again.
+  bool peer_closed = false;
+};
+
+// One direction between us and a peer: one or more streams.
+struct TcpTransport::Link {
+  Link(int peer, bool sending, int streams)
+      : peer(peer), sending(sending), streams(static_cast<size_t>(streams)) {}
+
+  // A receiving link some of whose streams the peer has not connected yet:
+  // pieces queue until accept_arrivals() finds their connections.
+  bool awaiting() const { return arrived < streams.size(); }
+
+  int peer;
+  bool sending;
+  std::vector<Stream> streams;
+  size_t arrived = 0;     // streams connected so far
+  uint64_t messages = 0;  // messages posted so far: which stream(s) the next one takes
+  // Bytes moved on this link so far: how wait() tells progress from a stall.
+  uint64_t moved = 0;
+  // Buffers of released views, reused by the next irecv_view.
+  ViewPool views;
+};
+
+// A connection accepted on our listener, until its Hello says who it is.
+struct TcpTransport::Arrival {
+  explicit Arrival(Fd fd) : fd(std::move(fd)) {}
+  Fd fd;
+  LinkHello hello{};
+  size_t got = 0;
+};
+
+namespace tcp {
+
+// Connections waiting to say hello, at most: more (a flood of strangers) are
+// closed at once.
+constexpr size_t kMaxArrivals = 1024;
+
+// Messages from this size are cut across every stream of a link, into pieces
+// of whole pages.
+constexpr size_t kStripeMinBytes = 64 << 10;
+constexpr size_t kStripeAlign = 4096;
+
+inline std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
+
+inline std::string addr_key(const std::string& prefix, int rank) {
+  return prefix + "addr/" + std::to_string(rank);
+}
+
+inline std::string streams_key(const std::string& prefix, int rank) {
+  return prefix + "streams/" + std::to_string(rank);
+}
+
+inline std::pair<std::string, int> split_host_port(const std::string& addr) {
+  auto colon = addr.rfind(':');
+  return {addr.substr(0, colon), std::stoi(addr.substr(colon + 1))};
+}
+
+}  // namespace tcp
+
+
+}  // namespace rr

@@ -16,6 +16,29 @@ OPS = ["sum", "prod", "min", "max", "avg"]
 FLOATING = {"float16", "bfloat16", "float32", "float64"}
 
 
+# The transport that runs the whole arithmetic matrix (every dtype x op x size x world
+# size); the others carry opaque segments and run its contract subset: one dtype of each
+# element width (what changes how many bytes a segment or slot holds) at every world
+# size but one.
+MATRIX_LINKS = "shm"
+OTHER_LINKS = ("tcp", "shm+tcp")
+
+
+def over_links(dtypes: list, world_sizes: list) -> list:
+    """(links, n, dtype) for pytest.mark.parametrize("links,n,dtype", ...): every dtype at
+    every world size on MATRIX_LINKS; on the other transports the first dtype of each
+    element width, at world sizes above 1 (a world of one has no links)."""
+    by_width = {}
+    for d in dtypes:
+        by_width.setdefault(np_dtype(d).itemsize, d)
+    cases = [(MATRIX_LINKS, n, d) for n in world_sizes for d in dtypes]
+    cases += [
+        (links, n, d) for links in OTHER_LINKS for n in world_sizes if n > 1
+        for d in by_width.values()
+    ]  # fmt: skip
+    return cases
+
+
 def np_dtype(name: str) -> np.dtype:
     return BF16 if name == "bfloat16" else np.dtype(name)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import OrderedDict
 
 import pytest
 
@@ -11,12 +12,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _ranks import RankGroup  # noqa: E402
 
-_groups: dict = {}
+# The groups kept, least recently used first. Each holds its rank processes (idle, but
+# memory and pids): beyond _MAX_GROUPS the oldest is closed, and it is made again if a
+# later test asks for it.
+_MAX_GROUPS = 20
+_groups: "OrderedDict[tuple, RankGroup]" = OrderedDict()
 
 
 @pytest.fixture(scope="session")
 def group_factory():
-    """group_factory(n) -> a RankGroup of n ranks, created once per session."""
+    """group_factory(n) -> a RankGroup of n ranks, kept for later tests (see _MAX_GROUPS)."""
 
     def get(
         n: int,
@@ -29,14 +34,25 @@ def group_factory():
         fake_device makes the engine's Device the CPU emulation (tests/_fake_cuda.py);
         transport is a key of _ranks.TRANSPORTS ("tcp", "shm", "shm+tcp")."""
         key = (n, segment_bytes, small_bytes, fake_device, transport)
-        if key not in _groups:
+        group = _groups.get(key)
+        if group is not None and not group.alive():
+            # A rank exited (idle too long, or a test broke it): start the group afresh.
+            del _groups[key]
+            group.close()
+            group = None
+        if group is None:
             env = {"RINGREDUCE_SEGMENT_BYTES": str(segment_bytes)} if segment_bytes else {}
             if small_bytes >= 0:
                 env["RINGREDUCE_SMALL_BYTES"] = str(small_bytes)
             if fake_device:
                 env["RINGREDUCE_TEST_FAKE_DEVICE"] = "1"
-            _groups[key] = RankGroup(n, env=env, transport=transport)
-        return _groups[key]
+            group = RankGroup(n, env=env, transport=transport)
+            _groups[key] = group
+            while len(_groups) > _MAX_GROUPS:
+                _, oldest = _groups.popitem(last=False)
+                oldest.close()
+        _groups.move_to_end(key)
+        return group
 
     yield get
     for g in _groups.values():

@@ -18,6 +18,7 @@ from _data import (
     contribution,
     expected,
     np_dtype,
+    over_links,
     same_bits,
     sizes_for,
 )
@@ -152,22 +153,23 @@ def _big_all_reduce(comm, count):
 # ---- tests --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("links,n,dtype", over_links(DTYPES, WORLD_SIZES))
 def test_all_reduce_exact_every_op_and_size(group_factory, links, n, dtype):
     results = group_factory(n, transport=links).run(_all_reduce_exact, dtype)
     assert results == [[]] * n
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "links,n,dtype", over_links(["float16", "bfloat16", "float32", "float64"], [2, 3, 5])
+)
 def test_all_reduce_random_floats_within_bound(group_factory, links, n, dtype):
     ratios = group_factory(n, transport=links).run(_all_reduce_random, dtype, 10_007, 1234)
     assert max(ratios) <= 1.0, f"error / bound = {ratios}"
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "int64"])
+@pytest.mark.parametrize(
+    "links,n,dtype", over_links(["float16", "bfloat16", "float64", "int8", "int64"], WORLD_SIZES)
+)
 def test_reduce_scatter_blocks_follow_chunk_bounds(group_factory, links, n, dtype):
     assert group_factory(n, transport=links).run(_reduce_scatter, dtype) == [[]] * n
 
@@ -297,8 +299,9 @@ def _algorithm_counts(comm, count):
     return comm.stats()["small_message_ops"] - before
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "uint8"])
+@pytest.mark.parametrize(
+    "links,n,dtype", over_links(["float16", "bfloat16", "float64", "int8", "uint8"], [2, 3, 5, 8])
+)
 @pytest.mark.parametrize("path", ["ring", "small"])
 def test_all_reduce_exact_on_each_path(group_factory, links, n, dtype, path):
     # Force one algorithm at every size: the ring (threshold 0) or the

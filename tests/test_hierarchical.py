@@ -67,6 +67,7 @@ class HostGroup(RankGroup):
             "hosts": list(hosts),
             "env": dict(env or {}),
             "algorithms": algorithms,
+            "parent_env": dict(os.environ),
         }
         self.procs = []
         self.conns = []

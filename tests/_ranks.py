@@ -21,7 +21,6 @@ import traceback
 from typing import Any, Callable, Optional
 
 
-
 def _context():
     """Rank processes are forks of a server that has imported numpy and ringreduce once
     (forkserver), not fresh interpreters that import them each time (spawn): a few ms to
@@ -33,6 +32,9 @@ def _context():
 
 
 _CTX = _context()
+# Fresh interpreters, for tests that read what ranks write to stderr (capfd): a
+# forkserver's children inherit the server's stderr, not the test's.
+SPAWN = mp.get_context("spawn")
 
 
 def free_port() -> int:
@@ -63,13 +65,18 @@ TRANSPORTS = {
 }
 
 
-def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
-    # The environment the parent had when it made the group, as spawn would give it (a
-    # forkserver's children have the server's), then the group's own variables.
+def take_parent_env(init_kwargs: dict) -> None:
+    """Gives this rank process the environment its parent had when it made the group, as
+    spawn would (a forkserver's children start with the server's). A rank's own
+    variables go on top, after this."""
     parent_env = init_kwargs.pop("parent_env", None)
     if parent_env is not None:
         os.environ.clear()
         os.environ.update(parent_env)
+
+
+def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
+    take_parent_env(init_kwargs)
     os.environ.update(init_kwargs.pop("env", {}))
     transport, hosts = TRANSPORTS[init_kwargs.pop("transport", "tcp")]
     if hosts:

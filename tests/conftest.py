@@ -16,7 +16,7 @@ from _ranks import RankGroup  # noqa: E402
 # memory and pids): beyond _MAX_GROUPS the oldest is closed, and it is made again if a
 # later test asks for it.
 _MAX_GROUPS = 20
-_groups: "OrderedDict[tuple, RankGroup]" = OrderedDict()
+_groups: OrderedDict[tuple, RankGroup] = OrderedDict()
 
 
 @pytest.fixture(scope="session")

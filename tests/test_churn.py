@@ -10,7 +10,6 @@ must end with a zero exit code, no signal, no error and no wrong result.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -39,6 +39,7 @@ LAYOUTS = {
 
 def _serve_on_hosts(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
     """_ranks._serve with this rank's host taken from init_kwargs["hosts"]."""
+    _ranks.take_parent_env(init_kwargs)
     hosts = init_kwargs.pop("hosts")
     os.environ["RINGREDUCE_HOST_ID"] = f"hierarchical-test-host-{hosts[rank]}"
     algorithms = init_kwargs.pop("algorithms", None)
@@ -59,7 +60,12 @@ class HostGroup(RankGroup):
         timeout: float = 60.0,
         env: dict | None = None,
         algorithms: list | None = None,
+        context=None,
     ):
+        """context: how rank processes start (_ranks._CTX, forked from a server; pass
+        _ranks.SPAWN where the test reads the ranks' stderr with capfd: a forkserver's
+        children write to the server's)."""
+        ctx = context or _ranks._CTX
         self.n = len(hosts)
         self.port = _ranks.free_port()
         init_kwargs = {
@@ -72,8 +78,8 @@ class HostGroup(RankGroup):
         self.procs = []
         self.conns = []
         for rank in range(self.n):
-            parent, child = _ranks._CTX.Pipe()
-            p = _ranks._CTX.Process(
+            parent, child = ctx.Pipe()
+            p = ctx.Process(
                 target=_serve_on_hosts,
                 args=(rank, self.n, self.port, child, dict(init_kwargs)),
                 daemon=True,
@@ -316,7 +322,8 @@ def _broadcast_once(comm):
 
 def test_debug_log_says_which_algorithm_runs_and_why(capfd):
     # RINGREDUCE_DEBUG=algorithm: one stderr line per collective, from every rank.
-    with HostGroup(LAYOUTS["2x2"], env={"RINGREDUCE_DEBUG": "algorithm"}) as group:
+    debug = {"RINGREDUCE_DEBUG": "algorithm"}
+    with HostGroup(LAYOUTS["2x2"], env=debug, context=_ranks.SPAWN) as group:
         assert group.run(_algorithms_by_size, [8, 1 << 18]) == [[["small"], ["hierarchical"]]] * 4
         group.run(_broadcast_once)
     lines = [line for line in capfd.readouterr().err.splitlines() if "ringreduce rank" in line]
@@ -335,7 +342,7 @@ def test_debug_log_says_which_algorithm_runs_and_why(capfd):
 
 def test_debug_log_names_the_knob_and_why_hierarchical_cannot_run(capfd):
     env = {"RINGREDUCE_DEBUG": "all", "RINGREDUCE_ALGORITHM": "hierarchical"}
-    with HostGroup([0, 0, 1], env=env) as group:
+    with HostGroup([0, 0, 1], env=env, context=_ranks.SPAWN) as group:
         group.run(_algorithms_by_size, [1 << 16])
     lines = [line for line in capfd.readouterr().err.splitlines() if "ringreduce rank" in line]
     assert len(lines) == 3, lines

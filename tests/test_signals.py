@@ -15,8 +15,8 @@ import sys
 import time
 
 import pytest
-
 from _mpi_support import HAVE_MPI4PY, HAVE_MPIRUN, MPI_BUILT, UNDER_MPIRUN, mpirun_env
+
 from _ranks import free_port
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), "_signal_rank.py")
@@ -49,8 +49,18 @@ class Ranks:
         else:
             self.procs = [
                 subprocess.Popen(
-                    [sys.executable, _SCRIPT, str(r), str(n), port, transport, str(hosts),
-                     str(timeout), str(mb), *extra],  # fmt: skip
+                    [
+                        sys.executable,
+                        _SCRIPT,
+                        str(r),
+                        str(n),
+                        port,
+                        transport,
+                        str(hosts),
+                        str(timeout),
+                        str(mb),
+                        *extra,
+                    ],  # fmt: skip
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,

@@ -201,6 +201,8 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
   try {
     return connect_communicator(store, rank, size, std::move(advertise), meeting, options,
                                 deadline);
+  } catch (const Interrupted&) {
+    throw;  // Ctrl-C: the caller asked to stop now
   } catch (...) {
     // Rank 0 hosts the store: if it fails here (bad settings that every rank
     // finds), the others may still be reading what they need to find it too.

@@ -168,9 +168,11 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     }
   }
   transport.abort();
-  if (store.hosted_here()) {
+  if (store.hosted_here() && !interrupted(error)) {
     // Our process may end as soon as the error reaches Python, taking the
     // store with it: stay a moment so that the other ranks can read why.
+    // (Not when the caller pressed Ctrl-C: it asked to stop now, and a store
+    // that goes away with us still names us, as the host that left.)
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(1.0, timeout / 2)));
   }
 

@@ -91,6 +91,7 @@ class ShmTransport : public Transport {
  private:
   struct Op;
   struct Peer;
+  struct Waiting;  // one wait() as the waiter sees it (transport/waiter.h)
 
   ShmTransport(int rank, int size, const ShmSettings& settings);
   Peer& peer(int rank);

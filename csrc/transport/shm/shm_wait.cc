@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "transport/shm/shm_peer.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/waiter.h"
 
 namespace rr {
 
@@ -117,45 +118,37 @@ void ShmTransport::check_peer(Peer& p, const Op& op) {
       p.rank);
 }
 
+// The waiter's view of one wait: progress is a message moved to or from the
+// awaited peer; the peer is looked at through its pidfd and the flags in its
+// segment; sleeping is on our doorbell, which peers ring when they publish.
+struct ShmTransport::Waiting final : Waitable {
+  Waiting(ShmTransport& t, Op& op) : t(t), op(op), awaited(t.peer(op.peer_)) {}
+  bool done() const override { return op.done_; }
+  uint32_t arm() override { return t.header_->doorbell.read(); }
+  void progress() override { t.progress(); }
+  uint64_t moved() const override { return awaited.moved; }
+  void check_peer() override { t.check_peer(awaited, op); }
+  void pause() override { t.pause(); }
+  void block(uint32_t armed, std::chrono::microseconds bound) override {
+    t.header_->doorbell.sleep(armed, bound);
+  }
+  [[noreturn]] void fail_timeout(const Deadline& window) override { t.fail_timeout(op, window); }
+
+  ShmTransport& t;
+  Op& op;
+  Peer& awaited;
+};
+
 void ShmTransport::wait(Request& request, const Deadline& deadline) {
   auto& op = static_cast<Op&>(request);
   if (op.done_) return;
-  Peer& awaited = peer(op.peer_);
-  Deadline window = deadline;
-  uint64_t moved = awaited.moved;
-  const Clock::time_point spin_until = Clock::now() + spin();
-  bool spinning = true;
-  unsigned rounds = 0;
-  while (true) {
-    const uint32_t seen = header_->doorbell.read();
-    progress();
-    if (op.done_) return;
-    // Clocks, the deadline and the peer's liveness are looked at every few
-    // rounds while spinning: a round without them is a few loads.
-    if (spinning && ++rounds % kRoundsPerLook != 0) {
-      pause();
-      continue;
-    }
-    if (awaited.moved != moved) {
-      // The deadline bounds time without progress on the awaited link.
-      moved = awaited.moved;
-      window = deadline.renewed();
-    }
-    if (window.expired()) fail_timeout(op, window);
-    if (spinning) {
-      spinning = Clock::now() < spin_until;
-      if (rounds % kSpinsPerLivenessCheck == 0 || !spinning) {
-        check_peer(awaited, op);
-        if (op.done_) return;
-      }
-      continue;
-    }
-    check_peer(awaited, op);
-    if (op.done_) return;
-    header_->doorbell.sleep(
-        seen, std::min<std::chrono::microseconds>(
-                  kSleepSlice, std::chrono::milliseconds(std::max(1, window.poll_ms(100)))));
-  }
+  Waiting waiting(*this, op);
+  WaitPolicy policy;
+  policy.spin = spin();
+  policy.rounds_per_look = kRoundsPerLook;
+  policy.looks_per_check = kSpinsPerLivenessCheck / kRoundsPerLook;
+  policy.max_sleep = kSleepSlice;
+  wait_until_done(waiting, deadline, policy);
 }
 
 void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "transport/tcp/hello.h"
 #include "transport/tcp/tcp_internal.h"
+#include "transport/waiter.h"
 
 namespace rr {
 
@@ -178,36 +179,41 @@ void TcpTransport::poll_links(const Deadline& deadline) {
   }
 }
 
-void TcpTransport::wait(Request& request, const Deadline& deadline) {
-  // Small messages complete within microseconds, far less than a sleep in
-  // poll() and the wake-up after it. So first retry for a short while,
-  // yielding the CPU between attempts (the peer we wait for may need it: on
-  // an oversubscribed host it is often runnable on our core), and only then
-  // block in poll().
-  const Clock::time_point spin_until = Clock::now() + (eager_ ? spin_ : Clock::duration(0));
-  // The deadline bounds time without progress, not the whole transfer: a
-  // large message on a slow link may take longer than the timeout, a stalled
-  // peer may not. Every byte moved on the awaited request's link restarts the
-  // window; traffic on other links does not, so the rank that waits on a
-  // stalled peer is the first to time out and can name it.
-  const auto& awaited = static_cast<const Op&>(request);
-  Link* link_awaited = request.done() ? nullptr : &link_to(awaited.peer_, awaited.sending);
-  Deadline window = deadline;
-  uint64_t moved = link_awaited ? link_awaited->moved : 0;
-  while (!request.done()) {
-    progress();
-    if (request.done()) break;
-    if (link_awaited->moved != moved) {
-      moved = link_awaited->moved;
-      window = deadline.renewed();
-    }
-    if (window.expired()) fail_timeout(request, window);
-    if (Clock::now() < spin_until) {
-      sched_yield();
-    } else {
-      poll_links(window);
-    }
+// The waiter's view of one wait: progress is bytes moved on the awaited
+// request's link; a peer that is gone shows as an error or end of stream on
+// its socket, in progress(); sleeping is in poll() on the links. Spinning
+// yields the CPU between rounds: the peer we wait for may need it (on an
+// oversubscribed host it is often runnable on our core).
+struct TcpTransport::Waiting final : Waitable {
+  Waiting(TcpTransport& t, Request& request, Link& link) : t(t), request(request), link(link) {}
+  bool done() const override { return request.done(); }
+  void progress() override { t.progress(); }
+  uint64_t moved() const override { return link.moved; }
+  void pause() override { sched_yield(); }
+  void block(uint32_t, std::chrono::microseconds bound) override {
+    t.poll_links(Deadline::after(std::chrono::duration<double>(bound).count()));
   }
+  [[noreturn]] void fail_timeout(const Deadline& window) override {
+    t.fail_timeout(request, window);
+  }
+
+  TcpTransport& t;
+  Request& request;
+  Link& link;
+};
+
+void TcpTransport::wait(Request& request, const Deadline& deadline) {
+  if (request.done()) return;
+  const auto& awaited = static_cast<const Op&>(request);
+  Waiting waiting(*this, request, link_to(awaited.peer_, awaited.sending));
+  WaitPolicy policy;
+  // Small messages complete within microseconds, far less than a sleep in
+  // poll() and the wake-up after it: retry for a short while first.
+  policy.spin = eager_ ? std::chrono::duration_cast<std::chrono::microseconds>(spin_)
+                       : std::chrono::microseconds(0);
+  policy.rounds_per_look = 1;
+  policy.looks_per_check = 1u << 30;  // no liveness to look at but the sockets'
+  wait_until_done(waiting, deadline, policy);
 }
 
 bool TcpTransport::progress() {

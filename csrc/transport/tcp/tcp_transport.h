@@ -79,6 +79,7 @@ class TcpTransport : public Transport {
 
  private:
   struct Op;
+  struct Waiting;  // one wait() as the waiter sees it (transport/waiter.h)
   struct Piece;
   struct Stream;
   struct Link;

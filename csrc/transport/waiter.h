@@ -1,0 +1,72 @@
+// The engine's one way to wait for a request on a transport: spinning,
+// sleeping, renewing the deadline, looking at the awaited peer's liveness,
+// and choosing whom to blame all happen here, once, for every transport that
+// waits through it. A transport supplies small primitives (Waitable).
+//
+// Progress means that something moved on the link of the awaited request: a
+// message or bytes to or from its peer, as the transport counts them
+// (Waitable::moved). Each movement restarts the deadline's window, so the
+// deadline bounds time without progress, not the whole transfer: a large
+// message on a slow link may take longer than the timeout, a stalled peer may
+// not. Traffic on other links does not count, so that in a stalled ring the
+// rank that waits on the stalled peer is the first to time out and can name
+// it (engine/failure_report.h then follows the chain of waits to its end).
+//
+// Blame goes to the awaited request's peer: PeerError as soon as the
+// transport learns that the peer is gone (it exited, was killed, closed its
+// communicator or gave up on it; check_peer, or an error from progress), and
+// TimeoutError when it merely made no progress for a whole window
+// (fail_timeout). Whatever the peer published before it went is taken first:
+// a request it completed still completes.
+//
+// How: rounds of progress() and a pause() (a CPU pause, or a yield when the
+// host has more ranks than cores) for up to `spin` (a neighbour's message is
+// usually microseconds away), looking at the clock, the deadline and, less
+// often, the peer's liveness only every few rounds; then sleeps in the
+// transport's blocking primitive (block: a futex, poll()) of at most
+// `max_sleep`, looking at the peer after each. The interrupt a Deadline
+// carries (Ctrl-C) is asked whenever the deadline is.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "common/deadline.h"
+
+namespace rr {
+
+// One awaited request, as its transport lets the waiter drive it.
+class Waitable {
+ public:
+  virtual ~Waitable() = default;
+  virtual bool done() const = 0;
+  // Taken before each progress(): block() returns at once if an event came
+  // after it was taken (a futex word's value), so that none is slept through.
+  virtual uint32_t arm() { return 0; }
+  // Moves whatever can move now, on every link (not only the awaited one:
+  // a peer may be waiting on us too). May throw PeerError.
+  virtual void progress() = 0;
+  // What has moved on the awaited link so far (monotonic).
+  virtual uint64_t moved() const = 0;
+  // Throws PeerError if the awaited peer is known to be gone, after taking
+  // what it published before it went (which may complete the request).
+  virtual void check_peer() {}
+  // One round of waiting without sleeping.
+  virtual void pause() = 0;
+  // Sleeps until an event since `armed`, or `bound` at most.
+  virtual void block(uint32_t armed, std::chrono::microseconds bound) = 0;
+  // TimeoutError naming the awaited peer: no progress for a whole `window`.
+  [[noreturn]] virtual void fail_timeout(const Deadline& window) = 0;
+};
+
+struct WaitPolicy {
+  std::chrono::microseconds spin{0};  // spinning before the first sleep
+  unsigned rounds_per_look = 1;       // while spinning: the clock every this many rounds
+  unsigned looks_per_check = 1024;    // while spinning: the peer every this many looks
+  std::chrono::microseconds max_sleep{100000};
+};
+
+// Returns once the request is done; throws as described above.
+void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy);
+
+}  // namespace rr

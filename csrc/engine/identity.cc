@@ -102,8 +102,7 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
     while (!(id = store.try_get(answer_key(size, rank, ticket)))) {
       if (deadline.expired()) {
         throw TimeoutError("rank 0 did not join within " + format_seconds(deadline.seconds()) +
-                               " s; rank " + std::to_string(rank) + " waited for it at " +
-                               meeting +
+                               " s; rank " + std::to_string(rank) + " waited for it at " + meeting +
                                ". Check that it was started, with the same rendezvous settings "
                                "and world size " +
                                std::to_string(size) + ", and can reach that address",
@@ -115,8 +114,7 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
       }
       backoff.sleep(deadline);
     }
-    if (id->size() != 16 ||
-        id->find_first_not_of("0123456789abcdef") != std::string::npos) {
+    if (id->size() != 16 || id->find_first_not_of("0123456789abcdef") != std::string::npos) {
       throw Error("rendezvous: rank 0 answered rank " + std::to_string(rank) +
                   " with a malformed communicator id (" + std::to_string(id->size()) +
                   " bytes); is something else writing to this store?");

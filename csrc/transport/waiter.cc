@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/error.h"
+
 namespace rr {
 
 void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy) {
@@ -27,7 +29,11 @@ void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& po
       moved = now_moved;
       window = deadline.renewed();
     }
-    if (window.expired()) w.fail_timeout(window);
+    if (window.expired()) {
+      w.timed_out(window);
+      if (w.done()) return;
+      throw Error("internal: a wait timed out without an error naming its peer");
+    }
     if (spinning) {
       spinning = Clock::now() < spin_until;
       if (rounds % per_check == 0 || !spinning) {

@@ -16,7 +16,7 @@
 // transport learns that the peer is gone (it exited, was killed, closed its
 // communicator or gave up on it; check_peer, or an error from progress), and
 // TimeoutError when it merely made no progress for a whole window
-// (fail_timeout). Whatever the peer published before it went is taken first:
+// (timed_out). Whatever the peer published before it went is taken first:
 // a request it completed still completes.
 //
 // How: rounds of progress() and a pause() (a CPU pause, or a yield when the
@@ -55,14 +55,17 @@ class Waitable {
   virtual void pause() = 0;
   // Sleeps until an event since `armed`, or `bound` at most.
   virtual void block(uint32_t armed, std::chrono::microseconds bound) = 0;
-  // TimeoutError naming the awaited peer: no progress for a whole `window`.
-  [[noreturn]] virtual void fail_timeout(const Deadline& window) = 0;
+  // No progress for a whole `window`: throws TimeoutError naming the awaited
+  // peer, or returns when a last exchange with it completed the request.
+  virtual void timed_out(const Deadline& window) = 0;
 };
 
 struct WaitPolicy {
-  std::chrono::microseconds spin{0};  // spinning before the first sleep
-  unsigned rounds_per_look = 1;       // while spinning: the clock every this many rounds
-  unsigned looks_per_check = 1024;    // while spinning: the peer every this many looks
+  // Spinning before the first sleep. A transport with nothing to sleep on
+  // (MPI) spins for ever, and its pause() backs off by itself.
+  std::chrono::microseconds spin{0};
+  unsigned rounds_per_look = 1;     // while spinning: the clock every this many rounds
+  unsigned looks_per_check = 1024;  // while spinning: the peer every this many looks
   std::chrono::microseconds max_sleep{100000};
 };
 

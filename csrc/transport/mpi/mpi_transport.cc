@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "transport/waiter.h"
 
 namespace rr {
 namespace {
@@ -263,37 +264,55 @@ bool MpiTransport::progress() {
   return true;
 }
 
+// The waiter's view of one wait over MPI. Progress is any message that
+// lands, on any link (MPI completes requests in no order we choose, and a
+// death elsewhere stalls the collective only a step later: check_liveness).
+// The peer is looked at every few idle rounds through the control channel
+// (an abort it announced, then a short grace for its last data) and the
+// liveness mesh. There is nothing to sleep on: pause() backs off from
+// spinning to yielding to short sleeps. At the deadline, a last call: we say
+// we are timing out and give a peer that says the same a moment more.
+struct MpiTransport::Waiting final : Waitable {
+  Waiting(MpiTransport& t, Request& request) : t(t), request(request) {}
+  bool done() const override { return request.done(); }
+  void progress() override {
+    moved_now = t.progress();
+    if (moved_now) moved_at = Clock::now();
+  }
+  uint64_t moved() const override { return t.stats_.bytes_sent + t.stats_.bytes_received; }
+  void check_peer() override {
+    if (peer_aborted) {
+      if (grace.expired()) t.fail_peer_aborted(request);
+      return;
+    }
+    t.channel_->poll();
+    if (t.channel_->announced(request.peer(), MpiChannel::Notice::kAbort)) {
+      peer_aborted = true;
+      grace = Deadline::after(kAbortGraceSeconds);
+    }
+    t.check_liveness(request, moved_at);
+  }
+  void pause() override { backoff.pause(moved_now); }
+  void block(uint32_t, std::chrono::microseconds) override { backoff.pause(moved_now); }
+  void timed_out(const Deadline& window) override { t.last_call(request, window); }
+
+  MpiTransport& t;
+  Request& request;
+  Backoff backoff;
+  bool moved_now = false;
+  Clock::time_point moved_at = Clock::now();
+  bool peer_aborted = false;
+  Deadline grace;
+};
+
 void MpiTransport::wait(Request& request, const Deadline& deadline) {
   try {
-    Backoff backoff;
-    bool peer_aborted = false;
-    Deadline grace;
-    // The deadline bounds time without progress, not the whole transfer (as
-    // over TCP): every message that lands restarts the window.
-    Deadline window = deadline;
-    uint64_t bytes_moved = stats_.bytes_sent + stats_.bytes_received;
-    Clock::time_point moved_at = Clock::now();
-    while (!request.done()) {
-      const bool moved = progress();
-      if (request.done()) break;
-      if (stats_.bytes_sent + stats_.bytes_received != bytes_moved) {
-        bytes_moved = stats_.bytes_sent + stats_.bytes_received;
-        window = deadline.renewed();
-        moved_at = Clock::now();
-      }
-      if (peer_aborted) {
-        if (grace.expired()) fail_peer_aborted(request);
-      } else if (backoff.should_poll_control()) {
-        channel_->poll();
-        if (channel_->announced(request.peer(), MpiChannel::Notice::kAbort)) {
-          peer_aborted = true;
-          grace = Deadline::after(kAbortGraceSeconds);
-        }
-        check_liveness(request, moved_at);
-      }
-      if (window.expired()) last_call(request, window);
-      backoff.pause(moved);
-    }
+    Waiting waiting(*this, request);
+    WaitPolicy policy;
+    policy.spin = std::chrono::hours(24 * 365);  // pause() backs off by itself
+    policy.rounds_per_look = 1;
+    policy.looks_per_check = 32;
+    wait_until_done(waiting, deadline, policy);
   } catch (...) {
     failed_ = true;
     channel_->mark_failed();

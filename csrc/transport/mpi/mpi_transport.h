@@ -50,6 +50,7 @@ class MpiTransport : public Transport {
 
  private:
   struct Op;
+  struct Waiting;  // one wait() as the waiter sees it (transport/waiter.h)
   struct Link;
 
   void check_peer(int peer) const;

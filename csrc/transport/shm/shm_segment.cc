@@ -87,7 +87,7 @@ Segment Segment::create(size_t bytes) {
   s.fd_ = Fd(static_cast<int>(::syscall(SYS_memfd_create, "ringreduce", MFD_CLOEXEC)));
   if (!s.fd_.valid()) throw Error(errno_message("shared memory: memfd_create failed", errno));
   reserve(s.fd_.get(), bytes);
-  struct stat st {};
+  struct stat st{};
   if (::fstat(s.fd_.get(), &st) != 0) {
     throw Error(errno_message("shared memory: cannot stat this rank's segment", errno));
   }
@@ -128,7 +128,7 @@ Segment Segment::attach(const SegmentRecord& record, size_t expected_bytes, int 
                                   ")",
                               err));
   }
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd.get(), &st) != 0) {
     throw Error(errno_message("shared memory: cannot stat " + of_rank(owner), errno));
   }
@@ -138,9 +138,9 @@ Segment Segment::attach(const SegmentRecord& record, size_t expected_bytes, int 
                 std::to_string(record.inode) + "); a stale rendezvous record?");
   }
   if (record.bytes != expected_bytes) {
-    throw Error("shared memory: " + of_rank(owner) + " has another layout: " +
-                std::to_string(record.bytes) + " bytes where this rank's settings make " +
-                std::to_string(expected_bytes) +
+    throw Error("shared memory: " + of_rank(owner) +
+                " has another layout: " + std::to_string(record.bytes) +
+                " bytes where this rank's settings make " + std::to_string(expected_bytes) +
                 " (a different ringreduce version or settings on the two ranks)");
   }
   if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != record.bytes) {

@@ -1,7 +1,5 @@
 #include "transport/shm/shm_transport.h"
 
-#include "transport/shm/shm_peer.h"
-
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -12,6 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/shm/shm_peer.h"
 
 namespace rr {
 
@@ -48,9 +47,9 @@ bool read_remote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
 
 }  // namespace shm
 
+using shm::pidfd_open;
 using shm::rank_name;
 using shm::read_remote;
-using shm::pidfd_open;
 
 ShmTransport::ShmTransport(int rank, int size, const ShmSettings& settings)
     : rank_(rank), size_(size), settings_(settings) {
@@ -98,8 +97,8 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     // Checked before it is mapped, and its header before anything else is read.
     p->segment = shm::Segment::attach(record, bytes, r);
     p->header = p->segment.header();
-    if (p->header->local_size != t->header_->local_size ||
-        p->header->slots != t->header_->slots || p->header->slot_bytes != t->header_->slot_bytes ||
+    if (p->header->local_size != t->header_->local_size || p->header->slots != t->header_->slots ||
+        p->header->slot_bytes != t->header_->slot_bytes ||
         p->header->inbox_bytes != t->header_->inbox_bytes) {
       throw Error("shared memory: the segment of " + rank_name(r) +
                   " has another layout (a different ringreduce version or settings)");

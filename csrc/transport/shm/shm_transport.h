@@ -109,7 +109,7 @@ class ShmTransport : public Transport {
   int rank_;
   int size_;
   ShmSettings settings_;
-  shm::Segment home_;  // our segment
+  shm::Segment home_;              // our segment
   shm::Header* header_ = nullptr;  // home_'s header while mapped; null once closed
   std::mutex life_mu_;             // wake() against close()
   std::atomic<uint64_t> wakes_{0};

@@ -132,7 +132,7 @@ struct ShmTransport::Waiting final : Waitable {
   void block(uint32_t armed, std::chrono::microseconds bound) override {
     t.header_->doorbell.sleep(armed, bound);
   }
-  [[noreturn]] void fail_timeout(const Deadline& window) override { t.fail_timeout(op, window); }
+  void timed_out(const Deadline& window) override { t.fail_timeout(op, window); }
 
   ShmTransport& t;
   Op& op;

@@ -105,5 +105,4 @@ inline std::pair<std::string, int> split_host_port(const std::string& addr) {
 
 }  // namespace tcp
 
-
 }  // namespace rr

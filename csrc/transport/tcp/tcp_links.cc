@@ -1,7 +1,5 @@
 // The TCP transport's links: listening, connecting to a peer (several
 // streams per link), and the hellos that say who a connection is from.
-#include "transport/tcp/tcp_transport.h"
-
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -21,16 +19,17 @@
 #include "common/error.h"
 #include "transport/tcp/hello.h"
 #include "transport/tcp/tcp_internal.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace rr {
 
-using tcp::peer_name;
 using tcp::addr_key;
-using tcp::streams_key;
-using tcp::split_host_port;
 using tcp::kMaxArrivals;
-using tcp::kStripeMinBytes;
 using tcp::kStripeAlign;
+using tcp::kStripeMinBytes;
+using tcp::peer_name;
+using tcp::split_host_port;
+using tcp::streams_key;
 
 std::string local_ip_towards(const std::string& host) {
   // connect() on a UDP socket only picks a route; it sends nothing.

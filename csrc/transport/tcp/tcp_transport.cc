@@ -23,13 +23,13 @@
 
 namespace rr {
 
-using tcp::peer_name;
 using tcp::addr_key;
-using tcp::streams_key;
-using tcp::split_host_port;
 using tcp::kMaxArrivals;
-using tcp::kStripeMinBytes;
 using tcp::kStripeAlign;
+using tcp::kStripeMinBytes;
+using tcp::peer_name;
+using tcp::split_host_port;
+using tcp::streams_key;
 
 TcpTransport::TcpTransport(int rank, int size, std::chrono::microseconds spin)
     : rank_(rank), size_(size), wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin) {}
@@ -193,9 +193,7 @@ struct TcpTransport::Waiting final : Waitable {
   void block(uint32_t, std::chrono::microseconds bound) override {
     t.poll_links(Deadline::after(std::chrono::duration<double>(bound).count()));
   }
-  [[noreturn]] void fail_timeout(const Deadline& window) override {
-    t.fail_timeout(request, window);
-  }
+  void timed_out(const Deadline& window) override { t.fail_timeout(request, window); }
 
   TcpTransport& t;
   Request& request;

@@ -1,6 +1,9 @@
 #include "transport/routed.h"
 
+#include <algorithm>
+
 #include "common/error.h"
+#include "transport/waiter.h"
 
 namespace rr {
 namespace {
@@ -79,27 +82,48 @@ bool RoutedTransport::wait_for(Request& request, std::chrono::microseconds slice
   return owner.wait_for(request, slice);
 }
 
+namespace {
+
+// The waiter's view of a wait on a transport of several parts: progress is
+// bytes moved by the awaited request's part; sleeping is that part's own
+// bounded wait (wait_for), after the other parts had a turn, so that a peer
+// on another part waiting on us is not starved. A part that learns its peer
+// is gone raises from there.
+struct PartWaiting final : Waitable {
+  PartWaiting(RoutedTransport& routed, Transport& owner, Request& request)
+      : routed(routed), owner(owner), request(request) {}
+  bool done() const override { return request.done(); }
+  void progress() override { routed.progress(); }
+  uint64_t moved() const override {
+    const TransportStats s = owner.stats();
+    return s.bytes_sent + s.bytes_received;
+  }
+  void pause() override {}
+  void block(uint32_t, std::chrono::microseconds bound) override {
+    routed.wait_for(request, std::min(bound, kSlice));
+  }
+  void timed_out(const Deadline& window) override {
+    throw TimeoutError("no progress for " + format_seconds(window.seconds()) +
+                           " s waiting on rank " + std::to_string(request.peer()) + " over " +
+                           owner.name(),
+                       request.peer());
+  }
+
+  RoutedTransport& routed;
+  Transport& owner;
+  Request& request;
+};
+
+}  // namespace
+
 void RoutedTransport::wait(Request& request, const Deadline& deadline) {
   if (request.done()) return;
   Transport& owner = part_for(request.peer());
   if (parts_.size() == 1) return owner.wait(request, deadline);
-  // The deadline bounds time without progress on the awaited part, as the
-  // parts' own waits do for their links.
-  Deadline window = deadline;
-  TransportStats seen = owner.stats();
-  while (!wait_for(request, kSlice)) {
-    const TransportStats now = owner.stats();
-    if (now.bytes_sent != seen.bytes_sent || now.bytes_received != seen.bytes_received) {
-      seen = now;
-      window = deadline.renewed();
-    }
-    if (window.expired()) {
-      throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) +
-                             " s waiting on rank " + std::to_string(request.peer()) + " over " +
-                             owner.name(),
-                         request.peer());
-    }
-  }
+  PartWaiting waiting(*this, owner, request);
+  WaitPolicy policy;  // no spinning of its own: the parts' wait_for spin
+  policy.max_sleep = kSlice;
+  wait_until_done(waiting, deadline, policy);
 }
 
 void RoutedTransport::set_eager(bool eager) {

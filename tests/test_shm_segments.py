@@ -122,6 +122,14 @@ CASES = [
 ]
 
 
+def _shm_options():
+    options = _core.Options()
+    options.transport = "shm"
+    options.timeout_seconds = 10.0
+    options.point_to_point = False
+    return options
+
+
 def _memfd_mappings() -> int:
     with open("/proc/self/maps") as f:
         return sum("memfd:ringreduce" in line for line in f)
@@ -131,10 +139,7 @@ def _memfd_mappings() -> int:
 def test_a_lying_segment_record_is_a_clear_error_naming_the_peer(lie, reason):
     store = DictStore()
     kept: list = []
-    options = _core.Options()
-    options.transport = "shm"
-    options.timeout_seconds = 10.0
-    options.point_to_point = False
+    options = _shm_options()
     before = _memfd_mappings()
     peer = threading.Thread(target=_fake_rank_1, args=(store, lie, kept), daemon=True)
     peer.start()
@@ -155,10 +160,7 @@ def test_a_lying_segment_record_is_a_clear_error_naming_the_peer(lie, reason):
 def test_an_fd_that_is_not_open_is_named_too():
     store = DictStore()
     kept: list = []
-    options = _core.Options()
-    options.transport = "shm"
-    options.timeout_seconds = 10.0
-    options.point_to_point = False
+    options = _shm_options()
     peer = threading.Thread(target=_fake_rank_1, args=(store, _dead_fd, kept), daemon=True)
     peer.start()
     with pytest.raises(rr.RingReduceError, match="cannot open the segment of rank 1"):

@@ -105,4 +105,13 @@ inline std::pair<std::string, int> split_host_port(const std::string& addr) {
 
 }  // namespace tcp
 
+// The two source files of the transport use these unqualified.
+using tcp::addr_key;
+using tcp::kMaxArrivals;
+using tcp::kStripeAlign;
+using tcp::kStripeMinBytes;
+using tcp::peer_name;
+using tcp::split_host_port;
+using tcp::streams_key;
+
 }  // namespace rr

@@ -23,14 +23,6 @@
 
 namespace rr {
 
-using tcp::addr_key;
-using tcp::kMaxArrivals;
-using tcp::kStripeAlign;
-using tcp::kStripeMinBytes;
-using tcp::peer_name;
-using tcp::split_host_port;
-using tcp::streams_key;
-
 std::string local_ip_towards(const std::string& host) {
   // connect() on a UDP socket only picks a route; it sends nothing.
   addrinfo hints{};

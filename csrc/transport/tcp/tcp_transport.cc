@@ -23,14 +23,6 @@
 
 namespace rr {
 
-using tcp::addr_key;
-using tcp::kMaxArrivals;
-using tcp::kStripeAlign;
-using tcp::kStripeMinBytes;
-using tcp::peer_name;
-using tcp::split_host_port;
-using tcp::streams_key;
-
 TcpTransport::TcpTransport(int rank, int size, std::chrono::microseconds spin)
     : rank_(rank), size_(size), wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), spin_(spin) {}
 

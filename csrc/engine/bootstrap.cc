@@ -31,13 +31,7 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
         theirs = store.get(prefix + "host/" + std::to_string(r), deadline);
       } catch (const TimeoutError&) {
         // The first wait on every other rank: that rank never joined.
-        throw TimeoutError("rank " + std::to_string(r) + " did not join within " +
-                               format_seconds(deadline.seconds()) + " s; rank " +
-                               std::to_string(rank) + " waited for it at " + meeting +
-                               ". Check that it was started, with the same rendezvous "
-                               "settings and world size " +
-                               std::to_string(size) + ", and can reach that address",
-                           r);
+        throw did_not_join(r, rank, size, meeting, deadline);
       }
     }
     if (theirs == mine) local.push_back(r);

@@ -73,14 +73,7 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
     }
     if (pending.empty()) break;
     if (deadline.expired()) {
-      const int r = *pending.begin();
-      throw TimeoutError("rank " + std::to_string(r) + " did not join within " +
-                             format_seconds(deadline.seconds()) + " s; rank 0 waited for it at " +
-                             meeting +
-                             ". Check that it was started, with the same rendezvous settings "
-                             "and world size " +
-                             std::to_string(size) + ", and can reach that address",
-                         r);
+      throw did_not_join(*pending.begin(), 0, size, meeting, deadline);
     }
     if (news) backoff.reset();
     backoff.sleep(deadline);
@@ -101,12 +94,7 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
     std::optional<std::string> id;
     while (!(id = store.try_get(answer_key(size, rank, ticket)))) {
       if (deadline.expired()) {
-        throw TimeoutError("rank 0 did not join within " + format_seconds(deadline.seconds()) +
-                               " s; rank " + std::to_string(rank) + " waited for it at " + meeting +
-                               ". Check that it was started, with the same rendezvous settings "
-                               "and world size " +
-                               std::to_string(size) + ", and can reach that address",
-                           0);
+        throw did_not_join(0, rank, size, meeting, deadline);
       }
       if (Clock::now() - asked >= kRepublish) {
         store.set(ask_key(size, rank), ticket);
@@ -126,6 +114,17 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
 }
 
 }  // namespace
+
+TimeoutError did_not_join(int missing, int waiter, int size, const std::string& meeting,
+                          const Deadline& deadline) {
+  return TimeoutError("rank " + std::to_string(missing) + " did not join within " +
+                          format_seconds(deadline.seconds()) + " s; rank " +
+                          std::to_string(waiter) + " waited for it at " + meeting +
+                          ". Check that it was started, with the same rendezvous settings and "
+                          "world size " +
+                          std::to_string(size) + ", and can reach that address",
+                      missing);
+}
 
 std::string agree_on_identity(Store& store, int rank, int size, const std::string& meeting,
                               const Deadline& deadline) {

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "common/deadline.h"
+#include "common/error.h"
 #include "rendezvous/store.h"
 
 namespace rr {
@@ -39,6 +40,11 @@ namespace rr {
 // (rank 0) or names rank 0 (the others) at the deadline.
 std::string agree_on_identity(Store& store, int rank, int size, const std::string& meeting,
                               const Deadline& deadline);
+
+// The error for rank `missing`, which never came to `meeting` while rank
+// `waiter` waited for it until `deadline`.
+TimeoutError did_not_join(int missing, int waiter, int size, const std::string& meeting,
+                          const Deadline& deadline);
 
 // The prefix of every key of the communicator with this id.
 inline std::string identity_prefix(const std::string& id) { return "rr/" + id + "/"; }

@@ -246,7 +246,7 @@ DEBUG_TOPICS = ("algorithm", "faults")
 def debug_topics() -> set:
     """RINGREDUCE_DEBUG: a comma-separated list of what the engine logs to stderr.
     ``algorithm``: for every collective, which algorithm runs and why; ``faults``: where
-    a SIGBUS or SIGSEGV struck (installed when ``_core`` loads)."""
+    a SIGBUS or SIGSEGV struck (installed by engine_options, when a communicator is made)."""
     text = os.environ.get("RINGREDUCE_DEBUG", "")
     topics = {t.strip() for t in text.split(",") if t.strip()}
     unknown = sorted(topics - set(DEBUG_TOPICS) - {"all"})

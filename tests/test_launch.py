@@ -255,6 +255,39 @@ def test_torchrun_spellings_and_several_nodes():
     assert seen == {r: (r % 2, 4, r // 2, str([10.0] * 3)) for r in range(4)}
 
 
+def test_several_nodes_need_master_addr():
+    # Without node 0's address every node would look for the rendezvous on itself and
+    # wait out the timeout: refused at once, naming the option.
+    start = time.monotonic()
+    r = run_launch(["--nnodes", "2", "--node-rank", "1", "-n", "2", "--master-port", "29999",
+                    "--", sys.executable, "-c", "print('ran')"])  # fmt: skip
+    assert time.monotonic() - start < 20
+    assert r.returncode == 2 and "ran" not in r.stdout
+    assert "--master-addr" in r.stderr
+    with pytest.raises(ValueError, match="master-addr"):
+        launch(2, ["true"], nnodes=2, node_rank=0, master_port=29999)
+
+
+def test_second_node_prefixes_and_blames_global_ranks():
+    # Node 1 of 2 with 2 ranks each runs RANK 2 and 3: its prefixes and its failure
+    # messages must say so, not the local indices 0 and 1.
+    prog = (
+        "import os, sys, time\n"
+        "print('rank', os.environ['RANK'], flush=True)\n"
+        "if os.environ['RANK'] == '3':\n"
+        "    time.sleep(0.3); sys.exit(4)\n"
+        "time.sleep(60)\n"
+    )
+    args = ["--nnodes", "2", "--node-rank", "1", "-n", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port()), "--", sys.executable, "-c", prog]  # fmt: skip
+    r = run_launch(args, timeout=60)
+    assert r.returncode == 4, r.stderr
+    assert prefixed(r.stdout) == {2: ["rank 2"], 3: ["rank 3"]}
+    assert "rank 3 exited with code 4" in r.stderr
+    assert "rank 3 was the first to fail" in r.stderr
+    assert "rank 1 " not in r.stderr
+
+
 def test_help_shows_an_example():
     r = run_launch(["-h"])
     assert r.returncode == 0

@@ -155,11 +155,18 @@ def _command(cmd: Sequence[str]) -> list[str]:
 class _Job:
     """The running ranks, and how to stop them."""
 
-    def __init__(self, grace: float):
+    def __init__(self, grace: float, first_rank: int = 0):
         self.grace = grace
+        # Ranks are indexed here from 0 on this machine; what we print is the job's rank
+        # (RANK), which on node k of a multi-node job starts at first_rank.
+        self.first_rank = first_rank
         self.procs: list[subprocess.Popen] = []
         self.alive: set = set()
         self.kill_at: float | None = None
+
+    def ranks(self, local: Any) -> list[int]:
+        """The job's ranks (RANK) of these local indices, sorted."""
+        return sorted(self.first_rank + i for i in local)
 
     def signal_all(self, sig: int) -> None:
         # Each rank leads its own process group, so this also reaches anything it spawned.
@@ -178,7 +185,7 @@ class _Job:
     def kill_if_overdue(self) -> None:
         if self.kill_at is not None and time.monotonic() >= self.kill_at and self.alive:
             print(
-                f"{_TAG}: ranks {sorted(self.alive)} still running {self.grace:g} s after "
+                f"{_TAG}: ranks {self.ranks(self.alive)} still running {self.grace:g} s after "
                 "SIGTERM; sending SIGKILL",
                 file=sys.stderr,
                 flush=True,
@@ -193,7 +200,7 @@ def launch(
     *,
     prefix: bool = True,
     env: dict[str, str] | None = None,
-    master_addr: str = "127.0.0.1",
+    master_addr: str | None = None,
     master_port: int | None = None,
     transport: str | None = None,
     grace: float = 5.0,
@@ -209,7 +216,8 @@ def launch(
         prefix: prefix every output line with ``"[rank] "``. Without it the ranks write
             straight to our stdout/stderr (no copying threads).
         env: extra variables for every rank, on top of ``os.environ``.
-        master_addr: MASTER_ADDR for the ranks (the TCP rendezvous host).
+        master_addr: MASTER_ADDR for the ranks (node 0's address, where the rendezvous
+            is hosted): 127.0.0.1 when None, which only a single-machine job may use.
         master_port: MASTER_PORT; a free port (whose successor is free too) when None.
         transport: if given, exported as RINGREDUCE_TRANSPORT.
         grace: seconds between SIGTERM and SIGKILL when stopping ranks.
@@ -228,6 +236,12 @@ def launch(
         raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {nnodes}, {node_rank}")
     if nnodes > 1 and master_port is None:
         raise ValueError("with several nodes every node needs the same --master-port")
+    if nnodes > 1 and not master_addr:
+        # Loopback would send every node's ranks to a rendezvous on their own machine,
+        # where none but node 0's is hosted: they would wait out the whole timeout.
+        raise ValueError("with several nodes every node needs node 0's address: --master-addr")
+    if master_addr is None:
+        master_addr = "127.0.0.1"
     if not cmd:
         raise ValueError("no program to launch")
     port = master_port if master_port is not None else free_port(master_addr)
@@ -242,7 +256,7 @@ def launch(
     argv = _command(cmd)
     out, err = _Output(sys.stdout), _Output(sys.stderr)
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
-    job = _Job(grace)
+    job = _Job(grace, first_rank=node_rank * nprocs)
     pumps: list[threading.Thread] = []
     interrupted: list[int] = []
 
@@ -288,7 +302,7 @@ def launch(
                 target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True
             ).start()
             if prefix:
-                tag = f"[{rank}] ".encode()
+                tag = f"[{job.first_rank + rank}] ".encode()
                 for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
                     t = threading.Thread(target=_pump, args=(stream, tag, sink), daemon=True)
                     t.start()
@@ -328,9 +342,9 @@ def _wait_all(job: _Job, exits: queue.Queue[tuple[int, int]]) -> tuple[int, int]
         job.alive.discard(rank)
         stopped_by_us = job.kill_at is not None
         if code != 0 and first is None and not stopped_by_us:
-            first = (rank, code)
+            first = (job.first_rank + rank, code)
             print(
-                f"{_TAG}: rank {rank} {_describe(code)}; stopping the other ranks",
+                f"{_TAG}: rank {first[0]} {_describe(code)}; stopping the other ranks",
                 file=sys.stderr,
                 flush=True,
             )
@@ -396,8 +410,7 @@ def build_parser(prog: str = "ringreduce launch") -> argparse.ArgumentParser:
         "--master-addr",
         "--master_addr",
         dest="master_addr",
-        default="127.0.0.1",
-        help="node 0's address (default: %(default)s)",
+        help="node 0's address (needed with --nnodes > 1; default: 127.0.0.1)",
     )
     p.add_argument(
         "--master-port",
@@ -438,6 +451,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce launch") -> 
         parser.error("need --nnodes >= 1 and 0 <= --node-rank < --nnodes")
     if args.nnodes > 1 and args.master_port is None:
         parser.error("with --nnodes > 1, give every node the same --master-port")
+    if args.nnodes > 1 and not args.master_addr:
+        parser.error("with --nnodes > 1, give every node node 0's address: --master-addr")
     return launch(
         args.nprocs,
         args.cmd,

@@ -2,8 +2,13 @@
 
     ringreduce launch -n 2 -- python examples/torch_ddp.py
     torchrun --nproc-per-node 2 examples/torch_ddp.py
+    mpirun -n 2 python examples/torch_ddp.py      # srun -n 2 too
     python examples/torch_ddp.py                  # alone: a world of one
     python examples/torch_ddp.py --backend gloo   # the same run on Gloo, to compare
+
+``rr.torch.init_process_group()`` reads the rank and world size from whichever launcher
+started the process (torch's own ``env://`` knows only torchrun's variables), so the
+script runs as it is under every one of them.
 
 An MLP learns to classify points of two interleaved spirals. The dataset is split over
 the ranks by ``DistributedSampler``; ``DistributedDataParallel`` averages the gradients
@@ -16,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 import torch.distributed as dist
@@ -24,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import ringreduce.torch  # noqa: F401  (registers backend "ringreduce")
+import ringreduce as rr
+import ringreduce.torch  # noqa: F401  (rr.torch; registers backend "ringreduce")
 
 
 def spirals(n: int, seed: int) -> TensorDataset:
@@ -45,11 +50,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.01)
     args = parser.parse_args()
 
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", "29531")):  # fmt: skip
-        os.environ.setdefault(key, value)  # alone, without a launcher
     torch.set_num_threads(1)
-    dist.init_process_group(args.backend)  # env://: ringreduce launch and torchrun set it
+    rr.torch.init_process_group(args.backend)  # any launcher, or none
     rank, world = dist.get_rank(), dist.get_world_size()
 
     train, test = spirals(4096, seed=1), spirals(1024, seed=2)

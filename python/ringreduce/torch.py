@@ -6,6 +6,7 @@ imports torch. Importing it registers the backend::
 
     import ringreduce.torch
     torch.distributed.init_process_group("ringreduce")    # any init method
+    ringreduce.torch.init_process_group()                 # or: from any launcher (mpirun...)
 
 Example::
 
@@ -30,6 +31,7 @@ import torch
 
 from ._bucket_plan import as_dtype
 from ._torch_backend import ProcessGroupRingReduce, register
+from ._torch_init import init_process_group
 from .bucketing import GradientBucketer, Handle
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "ProcessGroupRingReduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "init_process_group",
 ]
 
 # torch.distributed.init_process_group("ringreduce") works once this module is imported.

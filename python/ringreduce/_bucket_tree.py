@@ -1,5 +1,7 @@
 """Gradient trees (dicts, lists and tuples nesting arrays, as JAX and hand-written models
-return them): walking their leaves in a fixed order and rebuilding them."""
+return them): walking their leaves in a fixed order and rebuilding them. Trees with
+other nodes (registered dataclasses, flax and equinox modules) are walked by
+``jax.tree_util`` (`_tree_jax`)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,17 @@ from typing import Any
 import numpy as np
 
 from ._arrays import kind_of
-from ._buffers import describe
+from ._buffers import describe, is_torch_tensor
+from ._tree_jax import flatten, to_jax
 
-__all__ = ["Tree", "reduce_tree", "tree_leaves", "tree_rebuild", "writable_leaves"]
+__all__ = [
+    "Tree",
+    "leaves_and_rebuild",
+    "reduce_tree",
+    "tree_leaves",
+    "tree_rebuild",
+    "writable_leaves",
+]
 
 Tree = Any
 """A gradient tree: dicts, lists and tuples (namedtuples too) nesting arrays."""
@@ -45,12 +55,37 @@ def tree_rebuild(tree: Tree, leaves: Iterator[Any]) -> Tree:
     return next(leaves)
 
 
-def writable_leaves(tree: Tree) -> tuple[list[tuple[str, Any]], list[Any], list[Any]]:
-    """The leaves of a tree as a bucketer takes them: (path, leaf) pairs; the arrays to
-    hand over, into which the results are written (a numpy view of each host leaf, the
-    leaf itself on a GPU, a copy of each read-only leaf); and the leaves to return (the
-    caller's own objects, or those copies)."""
+def _is_array(x: Any) -> bool:
+    """Whether a leaf our own walk found is an array (rather than a node it does not know)."""
+    return (
+        isinstance(x, np.ndarray)
+        or is_torch_tensor(x)
+        or any(hasattr(x, a) for a in ("__dlpack__", "__cuda_array_interface__", "__array__"))
+    )
+
+
+def leaves_and_rebuild(tree: Tree) -> tuple[list[tuple[str, Any]], Any]:
+    """(path, leaf) pairs of a tree and a function rebuilding it from new leaves.
+
+    Dicts, lists and tuples of arrays are walked here (dict keys in insertion order);
+    a tree with any other node goes to ``jax.tree_util`` when JAX is loaded, so that
+    registered dataclasses, flax and equinox modules flatten as JAX flattens them."""
     leaves = list(tree_leaves(tree))
+    if all(_is_array(leaf) for _, leaf in leaves):
+        return leaves, lambda new: tree_rebuild(tree, iter(new))
+    walked = flatten(tree)
+    if walked is None:
+        return leaves, lambda new: tree_rebuild(tree, iter(new))  # describe() says what
+    return walked
+
+
+def writable_leaves(
+    leaves: list[tuple[str, Any]],
+) -> tuple[list[Any], list[Any]]:
+    """The leaves of a tree as a bucketer takes them: the arrays to hand over, into
+    which the results are written (a numpy view of each host leaf, the leaf itself on a
+    GPU, a copy of each read-only leaf); and the leaves to return (the caller's own
+    objects, or those copies)."""
     arrays: list[Any] = []
     results: list[Any] = []
     for _, leaf in leaves:
@@ -68,14 +103,16 @@ def writable_leaves(tree: Tree) -> tuple[list[tuple[str, Any]], list[Any], list[
         else:
             results.append(leaf)
         arrays.append(arr)
-    return leaves, arrays, results
+    return arrays, results
 
 
 def reduce_tree(bucketer: Any, tree: Tree, registered: int | None, *, in_no_sync: bool) -> Tree:
     """GradientBucketer.all_reduce_tree: registers the leaves by path on first use
     (``registered`` None), else checks their number against ``registered``; hands them to
-    ready() last first, waits, and returns the tree rebuilt around the results."""
-    leaves, arrays, results = writable_leaves(tree)
+    ready() last first, waits, and returns the tree rebuilt around the results (JAX
+    arrays where JAX arrays were given)."""
+    leaves, rebuild = leaves_and_rebuild(tree)
+    arrays, results = writable_leaves(leaves)
     if registered is None:
         for (path, _), arr in zip(leaves, arrays):
             buf = describe(arr, "grad")
@@ -89,4 +126,4 @@ def reduce_tree(bucketer: Any, tree: Tree, registered: int | None, *, in_no_sync
     bucketer.wait()
     if in_no_sync:
         return tree
-    return tree_rebuild(tree, iter(results))
+    return rebuild([to_jax(r, leaf) for r, (_, leaf) in zip(results, leaves)])

@@ -107,6 +107,11 @@ def describe(x: Any, what: str = "x") -> Buffer:
         try:
             return _from_numpy(np.from_dlpack(x), x)
         except (TypeError, BufferError, RuntimeError, ValueError) as exc:
+            # numpy's DLPack import refuses dtypes numpy lacks (bfloat16: a JAX bf16
+            # array); the object's own __array__ hands them over as ml_dtypes arrays.
+            host = _via_array(x)
+            if host is not None:
+                return _from_numpy(host, x)
             raise TypeError(
                 f"{what}: cannot import {type(x).__name__} through DLPack: {exc}"
             ) from exc
@@ -117,6 +122,18 @@ def describe(x: Any, what: str = "x") -> Buffer:
             f"{what}: expected a numpy array, a torch tensor, a CUDA array, or an object "
             f"exporting DLPack or the buffer protocol; got {type(x).__name__}"
         ) from None
+
+
+def _via_array(x: Any) -> Optional[np.ndarray]:
+    """``np.asarray(x)`` for an object with ``__array__`` whose dtype ringreduce reduces
+    (bfloat16, float16 and the rest), else None."""
+    if not hasattr(x, "__array__"):
+        return None
+    try:
+        host = np.asarray(x)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return host if host.dtype.name in DTYPES else None
 
 
 def as_array(x: Any, what: str = "x") -> np.ndarray:

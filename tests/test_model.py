@@ -13,27 +13,28 @@ from ringreduce.model import COLLECTIVES, CostModel, Link, Sample, fit
 S7B = 7e9 * 2  # a 7B model's fp16 gradients, bytes
 
 
-def seed_model(gbps: float, alpha: float = 0.0) -> CostModel:
-    """8 ranks, each on its own link of gbps Gbit/s, free reduction (the seed's picture)."""
+def worked_example_model(gbps: float, alpha: float = 0.0) -> CostModel:
+    """8 ranks, each on its own link of gbps Gbit/s, free reduction (the worked example:
+    7B parameters in fp16 on 8 ranks, 100 or 25 GB/s, 0.5 s of compute)."""
     return CostModel(hosts=8, links={"tcp": Link.from_gbps(gbps, alpha=alpha)})
 
 
-def test_seed_numbers_at_100_and_25_gbs():
-    fast = seed_model(800).step(S7B, 0.5)
-    assert fast.seed_comm_s == pytest.approx(0.28)
-    assert round(fast.seed_fraction, 2) == 0.36
-    slow = seed_model(200).step(S7B, 0.5)
-    assert slow.seed_comm_s == pytest.approx(1.12)
-    assert round(slow.seed_fraction, 2) == 0.69
+def test_worked_example_at_100_and_25_gbs():
+    fast = worked_example_model(800).step(S7B, 0.5)
+    assert fast.rounded_comm_s == pytest.approx(0.28)
+    assert round(fast.rounded_fraction, 2) == 0.36
+    slow = worked_example_model(200).step(S7B, 0.5)
+    assert slow.rounded_comm_s == pytest.approx(1.12)
+    assert round(slow.rounded_fraction, 2) == 0.69
 
 
 def test_exact_ring_bytes_are_2_n_minus_1_over_n():
-    st = seed_model(800).step(S7B, 0.5)
+    st = worked_example_model(800).step(S7B, 0.5)
     assert st.ring_factor == pytest.approx(1.75)
     # Without latency the model's time is the exact byte count at the link's rate.
     assert st.comm_s == pytest.approx(1.75 * S7B / 100e9)
-    assert st.comm_s < st.seed_comm_s
-    p = seed_model(800).predict("all_reduce", S7B)
+    assert st.comm_s < st.rounded_comm_s
+    p = worked_example_model(800).predict("all_reduce", S7B)
     assert p.algorithm == "ring"
     assert p.sent_bytes == pytest.approx(2 * 7 / 8 * S7B)
     assert p.busbw == pytest.approx(100.0)  # busbw is the link rate when bandwidth-bound
@@ -48,11 +49,11 @@ def test_ring_sends_2_n_minus_1_over_n_at_any_n(n):
 
 
 def test_overlap_hides_communication_shorter_than_backward():
-    st = seed_model(800).step(S7B, 0.5)
+    st = worked_example_model(800).step(S7B, 0.5)
     assert st.exposed_s < st.comm_s
-    assert st.seed_overlap_fraction < 0.01  # 0.28 s fits in 0.33 s of backward
-    slow = seed_model(200).step(S7B, 0.5)
-    assert slow.seed_exposed_s == pytest.approx(1.12 - 0.5 * 2 / 3)
+    assert st.rounded_overlap_fraction < 0.01  # 0.28 s fits in 0.33 s of backward
+    slow = worked_example_model(200).step(S7B, 0.5)
+    assert slow.rounded_exposed_s == pytest.approx(1.12 - 0.5 * 2 / 3)
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
@@ -247,10 +248,10 @@ def run_cli(capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "gbps, exact, seed, share, seed_share",
+    "gbps, exact, rounded, share, rounded_share",
     [("800", "0.245 s", "0.280 s", "33%", "36%"), ("200", "0.980 s", "1.120 s", "66%", "69%")],
 )
-def test_cli_reproduces_the_seed(capsys, gbps, exact, seed, share, seed_share):
+def test_cli_reproduces_the_worked_example(capsys, gbps, exact, rounded, share, rounded_share):
     out = run_cli(
         capsys,
         *("--params", "7e9", "--dtype", "float16", "--ranks", "8", "--link-gbps", gbps),
@@ -258,12 +259,13 @@ def test_cli_reproduces_the_seed(capsys, gbps, exact, seed, share, seed_share):
     )
     assert "S = 14.00 GB" in out
     assert "2(N-1)/N x S = 1.750 x 14.00 GB =  24.50 GB" in out
-    assert "2 x S (the seed's rounding)     =  28.00 GB" in out
+    assert "2 x S (2(N-1)/N rounded to 2)   =  28.00 GB" in out
+    assert "seed" not in out  # a word from how the project began, not one a user knows
     lines = {ln.split("  ")[1].strip(): ln.split() for ln in out.splitlines() if "  " in ln}
     row = next(v for k, v in lines.items() if k.startswith("all_reduce of S"))
-    assert row[-4:] == [*exact.split(), *seed.split()]
+    assert row[-4:] == [*exact.split(), *rounded.split()]
     row = next(v for k, v in lines.items() if k.startswith("communication share, no overlap"))
-    assert row[-2:] == [share, seed_share]
+    assert row[-2:] == [share, rounded_share]
 
 
 def test_cli_topology_and_calls(capsys):

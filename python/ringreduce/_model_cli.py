@@ -267,8 +267,8 @@ def _print_step(model: CostModel, args: argparse.Namespace, grad: float, elem: i
         f"  -> {exact / 1e9:.2f} GB / {bw:.4g} GB/s = {exact / 1e9 / bw:.3f} s"
     )
     print(
-        f"  2 x S (the seed's rounding)     = {2 * grad / 1e9:6.2f} GB"
-        f"  -> {2 * grad / 1e9:.2f} GB / {bw:.4g} GB/s = {st.seed_comm_s:.3f} s"
+        f"  2 x S (2(N-1)/N rounded to 2)   = {2 * grad / 1e9:6.2f} GB"
+        f"  -> {2 * grad / 1e9:.2f} GB / {bw:.4g} GB/s = {st.rounded_comm_s:.3f} s"
     )
     steps = sum(p.steps for p in pred.phases)
     print(
@@ -278,9 +278,9 @@ def _print_step(model: CostModel, args: argparse.Namespace, grad: float, elem: i
         "grad_bytes": grad,
         "algorithm": choice.fastest,
         "bytes_per_rank": exact,
-        "seed_bytes_per_rank": 2 * grad,
+        "rounded_bytes_per_rank": 2 * grad,
         "all_reduce_s": st.comm_s,
-        "seed_all_reduce_s": st.seed_comm_s,
+        "rounded_all_reduce_s": st.rounded_comm_s,
     }
     if compute is None:
         print()
@@ -290,29 +290,29 @@ def _print_step(model: CostModel, args: argparse.Namespace, grad: float, elem: i
         f"buckets of {args.bucket_mb:g} MiB (first {args.first_bucket_mb:g}) reduced as backward "
         f"makes them ({_time(st.bucketed_comm_s)} in all, last {_time(st.last_bucket_s)})"
     )
-    print(f"  {'':<34}{'model 2(N-1)/N':>16}{'seed 2 x S':>14}")
+    print(f"  {'':<34}{'model 2(N-1)/N':>16}{'rounded 2 x S':>15}")
     rows = [
-        ("all_reduce of S", _s(st.comm_s), _s(st.seed_comm_s)),
-        ("step, no overlap", _s(compute + st.comm_s), _s(compute + st.seed_comm_s)),
-        ("communication share, no overlap", f"{st.fraction:.0%}", f"{st.seed_fraction:.0%}"),
-        ("exposed with overlap", _s(st.exposed_s), _s(st.seed_exposed_s)),
-        ("step with overlap", _s(compute + st.exposed_s), _s(compute + st.seed_exposed_s)),
+        ("all_reduce of S", _s(st.comm_s), _s(st.rounded_comm_s)),
+        ("step, no overlap", _s(compute + st.comm_s), _s(compute + st.rounded_comm_s)),
+        ("communication share, no overlap", f"{st.fraction:.0%}", f"{st.rounded_fraction:.0%}"),
+        ("exposed with overlap", _s(st.exposed_s), _s(st.rounded_exposed_s)),
+        ("step with overlap", _s(compute + st.exposed_s), _s(compute + st.rounded_exposed_s)),
         (
             "communication share, overlap",
             f"{st.overlap_fraction:.0%}",
-            f"{st.seed_overlap_fraction:.0%}",
+            f"{st.rounded_overlap_fraction:.0%}",
         ),
     ]
     for name, a, b in rows:
-        print(f"  {name:<34}{a:>16}{b:>14}")
+        print(f"  {name:<34}{a:>16}{b:>15}")
     print()
     out.update(
         compute_s=compute,
         fraction=st.fraction,
-        seed_fraction=st.seed_fraction,
+        rounded_fraction=st.rounded_fraction,
         exposed_s=st.exposed_s,
         overlap_fraction=st.overlap_fraction,
-        seed_overlap_fraction=st.seed_overlap_fraction,
+        rounded_overlap_fraction=st.rounded_overlap_fraction,
     )
     return out
 

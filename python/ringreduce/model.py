@@ -205,8 +205,9 @@ class Choice:
 class StepEstimate:
     """A data-parallel training step: ``compute_s`` plus the gradients' all_reduce.
 
-    ``comm_s`` is the model's all_reduce of all gradients at once and ``seed_comm_s`` the
-    design's back-of-envelope (2 x S bytes at the link's bandwidth, no latency).
+    ``comm_s`` is the model's all_reduce of all gradients at once and ``rounded_comm_s``
+    the back-of-envelope figure with 2(N-1)/N rounded up to 2: 2 x S bytes at the link's
+    bandwidth, no latency.
     ``exposed_s`` is what stays on the step when buckets are reduced while backward
     runs: at least the last bucket (the first layers' gradients are ready last), more if
     the buckets take longer than backward.
@@ -218,11 +219,11 @@ class StepEstimate:
     ring_factor: float  # 2(N-1)/N
     link: str
     comm_s: float
-    seed_comm_s: float
+    rounded_comm_s: float
     bucketed_comm_s: float
     last_bucket_s: float
     exposed_s: float
-    seed_exposed_s: float
+    rounded_exposed_s: float
 
     @property
     def fraction(self) -> float:
@@ -230,9 +231,9 @@ class StepEstimate:
         return self.comm_s / (self.compute_s + self.comm_s)
 
     @property
-    def seed_fraction(self) -> float:
-        """The seed's share: 2 x S at link bandwidth against compute."""
-        return self.seed_comm_s / (self.compute_s + self.seed_comm_s)
+    def rounded_fraction(self) -> float:
+        """The rounded figure's share: 2 x S at link bandwidth against compute."""
+        return self.rounded_comm_s / (self.compute_s + self.rounded_comm_s)
 
     @property
     def overlap_fraction(self) -> float:
@@ -240,9 +241,9 @@ class StepEstimate:
         return self.exposed_s / (self.compute_s + self.exposed_s)
 
     @property
-    def seed_overlap_fraction(self) -> float:
-        """The seed's arithmetic, overlapped with backward."""
-        return self.seed_exposed_s / (self.compute_s + self.seed_exposed_s)
+    def rounded_overlap_fraction(self) -> float:
+        """The rounded figure (2 x S at link bandwidth), overlapped with backward."""
+        return self.rounded_exposed_s / (self.compute_s + self.rounded_exposed_s)
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ class CostModel:
             ``DEFAULT_LINKS``.
         intra_link, inter_link: the kinds of the hops on a host and between hosts.
         reduce_gbs: reduction throughput of one rank, GB/s of output; None: free (as on
-            a GPU, and in the seed's arithmetic).
+            a GPU, and in the rounded 2 x S figure).
         segment_bytes, small_bytes: the engine's RINGREDUCE_SEGMENT_BYTES and
             RINGREDUCE_SMALL_BYTES.
         reaches_all: whether the transport reaches every peer directly (then small
@@ -582,8 +583,8 @@ class CostModel:
         last = times[-1] if times else 0.0
         n = self.ranks
         ring_link = self.link(full.phases[-1].link) if full.phases else Link(0.0, 0.0)
-        seed = 2 * grad_bytes * ring_link.beta if n > 1 else 0.0
-        seed_last = 2 * (buckets[-1] if buckets else 0) * ring_link.beta if n > 1 else 0.0
+        rounded = 2 * grad_bytes * ring_link.beta if n > 1 else 0.0
+        rounded_last = 2 * (buckets[-1] if buckets else 0) * ring_link.beta if n > 1 else 0.0
         return StepEstimate(
             grad_bytes=float(grad_bytes),
             compute_s=float(compute_s),
@@ -591,11 +592,11 @@ class CostModel:
             ring_factor=2 * (n - 1) / n,
             link=full.phases[-1].link if full.phases else self.intra_link,
             comm_s=full.seconds,
-            seed_comm_s=seed,
+            rounded_comm_s=rounded,
             bucketed_comm_s=bucketed,
             last_bucket_s=last,
             exposed_s=max(last, bucketed - backward),
-            seed_exposed_s=max(seed_last, seed - backward),
+            rounded_exposed_s=max(rounded_last, rounded - backward),
         )
 
     def with_links(self, **links: Link) -> CostModel:

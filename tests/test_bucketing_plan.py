@@ -168,7 +168,7 @@ def bf16_rank(comm, memory: str):
 
 @pytest.mark.parametrize("memory", MEMORY)
 def test_comm_dtype_bfloat16_on_the_wire(group_factory, memory):
-    pytest.importorskip("ml_dtypes")
+    pytest.importorskip("ml_dtypes", reason="needs ml_dtypes: pip install -e '.[test]' brings it")
     n = 2
     group = group_factory(n, fake_device=memory != "host")
     for grads, wire_bytes in group.run(bf16_rank, memory):

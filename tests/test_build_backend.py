@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-sk = pytest.importorskip("scikit_build_core")
+sk = pytest.importorskip(
+    "scikit_build_core", reason="needs scikit-build-core: pip install -e '.[test]' brings it"
+)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "build_backend"))
 import ringreduce_build  # noqa: E402

@@ -36,7 +36,10 @@ from _ranks import RankGroup
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_available(), reason="no usable CUDA device"),
+    pytest.mark.skipif(
+        not cuda_available(),
+        reason="needs a CUDA device and the CUDA build (reinstall with nvcc on PATH)",
+    ),
 ]
 
 # Sizes around a 16-byte pack of every dtype, and one large enough that every
@@ -141,9 +144,11 @@ def test_host_memory_is_rejected():
 
 def test_torch_tensors_on_torch_stream():
     # Pointers and streams made by torch's own CUDA runtime work with ours.
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+        pytest.skip("needs torch built with CUDA (a CUDA wheel) and a GPU")
     n = 1 << 20
     a = random_operands("float32", n, seed=1)
     b = random_operands("float32", n, seed=2)
@@ -270,7 +275,9 @@ def _torch_available_with_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-needs_torch_cuda = pytest.mark.skipif(not _torch_available_with_cuda(), reason="no torch.cuda")
+needs_torch_cuda = pytest.mark.skipif(
+    not _torch_available_with_cuda(), reason="needs torch built with CUDA (a CUDA wheel) and a GPU"
+)
 
 
 @needs_torch_cuda

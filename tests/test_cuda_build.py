@@ -22,7 +22,10 @@ from ringreduce import _core
 from ringreduce._cuda import DeviceBuffer, cuda_available
 
 CUDA_BUILD = bool(rr.build_info()["cuda"])
-needs_cuda_build = pytest.mark.skipif(not CUDA_BUILD, reason="built without CUDA")
+needs_cuda_build = pytest.mark.skipif(
+    not CUDA_BUILD,
+    reason="needs the CUDA build: reinstall ringreduce with the CUDA toolkit (nvcc) on PATH",
+)
 
 
 def find_cuobjdump() -> str | None:
@@ -57,7 +60,7 @@ def test_fatbinary_has_sm80_sm90_and_ptx():
 @needs_cuda_build
 def test_cuda_runtime_is_linked_statically():
     if shutil.which("ldd") is None:
-        pytest.skip("ldd not found")
+        pytest.skip("needs ldd: apt-get install libc-bin")
     needed = run_tool("ldd", _core.__file__)
     assert "libcudart" not in needed and "libcuda." not in needed, needed
 
@@ -66,14 +69,14 @@ def test_cuda_runtime_is_linked_statically():
 def test_static_runtime_symbols_are_not_exported():
     # They would otherwise be candidates for torch's or cupy's libcudart calls.
     if shutil.which("nm") is None:
-        pytest.skip("nm not found")
+        pytest.skip("needs nm: apt-get install binutils")
     symbols = run_tool("nm", "-D", "--defined-only", _core.__file__).split()
     assert not [s for s in symbols if s.startswith("cuda")]
 
 
 def test_without_a_device_cuda_calls_report_it():
     if cuda_available():
-        pytest.skip("a CUDA device is present")
+        pytest.skip("checks the machine without a GPU: run with CUDA_VISIBLE_DEVICES= to hide it")
     assert _core.cuda_device_count() == 0
     x = np.zeros(4, dtype=np.float32)
     with pytest.raises(rr.RingReduceError):
@@ -84,7 +87,9 @@ def test_without_a_device_cuda_calls_report_it():
 
 def test_bad_codes_are_value_errors_in_a_cuda_build():
     if not CUDA_BUILD:
-        pytest.skip("built without CUDA: every hook reports that first")
+        pytest.skip(
+            "needs the CUDA build: reinstall ringreduce with the CUDA toolkit (nvcc) on PATH"
+        )
     with pytest.raises(ValueError):
         _core.testing.cuda_reduce(99, 0, 0, 0, 0, 1)
     with pytest.raises(ValueError):

@@ -331,7 +331,10 @@ def test_host_arrays_are_described_as_host_memory():
     assert describe(FakeCudaArray(np.ones(3))).device == 0
 
 
-@pytest.mark.skipif(cuda_available(), reason="a real GPU would be handed host memory")
+@pytest.mark.skipif(
+    cuda_available(),
+    reason="a real GPU would be handed host memory: run with CUDA_VISIBLE_DEVICES= to hide it",
+)
 def test_device_arrays_without_a_usable_device_fail_locally():
     with rr.init("tcp", rank=0, world_size=1) as comm:
         x = FakeCudaArray(np.ones(4, dtype=np.float32))

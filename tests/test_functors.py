@@ -32,7 +32,7 @@ from ringreduce import _core
 
 from _data import DTYPES, OPS, np_dtype
 
-pytest.importorskip("ml_dtypes")
+pytest.importorskip("ml_dtypes", reason="needs ml_dtypes: pip install -e '.[test]' brings it")
 
 SIZES = [0, 1, 7, 8, 9, 33, 4099]
 HALVES = ("float16", "bfloat16")

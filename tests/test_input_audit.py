@@ -435,5 +435,7 @@ def test_input_gives_numpys_answer_or_a_named_error(group_factory, n, case):
 @pytest.mark.torch
 @pytest.mark.parametrize("n", SIZES)
 def test_torch_storage_offsets_and_views(group_factory, n):
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     assert group_factory(n).run(_torch_views) == [[]] * n

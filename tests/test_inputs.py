@@ -124,7 +124,9 @@ def test_ml_dtypes_bfloat16(group_factory, n):
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16", "int64", "int8"])
 def test_torch_cpu_tensors(group_factory, dtype):
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     assert group_factory(2).run(_torch_tensors, dtype) == [True, True]
 
 

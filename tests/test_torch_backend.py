@@ -20,7 +20,9 @@ import traceback
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip(
+    "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+)
 import torch.distributed as dist  # noqa: E402
 
 from _ranks import free_port  # noqa: E402

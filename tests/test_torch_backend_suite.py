@@ -17,9 +17,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("expecttest")  # what importing the suite needs
-pytest.importorskip("hypothesis")
+pytest.importorskip(
+    "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+)
+pytest.importorskip("expecttest", reason="needs expecttest: pip install -e '.[test]' brings it")
+pytest.importorskip("hypothesis", reason="needs hypothesis: pip install -e '.[test]' brings it")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 
 import numpy as np
 import pytest
@@ -92,7 +93,9 @@ def _conveniences(comm):
 @pytest.mark.torch
 @pytest.mark.parametrize("n", [2, 3])
 def test_api_conveniences(group_factory, n):
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     assert group_factory(n).run(_conveniences) == [[]] * n
 
 
@@ -116,7 +119,9 @@ def _optimizer_state(comm):
 
 @pytest.mark.torch
 def test_broadcast_optimizer_state(group_factory):
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     results = group_factory(3).run(_optimizer_state)
     assert results[0][0] == pytest.approx(0.01) and results[0][1] == 1.0
     assert results[1] == results[0] and results[2] == results[0]
@@ -139,7 +144,9 @@ TORCH_AND_RR = (
 
 @pytest.mark.torch
 def test_torch_and_ringreduce_in_one_job_under_our_launcher():
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     r = _run([*CLI, "launch", "-n", "2", "--", sys.executable, "-c", TORCH_AND_RR])
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split("\n")[:2]) == ["[0] ok 0 True", "[1] ok 1 True"]
@@ -147,7 +154,9 @@ def test_torch_and_ringreduce_in_one_job_under_our_launcher():
 
 @pytest.mark.torch
 def test_torch_and_ringreduce_in_one_job_under_torchrun(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
     script = tmp_path / "train.py"
     script.write_text(TORCH_AND_RR)
     env = dict(os.environ)
@@ -203,6 +212,66 @@ def test_relayed_errors_lead_with_the_culprit_and_the_cause():
     assert len(relayed) == 2, messages
 
 
+def _ours(tb) -> list:
+    """The frames of a traceback that are in ringreduce's own files."""
+    package = os.path.dirname(os.path.abspath(rr.__file__))
+    return [f for f in traceback.extract_tb(tb) if os.path.abspath(f.filename).startswith(package)]
+
+
+class _RefusesDLPack:
+    def __dlpack__(self, **_: object) -> object:
+        raise BufferError("this exporter refuses")
+
+    def __dlpack_device__(self) -> tuple:
+        return (1, 0)
+
+
+def test_argument_errors_show_one_frame_of_ours_and_keep_their_cause():
+    with rr.init("tcp", rank=0, world_size=1, master_port=free_port()) as comm:
+        calls = [
+            lambda: comm.all_reduce(np.ones(3), op="xor"),
+            lambda: comm.reduce_scatter(np.ones(3), out=np.ones(7)),
+            lambda: comm.broadcast(np.ones(3), root=5),
+            lambda: comm.all_reduce(_RefusesDLPack()),
+        ]
+        for call in calls:
+            with pytest.raises((ValueError, TypeError)) as caught:
+                call()
+            frames = _ours(caught.value.__traceback__)
+            assert len(frames) == 1, traceback.format_tb(caught.value.__traceback__)
+        # The last one was caused by the exporter: the cause is still attached.
+        assert isinstance(caught.value.__cause__, BufferError)
+
+
+def test_engine_errors_show_one_frame_of_ours():
+    # The ranks are processes: each sends back its traceback as text.
+    package = os.path.dirname(os.path.abspath(rr.__file__))
+    outcomes = run_ranks(2, _mismatch, init_timeout=60)
+    for kind, error, text in outcomes:
+        assert kind == "err" and isinstance(error, rr.MismatchError), outcomes
+        frames = [line for line in text.splitlines() if line.strip().startswith("File ")]
+        assert sum(package in line for line in frames) == 1, text
+        assert "collective mismatch" in text.splitlines()[-1], text
+
+
+_TORCH_MISMATCH = (
+    "import datetime, torch, torch.distributed as dist, ringreduce.torch\n"
+    "dist.init_process_group('ringreduce', timeout=datetime.timedelta(seconds=30))\n"
+    "dist.all_reduce(torch.ones(4 + dist.get_rank()))\n"
+)
+
+
+def test_torch_backend_numbers_the_programs_first_collective_call_1():
+    # Making the group meets through the store, not through a collective of its own.
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
+    r = _run([*CLI, "launch", "-n", "2", "--", sys.executable, "-c", _TORCH_MISMATCH])
+    assert r.returncode != 0
+    assert "MismatchError" in r.stderr and "(call #1)" in r.stderr, r.stderr[-3000:]
+    assert "call #2" not in r.stderr, r.stderr[-3000:]
+
+
 def test_launched_by_mpirun_without_mpi_support_says_what_runs():
     code = (
         "import sys; sys.modules['ringreduce._core_mpi'] = None\n"
@@ -231,7 +300,10 @@ def test_launched_by_mpirun_without_mpi_support_says_what_runs():
 )
 def test_examples_run_as_documented(script, args):
     if script.startswith("torch"):
-        pytest.importorskip("torch")
+        pytest.importorskip(
+            "torch",
+            reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)",
+        )
     path = os.path.join(ROOT, "examples", script)
     r = _run([*CLI, "launch", "-n", "2", "--", sys.executable, path, *args], timeout=300)
     assert r.returncode == 0, r.stderr

@@ -55,10 +55,14 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         # torch leaves the order of calls from several threads to the program (DDP hooks,
         # future callbacks): they take turns here rather than raise ConcurrentUseError.
         self.comm = Communicator(core, queue_threads=True)
-        # Every rank has finished reading the store before any returns: a rank that
-        # returns and exits at once (a short script) would otherwise take the store it
-        # hosts away from ranks still meeting through it.
-        self.comm.barrier()
+        # Rank 0 returns only once every rank has finished meeting through the store:
+        # rank 0 hosts it (env://, rr.torch.init_process_group), and returning and
+        # exiting at once (a short script) would take it away from ranks still reading
+        # it. Through the store rather than a collective, so that the program's first
+        # collective is the group's call #1 in every message that numbers calls.
+        store.set(f"ringreduce/met/{rank}", b"1")
+        if rank == 0:
+            store.wait([f"ringreduce/met/{r}" for r in range(size)], timeout)
         self._watcher = _Watcher()
         self._name = ""
         self._desc = ""

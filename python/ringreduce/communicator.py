@@ -21,7 +21,7 @@ from ._env import engine_options
 from ._issuer import _Issuer
 from ._ops import ReduceOp, _op_code
 from ._rooted import _NOTHING, RootedAndPointToPoint, _Deferred, _overlap
-from .errors import ConcurrentUseError, MismatchError, TimeoutError
+from .errors import ConcurrentUseError, MismatchError, RingReduceError, TimeoutError
 
 __all__ = ["ReduceOp", "Communicator", "Work", "chunk_bounds", "build_info"]
 
@@ -77,7 +77,10 @@ class Work:
                 try:
                     finished = self._handle.wait(max(left, 0.0))
                 except MismatchError as exc:
-                    raise (self._comm._issuer.explain(exc) or exc) from exc
+                    explained = self._comm._issuer.explain(exc)
+                    if explained is None:
+                        raise
+                    raise explained from exc
                 except KeyboardInterrupt:
                     # Ctrl-C: the collective is abandoned where it runs, on the worker,
                     # which tells the peers (PeerError naming this rank there).
@@ -307,7 +310,10 @@ class Communicator(RootedAndPointToPoint):
         try:
             result = call(*args, **kwargs)
         except MismatchError as exc:
-            raise (issuer.explain(exc) or exc) from exc
+            explained = issuer.explain(exc)
+            if explained is None:
+                raise
+            raise explained from exc
         finally:
             issuer.leave()
         if issuer.conflict is not None:  # another thread came in meanwhile
@@ -441,6 +447,12 @@ class Communicator(RootedAndPointToPoint):
 # reaches the engine) leaves the other ranks inside it. The engine records why, so that
 # their errors name this rank and its reason instead of only "rank 1 closed its
 # connection" or a mismatch with its next call.
+#
+# The errors a collective documents (RingReduceError, and ValueError/TypeError for bad
+# arguments) reach the caller without the frames of the layers they came through here:
+# the call in the user's program, then one frame of ours, then the message. What caused
+# them stays attached (``__cause__``). Any other exception is a fault of ours and keeps
+# every frame.
 
 
 def _counting_issues(issue: Callable[..., Any]) -> Callable[..., Any]:
@@ -467,7 +479,10 @@ def _announcing_refusal(method: Callable[..., Any]) -> Callable[..., Any]:
                     self._core.note_refused_call(name, f"{type(exc).__name__}: {exc}")
                 except Exception:  # noqa: BLE001 - the caller's error matters more
                     pass
-            raise
+            # The same error, its __cause__ and __context__ as they were (see above).
+            raise exc.with_traceback(None)  # noqa: B904
+        except RingReduceError as exc:
+            raise exc.with_traceback(None)  # noqa: B904
 
     return checked
 

@@ -192,17 +192,22 @@ def test_a_rank_paused_mid_call_is_named_by_every_other_rank(links):
         ranks.close()
 
 
-@pytest.mark.parametrize("links", ["tcp", "shm"])
-def test_ctrl_c_in_a_point_to_point_recv_raises_at_once(links):
+@pytest.mark.parametrize("links", ["tcp", "shm", "shm+tcp"])
+def test_ctrl_c_in_a_point_to_point_recv_raises_at_once_and_the_peer_names_it(links):
     ranks = Ranks(2, links, 60, 1, "p2p")
     try:
         ranks.wait_ready()
         time.sleep(0.5)  # both ranks wait for a message that never comes
         ranks.signal(0, signal.SIGINT)
-        ended = ranks.wait_ended([0], 10)
-        assert 0 in ended, "\n".join(ranks.lines[-20:])
+        ended = ranks.wait_ended([0, 1], 10)
+        assert 0 in ended and 1 in ended, "\n".join(ranks.lines[-20:])
         what, seconds = ended[0]
         assert what == "interrupted" and seconds < 1.0, (what, seconds)
+        # Rank 0 lives on for 5 s after its interrupt: rank 1 learns it from the links
+        # rank 0 tore down, not from its exit, and not after its own 60 s timeout.
+        what, seconds = ended[1]
+        assert what.startswith("peer 0 "), what
+        assert seconds - ended[0][1] < 3.0, f"rank 1 named rank 0 after {seconds:.1f} s"
     finally:
         ranks.close()
 

@@ -3,9 +3,12 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
+
+#include "common/error.h"
 
 namespace rr {
 
@@ -37,6 +40,21 @@ class Interrupt {
  private:
   std::chrono::milliseconds every_;
   mutable Clock::time_point next_{};
+};
+
+// An Interrupt raised by setting a flag from another thread: the caller that
+// stopped waiting (Ctrl-C in Work.wait()) sets it, and the thread that runs
+// the wait throws Interrupted at its next look.
+class FlagInterrupt final : public Interrupt {
+ public:
+  explicit FlagInterrupt(const std::atomic<bool>& flag)
+      : Interrupt(std::chrono::milliseconds(0)), flag_(flag) {}
+  void check() const override {
+    if (flag_.load()) throw Interrupted("interrupted: the caller stopped waiting (Ctrl-C)");
+  }
+
+ private:
+  const std::atomic<bool>& flag_;
 };
 
 class Deadline {

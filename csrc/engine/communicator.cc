@@ -101,8 +101,9 @@ std::shared_ptr<Work> Communicator::recv(void* data, size_t bytes, int src, int6
 
 Communicator::~Communicator() { close(); }
 
-void Communicator::FlagInterrupt::check() const {
-  if (flag_.load()) throw Interrupted("interrupted: the caller stopped waiting (Ctrl-C)");
+void Communicator::interrupt() {
+  interrupted_.store(true);
+  if (p2p_) p2p_->interrupt();
 }
 
 void Communicator::refuse_if_unusable() const {

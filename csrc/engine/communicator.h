@@ -94,8 +94,10 @@ class Communicator {
   // Work.wait()). The collective the worker runs, or else the next one it
   // takes, fails as interrupted on the worker's own thread, which publishes
   // the interruption so that the peers raise PeerError naming this rank, and
-  // the communicator is broken from then on.
-  void interrupt() { interrupted_.store(true); }
+  // the communicator is broken from then on. Point-to-point operations in
+  // flight fail as interrupted too, and its links are torn down so that the
+  // peers waiting on them fail naming this rank.
+  void interrupt();
 
   // This rank refused a collective before issuing it (bad arguments: the
   // caller raised ValueError/TypeError), while the other ranks may be in it.
@@ -172,15 +174,6 @@ class Communicator {
   std::mutex devices_mu_;  // apart from mu_: making a Device can take a while
   std::map<int, std::unique_ptr<Device>> devices_;
   // interrupt()'s flag, asked by the worker's waits through worker_interrupt_.
-  class FlagInterrupt final : public Interrupt {
-   public:
-    explicit FlagInterrupt(const std::atomic<bool>& flag)
-        : Interrupt(std::chrono::milliseconds(0)), flag_(flag) {}
-    void check() const override;  // throws Interrupted once the flag is set
-
-   private:
-    const std::atomic<bool>& flag_;
-  };
   std::atomic<bool> interrupted_{false};
   FlagInterrupt worker_interrupt_{interrupted_};
   std::thread worker_;

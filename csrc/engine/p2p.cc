@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/waiter.h"
 
 namespace rr {
 namespace {
@@ -19,7 +20,7 @@ struct Header {
 static_assert(sizeof(Header) == 24, "the header is part of the wire format");
 
 // How long the thread sleeps in one wait on the transport; wake() cuts it
-// short when a new operation comes in.
+// short when a new operation comes in, on close() and on interrupt().
 constexpr std::chrono::milliseconds kSlice{50};
 
 std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
@@ -47,6 +48,7 @@ struct PointToPoint::Incoming {
   std::vector<char> keep;           // or kept here, for a later receive
   bool discard = false;             // or dropped (a receive of another size)
   std::vector<RequestPtr> payload;  // segments in flight
+  size_t seen = 0;                  // of which this many were seen done
   Clock::time_point last_progress;
 };
 
@@ -74,9 +76,12 @@ std::shared_ptr<Work> PointToPoint::submit(const std::shared_ptr<Op>& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) throw Error(rank_name(rank_) + ": the communicator is closed");
+    if (interrupted_.load() && broken_.empty())
+      throw Error(rank_name(rank_) + ": point-to-point was interrupted (Ctrl-C)");
     if (!broken_.empty())
       throw Error(rank_name(rank_) + ": point-to-point failed earlier: " + broken_);
     submitted_.push_back(op);
+    submitted_count_.fetch_add(1);
   }
   cv_.notify_all();
   transport_->wake();
@@ -238,6 +243,7 @@ bool PointToPoint::advance() {
     while (op.done_requests < op.requests.size() && op.requests[op.done_requests]->done()) {
       ++op.done_requests;
       op.last_progress = now;
+      ++events_;
     }
     if (op.done_requests == op.requests.size()) {
       op.work->finish();
@@ -253,15 +259,21 @@ bool PointToPoint::advance() {
     Incoming& in = *incoming_[static_cast<size_t>(peer)];
     if (in.header_request && in.header_request->done()) {
       on_header(peer);
+      ++events_;
       any = true;
     }
     if (!in.active) continue;
     size_t done = 0;
     while (done < in.payload.size() && in.payload[done]->done()) ++done;
-    if (done > 0) in.last_progress = now;
+    if (done > in.seen) {
+      in.last_progress = now;
+      events_ += done - in.seen;
+      in.seen = done;
+    }
     if (done < in.payload.size()) continue;
     // The whole message is in.
     in.payload.clear();
+    in.seen = 0;
     in.active = false;
     if (in.target) {
       in.target->work->set_source(peer);
@@ -304,6 +316,7 @@ void PointToPoint::check_deadlines() {
                          " came from " + who + " within " + format_seconds(timeout_) + " s",
                      blame)));
     it = recvs_.erase(it);
+    ++events_;
   }
   for (const auto& op : sends_) {
     if (now - op->last_progress >= limit) {
@@ -349,6 +362,58 @@ void PointToPoint::fail_all(std::exception_ptr error) {
   recvs_.clear();
 }
 
+// The loop's wait for any event. Progress is the thread's own advance();
+// every completed request, new operation, close() or interrupt() ends the
+// wait (done), so nothing moves without the loop looking at the operations'
+// clocks again, and the wait's window never needs renewing (moved() stays 0).
+// Blame is each operation's own (check_deadlines); a failure the transport
+// sees (a dead peer) is thrown by its progress or wait, naming that peer.
+class PointToPoint::Events final : public Waitable {
+ public:
+  explicit Events(PointToPoint& p2p)
+      : p2p_(p2p), events_(p2p.events_), submitted_(p2p.taken_), stop_(p2p.stop_.load()) {}
+  bool done() const override {
+    return again_ || p2p_.events_ != events_ || p2p_.submitted_count_.load() != submitted_ ||
+           p2p_.stop_.load() != stop_;
+  }
+  void progress() override { p2p_.advance(); }
+  uint64_t moved() const override { return 0; }
+  void pause() override {}
+  void block(uint32_t, std::chrono::microseconds bound) override {
+    if (RequestPtr request = p2p_.any_request()) {
+      p2p_.transport_->wait_for(*request, bound);
+      return;
+    }
+    std::unique_lock<std::mutex> lock(p2p_.mu_);
+    p2p_.cv_.wait_for(lock, bound, [this] { return done(); });
+  }
+  // The first operation's clock ran out: it fails, or the whole thread does.
+  void timed_out(const Deadline&) override {
+    p2p_.check_deadlines();
+    again_ = true;
+  }
+
+ private:
+  PointToPoint& p2p_;
+  const uint64_t events_;
+  const uint64_t submitted_;
+  const bool stop_;  // close() or interrupt() came before this wait
+  bool again_ = false;
+};
+
+// Seconds until the first pending operation's clock runs out (at least 0).
+double PointToPoint::seconds_to_first_deadline() const {
+  Clock::time_point first = Clock::time_point::max();
+  for (const auto& op : recvs_) first = std::min(first, op->last_progress);
+  for (const auto& op : sends_) first = std::min(first, op->last_progress);
+  for (const auto& in : incoming_) {
+    if (!in->payload.empty()) first = std::min(first, in->last_progress);
+  }
+  if (first == Clock::time_point::max()) return timeout_;
+  const double waited = std::chrono::duration<double>(Clock::now() - first).count();
+  return std::max(0.0, timeout_ - waited);
+}
+
 void PointToPoint::loop() {
   transport_->set_eager(false);
   std::deque<std::shared_ptr<Op>> fresh;
@@ -356,14 +421,18 @@ void PointToPoint::loop() {
   const auto flush = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(std::min(timeout_, 10.0)));
   Clock::time_point closing_since{};
+  WaitPolicy policy;  // no spinning of its own: the transport's wait_for spins
+  policy.max_sleep = kSlice;
   try {
     while (true) {
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (!pending()) {
-          cv_.wait(lock, [this] { return closing_ || !submitted_.empty(); });
+          cv_.wait(lock, [this] { return closing_ || !submitted_.empty() || interrupted_.load(); });
         }
+        interrupt_.check();
         fresh.swap(submitted_);
+        taken_ += fresh.size();
         stats_ = transport_->stats();
         if (closing_) {
           if (closing_since == Clock::time_point{}) closing_since = Clock::now();
@@ -372,13 +441,20 @@ void PointToPoint::loop() {
       }
       take_new_ops(fresh);
       post_headers();
-      const bool moved = advance();
+      const uint64_t before = events_;
+      advance();
       check_deadlines();
-      if (moved) continue;
-      RequestPtr request = any_request();
-      if (request)
-        transport_->wait_for(*request,
-                             std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
+      // What completed may let more be posted (the next header from that peer).
+      if (events_ != before || !pending()) continue;
+      Events events(*this);
+      if (events.done()) continue;
+      // While closing, the flush bounds the wait too.
+      double seconds = seconds_to_first_deadline();
+      if (closing_since != Clock::time_point{}) {
+        seconds = std::min(
+            seconds, std::chrono::duration<double>(closing_since + flush - Clock::now()).count());
+      }
+      wait_until_done(events, Deadline::after(std::max(0.0, seconds), &interrupt_), policy);
     }
   } catch (...) {
     std::exception_ptr error = std::current_exception();
@@ -401,11 +477,22 @@ void PointToPoint::loop() {
   }
 }
 
+void PointToPoint::interrupt() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closing_ || interrupted_.load()) return;
+  interrupted_.store(true);
+  stop_.store(true);
+  cv_.notify_all();
+  // Under the lock: close() cannot tear the transport down meanwhile.
+  transport_->wake();
+}
+
 void PointToPoint::close() noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_ && !thread_.joinable()) return;
     closing_ = true;
+    stop_.store(true);
   }
   cv_.notify_all();
   transport_->wake();

@@ -14,8 +14,15 @@
 // A receive whose size differs from the message's fails with MismatchError
 // naming the sender (the message is dropped). Every pending operation gives
 // up after the timeout without progress, naming the peer.
+//
+// The thread waits through the engine's one waiter (transport/waiter.h) for
+// any event: a request of any pending operation completing, a new operation,
+// close() or interrupt(). Each operation keeps its own clock, so the wait's
+// deadline is the earliest of theirs, and each event ends the wait so that
+// the clocks are looked at again.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -48,6 +55,11 @@ class PointToPoint {
   // still pending and closes the links. Idempotent.
   void close() noexcept;
 
+  // The caller stopped waiting (Ctrl-C): every pending operation fails as
+  // interrupted, the links are torn down so that peers waiting on this rank
+  // fail naming it, and later calls are refused. Safe from any thread.
+  void interrupt() noexcept;
+
   const char* transport_name() const { return transport_->name(); }
   TransportStats stats() const;
 
@@ -55,6 +67,7 @@ class PointToPoint {
   struct Op;
   struct Incoming;  // a peer's next message, header first
   struct Kept;      // a message that arrived before any receive wanted it
+  class Events;     // the loop's wait for any event, as the waiter drives it
 
   // Queues an op for the thread (refused once closing or broken).
   std::shared_ptr<Work> submit(const std::shared_ptr<Op>& op);
@@ -67,6 +80,7 @@ class PointToPoint {
   void on_header(int peer);
   void check_deadlines();
   bool pending() const;
+  double seconds_to_first_deadline() const;
   void fail_all(std::exception_ptr error);
   RequestPtr any_request() const;
 
@@ -82,12 +96,18 @@ class PointToPoint {
   bool closing_ = false;
   std::string broken_;  // the first failure, after which every call is refused
   TransportStats stats_;
+  std::atomic<uint64_t> submitted_count_{0};  // operations submitted so far
+  std::atomic<bool> stop_{false};             // close() or interrupt() was called
+  std::atomic<bool> interrupted_{false};
+  FlagInterrupt interrupt_{interrupted_};
 
   // The thread's own state.
   std::deque<std::shared_ptr<Op>> sends_;            // in flight
   std::list<std::shared_ptr<Op>> recvs_;             // posted, not yet matched, in posting order
   std::vector<std::unique_ptr<Incoming>> incoming_;  // by peer
   std::deque<std::unique_ptr<Kept>> kept_;           // in arrival order
+  uint64_t taken_ = 0;                               // operations taken from submitted_
+  uint64_t events_ = 0;                              // requests completed so far
   std::thread thread_;
 };
 

@@ -185,6 +185,7 @@ struct TcpTransport::Waiting final : Waitable {
   void block(uint32_t, std::chrono::microseconds bound) override {
     t.poll_links(Deadline::after(std::chrono::duration<double>(bound).count()));
   }
+  void check_peer() override { t.check_gone(request); }
   void timed_out(const Deadline& window) override { t.fail_timeout(request, window); }
 
   TcpTransport& t;
@@ -202,7 +203,9 @@ void TcpTransport::wait(Request& request, const Deadline& deadline) {
   policy.spin = eager_ ? std::chrono::duration_cast<std::chrono::microseconds>(spin_)
                        : std::chrono::microseconds(0);
   policy.rounds_per_look = 1;
-  policy.looks_per_check = 1u << 30;  // no liveness to look at but the sockets'
+  // Liveness is the sockets' (in progress), and for a link not yet connected
+  // the peer's notice in the store (check_gone, itself rate-limited).
+  policy.looks_per_check = 1u << 30;
   wait_until_done(waiting, deadline, policy);
 }
 
@@ -221,6 +224,7 @@ bool TcpTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   while (!request.done()) {
     progress();
     if (request.done() || until.expired() || wakes_.load() != wakes) break;
+    check_gone(request);
     poll_links(until);
   }
   return request.done();
@@ -259,7 +263,52 @@ void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline
                      op.peer_);
 }
 
+namespace {
+
+// How often a wait for a link the peer has not connected yet looks for its notice.
+constexpr std::chrono::milliseconds kGoneCheck{100};
+
+std::string gone_key(const std::string& prefix, int rank) {
+  return prefix + "gone/" + std::to_string(rank);
+}
+
+}  // namespace
+
+void TcpTransport::check_gone(const Request& request) {
+  if (store_ == nullptr) return;
+  const auto& op = static_cast<const Op&>(request);
+  const Link* link = find_link(op.peer_, op.sending);
+  if (link != nullptr && !link->awaiting()) return;  // its socket will tell
+  const Clock::time_point now = Clock::now();
+  if (now < next_gone_check_) return;
+  next_gone_check_ = now + kGoneCheck;
+  std::optional<std::string> notice;
+  try {
+    notice = store_->try_get(gone_key(prefix_, op.peer_));
+  } catch (const Error&) {
+    return;  // the store is out of reach: the wait's own deadline still holds
+  }
+  if (notice) {
+    throw PeerError("rank " + std::to_string(op.peer_) +
+                        " gave up on the communicator (it failed or was interrupted) before it "
+                        "connected to rank " +
+                        std::to_string(rank_),
+                    op.peer_);
+  }
+}
+
 void TcpTransport::abort() noexcept {
+  if (store_ != nullptr && listener_.valid()) {
+    try {
+      store_->set(gone_key(prefix_, rank_), "1");
+    } catch (...) {
+      // Best effort: the peers' deadlines still hold.
+    }
+  }
+  tear_down();
+}
+
+void TcpTransport::tear_down() noexcept {
   listener_.reset();
   arrivals_.clear();
   for (auto& link : links_) {

@@ -74,7 +74,10 @@ class TcpTransport : public Transport {
   bool reaches(int peer) const override;
   bool connects(int peer) const override;
   void set_eager(bool eager) override { eager_ = eager; }
+  // Also leaves a notice in the store, so that a peer waiting for a link we
+  // never connected (links are made on first use) learns we gave up.
   void abort() noexcept override;
+  void close() noexcept override { tear_down(); }
   TransportStats stats() const override { return stats_; }
 
  private:
@@ -110,6 +113,10 @@ class TcpTransport : public Transport {
   void progress(Link& link);
   void poll_links(const Deadline& deadline);
   [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);
+  void tear_down() noexcept;
+  // Throws PeerError when the peer of `request`, whose link is not connected
+  // yet, left the notice abort() leaves (asked every kGoneCheck at most).
+  void check_gone(const Request& request);
 
   int rank_;
   int size_;
@@ -126,6 +133,7 @@ class TcpTransport : public Transport {
   Fd listener_;
   std::vector<std::unique_ptr<Arrival>> arrivals_;
   double connect_seconds_ = 0;
+  Clock::time_point next_gone_check_{};
   Fd wake_fd_;  // an eventfd that wake() signals, polled with the links
   std::atomic<uint64_t> wakes_{0};
   TransportStats stats_;

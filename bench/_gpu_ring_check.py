@@ -12,13 +12,14 @@ GPU itself.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import statistics
 import time
 import traceback
 from typing import Any, Dict, Tuple
 
 import numpy as np
+
+from ringreduce.launch import free_port
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -115,9 +116,7 @@ def _serve(rank: int, port: int, args: tuple, conn: Any) -> None:
 
 def run(device: int, seed: int, count: int, mib: int = 256, timeout: float = 240.0) -> int:
     """Runs both ranks, prints a table; returns the number of wrong elements (-1: failed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     for rank in range(2):

@@ -25,13 +25,14 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional
+
+from ringreduce.launch import free_port
 
 PROMPT_S = 5.0  # a survivor must report within this many seconds of the kill
 
@@ -84,12 +85,6 @@ def _rank_main(transport: str, timeout: float) -> None:
 # ---- the trials --------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _lines(path: str) -> List[dict]:
     out = []
     try:
@@ -107,7 +102,7 @@ def _lines(path: str) -> List[dict]:
 
 
 def _trial(n: int, victim: int, delay: float, args: argparse.Namespace, tmp: str) -> dict:
-    port = _free_port()
+    port = free_port()
     procs, logs = [], []
     for rank in range(n):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",

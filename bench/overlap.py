@@ -30,20 +30,14 @@ import argparse
 import copy
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ringreduce.launch import free_port
+
 MODES = ("compute", "flat", "gradsync", "ddp", "ddp-rr")
-
-
-def free_port() -> int:
-    """A TCP port that was free on loopback a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_model(width: int, depth: int) -> Any:

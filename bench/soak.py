@@ -40,12 +40,13 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional
+
+from ringreduce.launch import free_port
 
 DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8"]
 # Element counts and how often each is drawn: mostly small, rarely 4 MB.
@@ -152,12 +153,6 @@ def _rank_main(args: argparse.Namespace) -> None:
     comm.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _growth(before: float, after: float) -> str:
     return f"{100.0 * (after - before) / before:+.1f}%" if before else "n/a"
 
@@ -229,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         _rank_main(args)
         return 0
     n = args.nprocs
-    port = _free_port()
+    port = free_port()
     procs = []
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)

@@ -83,6 +83,12 @@ def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
         os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank * hosts // size}"
     import ringreduce as rr
 
+    if port == 0:
+        # Rank 0 listens on a port the kernel picks and tells the parent, which starts
+        # the others with it: no probing for a free port that something else takes first.
+        from ringreduce import _bootstrap
+
+        _bootstrap.port_ready = lambda chosen: conn.send(("port", chosen, ""))
     try:
         comm = rr.init(
             transport,
@@ -117,36 +123,69 @@ class RankGroup:
     """n rank processes sharing one communicator. ``transport`` (a key of TRANSPORTS,
     default "tcp") says which links carry the data."""
 
-    def __init__(self, n: int, *, timeout: float = 60.0, **init_kwargs: Any):
+    def __init__(
+        self,
+        n: int,
+        *,
+        timeout: float = 60.0,
+        target: Callable = _serve,
+        context: Any = None,
+        **init_kwargs: Any,
+    ):
+        """target: what each rank process runs (_serve, or a variant that sets the rank
+        up first and then calls it); context: how rank processes start (default: forked
+        from the preloaded server; SPAWN where a test reads their stderr with capfd)."""
         self.n = n
-        self.port = free_port()
+        self._target = target
+        self._context = context or _CTX
         init_kwargs.setdefault("timeout", timeout)
         init_kwargs["parent_env"] = dict(os.environ)
         self.procs = []
         self.conns = []
-        for rank in range(n):
-            parent, child = _CTX.Pipe()
-            p = _CTX.Process(
-                target=_serve, args=(rank, n, self.port, child, init_kwargs), daemon=True
-            )
-            p.start()
-            self.procs.append(p)
-            self.conns.append(parent)
-        outcomes = self._collect(timeout + 30)
+        # Rank 0 first, on port 0; the others once it says which port it got (a file
+        # store or a world of one needs no port: every rank at once).
+        needs_port = n > 1 and not init_kwargs.get("store_dir")
+        self.port = 0 if needs_port else 1
+        self._start(0, init_kwargs)
+        early = None
+        if needs_port:
+            early = self._collect_one(0, timeout + 30)
+            if early[0] == "port":
+                self.port, early = early[1], None
+        if early is None:
+            for rank in range(1, n):
+                self._start(rank, init_kwargs)
+            outcomes = self._collect(timeout + 30)
+        else:  # rank 0 failed before it listened: nobody to meet
+            never = ("err", RuntimeError("not started: rank 0 failed first"), "")
+            outcomes = [early] + [never] * (n - 1)
         self._raise_if_failed(outcomes, "init")
+
+    def _start(self, rank: int, init_kwargs: dict) -> None:
+        parent, child = self._context.Pipe()
+        p = self._context.Process(
+            target=self._target,
+            args=(rank, self.n, self.port, child, dict(init_kwargs)),
+            daemon=True,
+        )
+        p.start()
+        self.procs.append(p)
+        self.conns.append(parent)
+
+    def _collect_one(self, rank: int, timeout: float) -> tuple:
+        conn = self.conns[rank]
+        if not conn.poll(timeout):
+            return ("hung", None, f"rank {rank} gave no answer in {timeout:.0f} s")
+        try:
+            return conn.recv()
+        except EOFError:
+            return ("dead", None, f"rank {rank} exited")
 
     def _collect(self, timeout: float) -> list:
         deadline = time.monotonic() + timeout
         outcomes: list = [None] * self.n
-        for rank, conn in enumerate(self.conns):
-            left = max(0.0, deadline - time.monotonic())
-            if conn.poll(left):
-                try:
-                    outcomes[rank] = conn.recv()
-                except EOFError:
-                    outcomes[rank] = ("dead", None, f"rank {rank} exited")
-            else:
-                outcomes[rank] = ("hung", None, f"rank {rank} gave no answer in {timeout:.0f} s")
+        for rank in range(len(self.conns)):
+            outcomes[rank] = self._collect_one(rank, max(0.0, deadline - time.monotonic()))
         return outcomes
 
     def _raise_if_failed(self, outcomes: list, what: str) -> None:

@@ -65,30 +65,15 @@ class HostGroup(RankGroup):
         """context: how rank processes start (_ranks._CTX, forked from a server; pass
         _ranks.SPAWN where the test reads the ranks' stderr with capfd: a forkserver's
         children write to the server's)."""
-        ctx = context or _ranks._CTX
-        self.n = len(hosts)
-        self.port = _ranks.free_port()
-        init_kwargs = {
-            "timeout": timeout,
-            "hosts": list(hosts),
-            "env": dict(env or {}),
-            "algorithms": algorithms,
-            "parent_env": dict(os.environ),
-        }
-        self.procs = []
-        self.conns = []
-        for rank in range(self.n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(
-                target=_serve_on_hosts,
-                args=(rank, self.n, self.port, child, dict(init_kwargs)),
-                daemon=True,
-            )
-            p.start()
-            self.procs.append(p)
-            self.conns.append(parent)
-        outcomes = self._collect(timeout + 30)
-        self._raise_if_failed(outcomes, "init")
+        super().__init__(
+            len(hosts),
+            timeout=timeout,
+            target=_serve_on_hosts,
+            context=context,
+            hosts=list(hosts),
+            env=dict(env or {}),
+            algorithms=algorithms,
+        )
 
 
 @pytest.fixture

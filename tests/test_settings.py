@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,8 @@ import pytest
 from _mpi_support import HAVE_MPI4PY, HAVE_MPIRUN, MPI_BUILT, mpirun_env, outside
 
 from ringreduce import _core
+
+from _ranks import free_port
 
 # Two ranks that meet through rank 0's TCP store with the Options they are given, and
 # print how many ranks the engine put on their host.
@@ -36,16 +37,10 @@ _HOSTS_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_ranks(tmp_path, env_host_ids, option_host_ids):
     script = tmp_path / "hosts.py"
     script.write_text(_HOSTS_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ)

@@ -260,14 +260,24 @@ void register_communicator(py::module_& m) {
       .def_static(
           "create_tcp",
           [](int rank, int world_size, const std::string& master_addr, int master_port,
-             const std::string& store_dir, const rr::Options& options) {
+             const std::string& store_dir, const rr::Options& options, py::object port_ready) {
+            std::function<void(int)> listening;
+            if (!port_ready.is_none()) {
+              listening = [&port_ready](int port) {
+                py::gil_scoped_acquire gil;
+                port_ready(port);
+              };
+            }
             py::gil_scoped_release release;
             PythonInterrupt interrupt;  // Ctrl-C while waiting for the other ranks
             return rr::create_tcp_communicator(rank, world_size, master_addr, master_port,
-                                               store_dir, options, &interrupt);
+                                               store_dir, options, &interrupt, listening);
           },
           py::arg("rank"), py::arg("world_size"), py::arg("master_addr"), py::arg("master_port"),
-          py::arg("store_dir"), py::arg("options"))
+          py::arg("store_dir"), py::arg("options"), py::arg("port_ready") = py::none(),
+          "A communicator meeting at rank 0's TCP store (or a file store in store_dir). "
+          "Rank 0 may pass master_port=0: its store then listens on a port the kernel "
+          "picks, and port_ready(port) is called with it before rank 0 waits for the others.")
       .def_static(
           "create_with_store",
           [](py::object store, int rank, int world_size, const std::string& advertise,

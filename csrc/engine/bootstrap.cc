@@ -109,7 +109,8 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
                                                       const std::string& master_addr,
                                                       int master_port, const std::string& store_dir,
                                                       const Options& options,
-                                                      const Interrupt* interrupt) {
+                                                      const Interrupt* interrupt,
+                                                      const std::function<void(int)>& listening) {
   check_arguments(rank, size, options);
   const Deadline deadline = Deadline::after(options.timeout_seconds, interrupt);
   std::unique_ptr<Store> store;
@@ -123,7 +124,10 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
     meeting = "the file store in " + store_dir;
   } else {
     store = make_tcp_store(master_addr, master_port, rank == 0, deadline, options.timeout_seconds,
-                           options.token);
+                           options.token, [&](int port) {
+                             master_port = port;
+                             if (listening) listening(port);
+                           });
     advertise = local_ip_towards(master_addr);
     meeting = "rank 0's rendezvous store at " + master_addr + ":" + std::to_string(master_port);
   }

@@ -47,11 +47,12 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
 
 // A communicator whose ranks meet at a TCP store on master_addr:master_port
 // hosted by rank 0 (or a file store in `store_dir` when it is not empty).
-std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
-                                                      const std::string& master_addr,
-                                                      int master_port, const std::string& store_dir,
-                                                      const Options& options,
-                                                      const Interrupt* interrupt = nullptr);
+// Rank 0 may pass port 0: its store listens on a port the kernel picks and
+// `listening` is told which, before rank 0 waits for the others.
+std::unique_ptr<Communicator> create_tcp_communicator(
+    int rank, int size, const std::string& master_addr, int master_port,
+    const std::string& store_dir, const Options& options, const Interrupt* interrupt = nullptr,
+    const std::function<void(int)>& listening = {});
 
 // A communicator whose ranks meet through a store the caller made (a
 // torch.distributed store, through the bindings): every key goes there, so no

@@ -3,6 +3,7 @@
 // neighbour vanished can say which rank failed first).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,9 +45,13 @@ class Store {
 // delay the error it reports for long. With a `token`, every client proves it
 // holds the same one before its first request (AuthenticationError if not).
 // The server listens on loopback only when `host` is a loopback address.
+// With port 0 the server listens on a port the kernel picks, and tells
+// `listening` which, before it waits for anyone (the caller passes it on to
+// the other ranks: no probing for a free port that someone may take first).
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       const Deadline& deadline, double io_seconds,
-                                      const std::string& token = "");
+                                      const std::string& token = "",
+                                      const std::function<void(int)>& listening = {});
 
 // A store in this process's memory: for a world of one, and for tests.
 std::unique_ptr<Store> make_local_store();

@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -76,6 +77,7 @@ class StoreServer {
   }
   // The server thread closes the listening socket on its next round.
   void stop_accepting() { sealed_ = true; }
+  int port() const { return port_; }
 
  private:
   struct Client {
@@ -424,7 +426,8 @@ bool is_loopback(const std::string& host) {
 
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       const Deadline& deadline, double io_seconds,
-                                      const std::string& token) {
+                                      const std::string& token,
+                                      const std::function<void(int)>& listening) {
   std::unique_ptr<StoreServer> server;
   if (is_server) {
     // MASTER_ADDR names this host as the others see it: listen on every
@@ -439,6 +442,14 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
                   " and another program holds it (torch.distributed's env:// store, if the job "
                   "uses both?); set RINGREDUCE_PORT to a free port on every rank");
     }
+    // Port 0: the kernel chose one; the others learn it from whoever started them.
+    port = server->port();
+    if (listening) listening(port);
+  } else if (port <= 0) {
+    throw InvalidArgument(
+        "master_port must be a port in [1, 65535] on every rank but rank 0 "
+        "(which may pass 0 to listen on any free port), got " +
+        std::to_string(port));
   }
   Fd fd = connect_tcp(host, port, deadline,
                       "rank 0's rendezvous store (is rank 0 running, with the same "

@@ -8,7 +8,7 @@ values.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 from . import _core, _env, _mpi
 from ._env import engine_options, launched_by_mpirun, master_address, rank_and_size
@@ -17,6 +17,12 @@ from .communicator import Communicator
 __all__ = ["init"]
 
 _log = logging.getLogger("ringreduce")
+
+# Whatever starts the ranks can let rank 0 listen on a port the kernel picks, rather
+# than probe for a free one that another program may take first: it sets this to a
+# callable, and rank 0 calls init(master_port=0). The callable gets the port before
+# rank 0 waits for the others, and passes it on to them (tests/_ranks.py does).
+port_ready: Optional[Callable[[int], None]] = None
 
 
 def init(
@@ -106,8 +112,13 @@ def init(
         from mpi4py import MPI
 
         return Communicator(_mpi.create_tcp(MPI.COMM_WORLD, options, master_port))
-    host, port = master_address(master_addr, master_port)
-    return Communicator(_core.Communicator.create_tcp(r, n, host, port, store_dir or "", options))
+    report = port_ready if r == 0 and not store_dir else None
+    host, port = master_address(master_addr, master_port, any_port=report is not None)
+    return Communicator(
+        _core.Communicator.create_tcp(
+            r, n, host, port, store_dir or "", options, report if port == 0 else None
+        )
+    )
 
 
 def _token(token: Optional[str]) -> str:

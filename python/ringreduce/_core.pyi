@@ -1,6 +1,6 @@
 """Type stubs for the C++ extension ringreduce._core (internal API)."""
 
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 class DType:
     """Element types the engine reduces."""
@@ -98,6 +98,7 @@ class Communicator:
         master_port: int,
         store_dir: str,
         options: Options,
+        port_ready: Optional[Callable[[int], None]] = None,
     ) -> Communicator: ...
     @staticmethod
     def create_with_store(

@@ -133,9 +133,12 @@ def _port_env(name: str) -> int:
         raise ValueError(f"{name} must be a port number, got {text!r}") from None
 
 
-def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
+def master_address(
+    addr: Optional[str], port: Optional[int], any_port: bool = False
+) -> Tuple[str, int]:
     """Where rank 0 hosts ringreduce's rendezvous store: MASTER_ADDR (default loopback),
-    and ``port``, else RINGREDUCE_PORT, else MASTER_PORT (default 29500).
+    and ``port``, else RINGREDUCE_PORT, else MASTER_PORT (default 29500). ``any_port``:
+    port 0 is allowed (rank 0, whose store then listens on a port the kernel picks).
 
     Under torchrun MASTER_PORT + 1: torchrun's agent store already listens on MASTER_PORT
     (and torch.distributed's env:// init uses that store). ``ringreduce launch`` sets
@@ -166,7 +169,7 @@ def master_address(addr: Optional[str], port: Optional[int]) -> Tuple[str, int]:
             port = _port_env("MASTER_PORT") if "MASTER_PORT" in os.environ else 29500
             if os.environ.get("TORCHELASTIC_RUN_ID"):  # set by torchrun for its workers
                 port += 1
-    if not 0 < int(port) < 65536:
+    if not (0 < int(port) < 65536 or (any_port and int(port) == 0)):
         raise ValueError(f"master_port must be in 1..65535, got {port}")
     return host, int(port)
 

@@ -24,16 +24,43 @@ MATRIX_LINKS = "shm"
 OTHER_LINKS = ("tcp", "shm+tcp")
 
 
+# World sizes of the contract subset on OTHER_LINKS: a pair, and a ring whose left and
+# right neighbours differ. Larger worlds there are in the extended run (--extended).
+CONTRACT_SIZES = (2, 3)
+
+
+def extended(*values):
+    """A parametrize case that runs only with --extended (see conftest.py): the cross
+    product beyond the default run's contract subset."""
+    import pytest
+
+    return pytest.param(*values, marks=pytest.mark.extended)
+
+
+def links_and_sizes(world_sizes: list, contract=CONTRACT_SIZES) -> list:
+    """(links, n) for pytest.mark.parametrize("links,n", ...): every world size on
+    MATRIX_LINKS; on the other transports the sizes in `contract` by default, the rest
+    in the extended run."""
+    cases = [(MATRIX_LINKS, n) for n in world_sizes]
+    cases += [
+        (links, n) if n in contract else extended(links, n)
+        for links in OTHER_LINKS for n in world_sizes if n > 1
+    ]  # fmt: skip
+    return cases
+
+
 def over_links(dtypes: list, world_sizes: list) -> list:
     """(links, n, dtype) for pytest.mark.parametrize("links,n,dtype", ...): every dtype at
     every world size on MATRIX_LINKS; on the other transports the first dtype of each
-    element width, at world sizes above 1 (a world of one has no links)."""
+    element width, at world sizes above 1 (a world of one has no links), the sizes
+    outside CONTRACT_SIZES only in the extended run."""
     by_width = {}
     for d in dtypes:
         by_width.setdefault(np_dtype(d).itemsize, d)
     cases = [(MATRIX_LINKS, n, d) for n in world_sizes for d in dtypes]
     cases += [
-        (links, n, d) for links in OTHER_LINKS for n in world_sizes if n > 1
+        (links, n, d) if n in CONTRACT_SIZES else extended(links, n, d)
+        for links in OTHER_LINKS for n in world_sizes if n > 1
         for d in by_width.values()
     ]  # fmt: skip
     return cases

@@ -19,6 +19,27 @@ _MAX_GROUPS = 20
 _groups: OrderedDict[tuple, RankGroup] = OrderedDict()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        help="also run the extended matrix: the cases marked 'extended' (larger worlds and "
+        "more dtypes on the transports beyond the arithmetic matrix's, more layouts, "
+        "repeats). CI runs it after the default suite.",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--extended"):
+        return
+    kept, dropped = [], []
+    for item in items:
+        (dropped if item.get_closest_marker("extended") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def group_factory():
     """group_factory(n) -> a RankGroup of n ranks, kept for later tests (see _MAX_GROUPS)."""

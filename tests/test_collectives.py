@@ -17,6 +17,8 @@ from _data import (
     all_reduce_exact_failures,
     contribution,
     expected,
+    extended,
+    links_and_sizes,
     np_dtype,
     over_links,
     same_bits,
@@ -212,7 +214,7 @@ def test_all_reduce_256_megabytes(group_factory, links):
     ]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("links,n", links_and_sizes([2, 3, 4], contract=(3,)))
 @pytest.mark.parametrize("dtype", ["float16", "int32", "float64"])
 def test_tiny_segments_pipeline_correctly(group_factory, links, n, dtype):
     # 40-byte segments: every chunk is cut into many segments, so the
@@ -239,7 +241,7 @@ def _reduce_then_close_at_once(comm, rounds):
     return True
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", [extended(2), 3, extended(5)])
 def test_ranks_may_close_while_neighbours_finish(n, links):
     from _ranks import run_ranks
 

@@ -397,7 +397,7 @@ def test_from_mpi_times_out_when_a_rank_never_joins():
 
 @outside
 @needs_mpirun
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [pytest.param(2, marks=pytest.mark.extended), 3])
 def test_suite_undermpirun(np_):
     argv = ["-m", "mpi4py", "-m", "pytest", os.path.abspath(__file__), "-q", "-x"]
     out = mpirun(np_, [*argv, "-p", "no:cacheprovider", "--timeout=240"], timeout=400)

@@ -339,3 +339,64 @@ def test_argument_error_on_one_rank_is_named_by_every_rank(then, links):
         assert peer == 1, (rank, message)
         assert "rank 1 refused its call #1, broadcast: ValueError:" in message, (rank, message)
         assert "read-only" in message, (rank, message)
+
+
+def _abort_while_the_peer_is_away(comm, mode):
+    """Rank 0 has collectives running and queued that rank 1 does not join yet; another
+    thread of rank 0 calls abort(). Rank 1 comes later and must learn of it at once."""
+    import threading
+
+    x = np.ones(1000, dtype=np.float32)
+    if comm.rank == 1:
+        time.sleep(2.0)  # away while rank 0 aborts
+        start = time.monotonic()
+        try:
+            comm.all_reduce(x)
+            return "no error"
+        except rr.RingReduceError as exc:
+            return type(exc).__name__, exc.peer, time.monotonic() - start
+    aborted_at = []
+
+    def abort_later():
+        time.sleep(0.5)
+        aborted_at.append(time.monotonic())
+        comm.abort()
+
+    threading.Thread(target=abort_later, daemon=True).start()
+    failed = []  # (error, when) of each call
+    if mode == "sync":
+        try:
+            comm.all_reduce(x)  # blocking, run on this thread
+        except rr.RingReduceError as exc:
+            failed.append((exc, time.monotonic()))
+    else:
+        works = [comm.all_reduce(x, async_op=True) for _ in range(3)]  # one runs, two queued
+        for work in works:
+            try:
+                work.wait()
+            except rr.RingReduceError as exc:
+                failed.append((exc, time.monotonic()))
+    latency = max(when for _, when in failed) - aborted_at[0] if failed else None
+    try:
+        comm.all_reduce(x)
+        refused = "not refused"
+    except rr.RingReduceError as exc:
+        refused = str(exc)
+    comm.close()  # still closable
+    return [str(e) for e, _ in failed], latency, refused
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_abort_fails_running_and_queued_calls_at_once_and_the_peer_names_the_rank(mode, links):
+    outcomes = run_ranks(2, _abort_while_the_peer_is_away, mode, init_timeout=60, transport=links)
+    assert all(o[0] == "ok" for o in outcomes), [o[2] for o in outcomes]
+    errors, latency, refused = outcomes[0][1]
+    assert len(errors) == (1 if mode == "sync" else 3), errors
+    assert all("abort() was called" in e for e in errors), errors
+    # 100 ms is the aim; 1 s leaves room for 2 busy cores.
+    assert latency is not None and latency < 1.0, f"failed {latency:.3f} s after abort()"
+    assert "abort() was called" in refused, refused
+    kind, peer, seconds = outcomes[1][1]
+    # Rank 1 learns from the links rank 0 tore down, not from its own 60 s timeout.
+    assert (kind, peer) == ("PeerError", 0), outcomes[1][1]
+    assert seconds < 5, f"rank 1 named rank 0 after {seconds:.1f} s"

@@ -349,6 +349,10 @@ void register_communicator(py::module_& m) {
           py::arg("data"), py::arg("bytes"), py::arg("src"), py::arg("tag"),
           "Posts a point-to-point receive into raw host memory; src < 0: from any rank.")
       .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &rr::Communicator::abort, py::call_guard<py::gil_scoped_release>(),
+           "Stops this rank's work now, from any thread: queued and running collectives "
+           "and point-to-point operations fail, the peers are told, and the communicator "
+           "refuses later calls (close() still works).")
       .def("note_refused_call", &rr::Communicator::note_refused_call, py::arg("call"),
            py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
            "Records that this rank refused a call (bad arguments), so that peers failing "

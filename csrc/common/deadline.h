@@ -57,6 +57,21 @@ class FlagInterrupt final : public Interrupt {
   const std::atomic<bool>& flag_;
 };
 
+// Either of two: the caller's own (may be null) or another.
+class EitherInterrupt final : public Interrupt {
+ public:
+  EitherInterrupt(const Interrupt* first, const Interrupt& second)
+      : Interrupt(std::chrono::milliseconds(0)), first_(first), second_(second) {}
+  void check() const override {
+    second_.check();
+    if (first_ != nullptr) first_->poll();
+  }
+
+ private:
+  const Interrupt* first_;
+  const Interrupt& second_;
+};
+
 class Deadline {
  public:
   static Deadline after(double seconds, const Interrupt* interrupt = nullptr) {

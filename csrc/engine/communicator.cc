@@ -106,6 +106,34 @@ void Communicator::interrupt() {
   if (p2p_) p2p_->interrupt();
 }
 
+void Communicator::abort() {
+  const std::string why = "rank " + std::to_string(rank_) + ": abort() was called";
+  std::deque<Item> queued;
+  bool idle = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || aborted_.load()) return;
+    aborted_.store(true);
+    interrupted_.store(true);
+    queued.swap(queue_);
+    if (broken_.empty()) broken_ = why;
+    idle = !busy_;
+    cv_.notify_all();
+  }
+  for (auto& item : queued) {
+    item.work->finish(std::make_exception_ptr(Error("rank " + std::to_string(rank_) + ": " +
+                                                    item.work->description() +
+                                                    " was not run: abort() was called")));
+  }
+  if (p2p_) p2p_->interrupt();
+  // A running wait sleeps in its transport for a slice at most; cut it short.
+  transport_->wake();
+  // Nothing runs, and nothing will (broken_ refuses new calls): tear the
+  // links down now so that the peers learn. A running collective does it
+  // itself when it stops, after publishing why.
+  if (idle) transport_->abort();
+}
+
 void Communicator::refuse_if_unusable() const {
   if (closing_ || closed_) {
     throw Error("rank " + std::to_string(rank_) + ": the communicator is closed");
@@ -148,8 +176,10 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
       const uint64_t issuer = issuer_;
       lock.unlock();
       std::exception_ptr error;
+      // The caller's Ctrl-C, and abort() from another thread.
+      const EitherInterrupt either(interrupt, worker_interrupt_);
       try {
-        execute(args, nullptr, seq, issuer, interrupt, true);
+        execute(args, nullptr, seq, issuer, &either, true);
       } catch (...) {
         error = on_failure(std::current_exception(), describe(args, seq), seq);
       }
@@ -284,6 +314,13 @@ std::exception_ptr Communicator::on_failure(std::exception_ptr error,
     } catch (const std::exception& e) {
       outcome.message = e.what();
     }
+  }
+  if (aborted_.load()) {
+    // abort() stopped it: the caller asked for this, it is not a Ctrl-C.
+    outcome.message = "rank " + std::to_string(rank_) + ": abort() was called";
+    outcome.error =
+        std::make_exception_ptr(Error("rank " + std::to_string(rank_) + ": " + description +
+                                      " was aborted: " + "abort() was called"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   broken_ = outcome.message;

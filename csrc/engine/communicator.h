@@ -99,6 +99,14 @@ class Communicator {
   // peers waiting on them fail naming this rank.
   void interrupt();
 
+  // Stops this rank's work now, from any thread (torchft's abort): queued
+  // collectives fail at once, the running one at its next look at the flag
+  // (milliseconds), point-to-point operations likewise, and the links are
+  // torn down so that the peers raise PeerError naming this rank. Nothing is
+  // waited for; the communicator refuses later calls and can still be
+  // closed. Idempotent.
+  void abort();
+
   // This rank refused a collective before issuing it (bad arguments: the
   // caller raised ValueError/TypeError), while the other ranks may be in it.
   // Records why, under the number the call would have had, so that a peer
@@ -175,6 +183,7 @@ class Communicator {
   std::map<int, std::unique_ptr<Device>> devices_;
   // interrupt()'s flag, asked by the worker's waits through worker_interrupt_.
   std::atomic<bool> interrupted_{false};
+  std::atomic<bool> aborted_{false};  // interrupted_ by abort(), not by Ctrl-C
   FlagInterrupt worker_interrupt_{interrupted_};
   std::thread worker_;
 };

@@ -441,7 +441,11 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
         self._watcher.stop()
         self.comm.close()
 
-    abort = shutdown
+    def abort(self) -> None:
+        """Fails every in-flight and queued collective of this rank now (from any thread),
+        tells the peers, and closes: what torchft calls when a replica fails."""
+        self.comm.abort()
+        self.shutdown()
 
 
 # ---- meeting through torch's store ------------------------------------------------

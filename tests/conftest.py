@@ -29,7 +29,24 @@ def pytest_addoption(parser):
     )
 
 
+# Files whose tests take longest (torch's own suite, DDP/FSDP against gloo, trainers):
+# they start first, so that with several test processes (-n) none is left running
+# alone at the end.
+_LONGEST_FIRST = (
+    "test_torch_backend_suite.py",
+    "test_torch_backend.py",
+    "test_trainers.py",
+    "test_churn.py",
+    "test_multihost.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = os.path.basename(str(item.fspath))
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file is kept
     if config.getoption("--extended"):
         return
     kept, dropped = [], []

@@ -399,6 +399,7 @@ def test_from_mpi_times_out_when_a_rank_never_joins():
 @needs_mpirun
 @pytest.mark.parametrize("np_", [pytest.param(2, marks=pytest.mark.extended), 3])
 def test_suite_undermpirun(np_):
-    argv = ["-m", "mpi4py", "-m", "pytest", os.path.abspath(__file__), "-q", "-x"]
+    # One pytest per rank, each in its own process (-n 0: no test processes of its own).
+    argv = ["-m", "mpi4py", "-m", "pytest", os.path.abspath(__file__), "-q", "-x", "-n", "0"]
     out = mpirun(np_, [*argv, "-p", "no:cacheprovider", "--timeout=240"], timeout=400)
     assert " passed" in out and " failed" not in out, out[-6000:]

@@ -439,8 +439,8 @@ def test_subgroups_are_communicators_of_their_own():
 
 @pytest.mark.parametrize(
     "hook,no_sync,uneven",
-    [(None, False, False), ("allreduce", False, False), ("custom", True, False),
-     (None, False, True)],
+    [(None, False, False), pytest.param("allreduce", False, False, marks=pytest.mark.extended),
+     ("custom", True, False), (None, False, True)],
 )  # fmt: skip
 def test_ddp_equals_gloo(hook, no_sync, uneven):
     # One job, two process groups: DDP over ringreduce and over Gloo, same data.

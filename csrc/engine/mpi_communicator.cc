@@ -14,8 +14,8 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
   auto channel = MpiChannel::open(comm, deadline, /*watch_liveness=*/true, options.socket_addr);
   auto store = make_mpi_store(channel);
   const NetworkFactory mpi = [&] { return std::make_unique<MpiTransport>(channel); };
-  const std::string prefix = identity_prefix(
-      agree_on_identity(*store, channel->rank(), channel->size(), "the MPI communicator", deadline));
+  const std::string prefix = identity_prefix(agree_on_identity(
+      *store, channel->rank(), channel->size(), "the MPI communicator", deadline));
   Placement placement;
   auto transport = connect_links(*store, prefix, channel->rank(), channel->size(), options, mpi,
                                  &placement, "the MPI communicator", deadline);
@@ -25,8 +25,8 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
     // the collectives' (MPI_Comm_idup again: collective, like this call).
     auto p2p_channel = MpiChannel::open(comm, deadline);
     const NetworkFactory mpi_p2p = [&] { return std::make_unique<MpiTransport>(p2p_channel); };
-    p2p = connect_links_among(*store, prefix + "p2p/", channel->rank(), channel->size(), options, mpi_p2p,
-                              placement.local_ranks, deadline);
+    p2p = connect_links_among(*store, prefix + "p2p/", channel->rank(), channel->size(), options,
+                              mpi_p2p, placement.local_ranks, deadline);
   }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         prefix, std::move(p2p));

@@ -120,6 +120,8 @@ def test_all_reduce_tree_averages_across_ranks():
     assert launch(code) == {0: line, 1: line}
 
 
+# A whole training run: in the extended run (CI runs it).
+@pytest.mark.extended
 def test_jax_dp_example_replicas_identical():
     cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--", sys.executable,
            os.path.join(ROOT, "examples", "jax_dp.py"), "--grads", "bfloat16"]  # fmt: skip

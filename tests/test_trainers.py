@@ -44,6 +44,8 @@ def same_weights(a: str, b: str) -> None:
         assert torch.equal(mine[name], theirs[name]), f"{name} differs from Gloo's"
 
 
+# Whole trainers on 2 ranks, twice each: in the extended run (CI runs it).
+@pytest.mark.extended
 @pytest.mark.parametrize(
     "example, package",
     [("lightning_ddp.py", "lightning"), ("accelerate_ddp.py", "accelerate")],

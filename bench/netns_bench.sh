@@ -7,19 +7,15 @@ set -euo pipefail
 n=${1:?number of hosts}
 rate=${2:?link rate, e.g. 1gbit}
 shift 2
-here=$(cd "$(dirname "$0")" && pwd)
-"$here/netns_hosts.sh" up "$n" "$rate" >/dev/null
-trap '"$here/netns_hosts.sh" down "$n"' EXIT
-port=$((20000 + RANDOM % 20000))
-pids=()
+. "$(dirname "$0")/netns_common.sh"
+emulate_hosts "$n" "$rate"
+random_port
 for i in $(seq 0 $((n - 1))); do
   out=/dev/null
   [ "$i" = 0 ] && out=/dev/stdout
-  ip netns exec "rrhost$i" env RANK="$i" WORLD_SIZE="$n" MASTER_ADDR=10.231.0.1 \
-    MASTER_PORT="$port" GLOO_SOCKET_IFNAME="veth$i" \
-    python -m ringreduce bench "$@" >"$out" &
-  pids+=($!)
+  start_rank "$i" "$n" 1 "$RR_PORT" GLOO_SOCKET_IFNAME="veth$i" \
+    python -m ringreduce bench "$@" >"$out"
 done
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
+wait_ranks || status=1
 exit $status

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/overlap.py on H emulated hosts of L ranks each, links shaped to RATE
-# (network namespaces, bench/netns_hosts.sh; root only), then the cost model's
+# (network namespaces, bench/netns_common.sh; root only), then the cost model's
 # prediction for the same gradients, compute time and links, to read the
 # measured exposed communication against the model's.
 #
@@ -15,23 +15,19 @@ per_host=${2:?ranks per host}
 rate=${3:?link rate, e.g. 1gbit}
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-"$here/netns_hosts.sh" up "$hosts" "$rate" >/dev/null
-trap '"$here/netns_hosts.sh" down "$hosts"' EXIT
+. "$here/netns_common.sh"
+emulate_hosts "$hosts" "$rate"
 n=$((hosts * per_host))
 out=$(mktemp)
-port=$((20000 + RANDOM % 20000))
-pids=()
+random_port
 for r in $(seq 0 $((n - 1))); do
-  h=$((r / per_host))
   sink=/dev/null
   [ "$r" = 0 ] && sink=$out
-  ip netns exec "rrhost$h" env RANK="$r" WORLD_SIZE="$n" MASTER_ADDR=10.231.0.1 \
-    MASTER_PORT="$port" GLOO_SOCKET_IFNAME="veth$h" \
-    timeout 1800 python "$here/overlap.py" "$@" >"$sink" 2>&1 &
-  pids+=($!)
+  start_rank "$r" "$n" "$per_host" "$RR_PORT" GLOO_SOCKET_IFNAME="veth$((r / per_host))" \
+    timeout 1800 python "$here/overlap.py" "$@" >"$sink" 2>&1
 done
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
+wait_ranks || status=1
 echo "== bench/overlap.py $*, $hosts hosts x $per_host ranks, $rate links"
 cat "$out"
 # The model for the same step: gradients and compute time from the table above.

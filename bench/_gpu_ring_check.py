@@ -38,7 +38,7 @@ def _to_device(host: np.ndarray, dtype: str, device: int, torch: Any) -> Any:
         if dtype == "bfloat16":
             return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).to(f"cuda:{device}")
         return torch.from_numpy(host).to(f"cuda:{device}")
-    from ringreduce._cuda import DeviceArrayView
+    from ringreduce._arrays.cuda import DeviceArrayView
 
     if dtype == "bfloat16":
         import ml_dtypes  # the view needs a numpy bfloat16 dtype

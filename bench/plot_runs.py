@@ -30,7 +30,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ringreduce._bench_report import finish_busbw_plot
+    from ringreduce.bench.report import finish_busbw_plot
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     meta = None

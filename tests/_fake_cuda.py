@@ -8,7 +8,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ringreduce._arrays import ArrayKind, register_kind, unregister_kind
+from ringreduce._arrays.kinds import ArrayKind, register_kind, unregister_kind
 
 # The engine's private switch: its Device becomes the CPU emulation
 # (csrc/engine/fake_device.cc), which treats "device" pointers as host memory.

@@ -86,7 +86,7 @@ def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
     if port == 0:
         # Rank 0 listens on a port the kernel picks and tells the parent, which starts
         # the others with it: no probing for a free port that something else takes first.
-        from ringreduce import _bootstrap
+        from ringreduce._comm import bootstrap as _bootstrap
 
         _bootstrap.port_ready = lambda chosen: conn.send(("port", chosen, ""))
     try:

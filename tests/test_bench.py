@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ringreduce import bench
+from ringreduce.bench import sweep
 
 BENCH = [sys.executable, "-m", "ringreduce", "bench"]
 # Short sweeps: few iterations, small sizes; the 2-core machine runs all ranks.
@@ -128,7 +129,7 @@ def test_count_wrong():
 
 def test_without_nprocs():
     argv = ["-n", "4", "-e", "1M", "--nprocs=3", "-n2", "--nprocs", "5", "-d", "float16"]
-    assert bench._without_nprocs(argv) == ["-e", "1M", "-d", "float16"]
+    assert sweep._without_nprocs(argv) == ["-e", "1M", "-d", "float16"]
 
 
 def test_bad_arguments():

@@ -18,7 +18,7 @@ import pytest
 from _grads import MEMORY, SHAPES, handing_over, int_grad
 
 import ringreduce as rr
-from ringreduce._bucket_plan import first_difference, plan_buckets
+from ringreduce.bucketing.plan import first_difference, plan_buckets
 from ringreduce.bucketing import GradientBucketer
 
 

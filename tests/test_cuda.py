@@ -29,7 +29,7 @@ from _kernels import (
 
 import ringreduce as rr
 from ringreduce import _core
-from ringreduce._cuda import DeviceArrayView, DeviceBuffer, cuda_available
+from ringreduce._arrays.cuda import DeviceArrayView, DeviceBuffer, cuda_available
 
 from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits
 from _ranks import RankGroup

@@ -19,7 +19,7 @@ import pytest
 
 import ringreduce as rr
 from ringreduce import _core
-from ringreduce._cuda import DeviceBuffer, cuda_available
+from ringreduce._arrays.cuda import DeviceBuffer, cuda_available
 
 CUDA_BUILD = bool(rr.build_info()["cuda"])
 needs_cuda_build = pytest.mark.skipif(

@@ -19,8 +19,8 @@ import pytest
 from _fake_cuda import FAKE_DEVICE_ENV, FakeCudaArray, fake
 
 import ringreduce as rr
-from ringreduce._buffers import HOST, describe
-from ringreduce._cuda import cuda_available
+from ringreduce._arrays.buffer import HOST, describe
+from ringreduce._arrays.cuda import cuda_available
 
 from _data import (
     DTYPES,

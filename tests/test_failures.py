@@ -150,6 +150,33 @@ def test_mismatch_message_names_both_calls():
     assert "all_reduce(count=12, float32, sum)" in msg
 
 
+def _mismatch_facts(comm, counts):
+    """The attributes of the MismatchError this rank raises (exceptions cross the process
+    boundary without their attributes)."""
+    try:
+        comm.all_reduce(np.ones(counts[comm.rank], dtype=np.float32))
+    except rr.MismatchError as exc:
+        return exc.reason, exc.ranks, exc.calls, exc.issuers, exc.peer
+    return None
+
+
+def test_mismatch_carries_both_sides_as_attributes():
+    # Rank 2 calls with another count: rank 2 finds it in rank 1's header, rank 0 in
+    # rank 2's. Whichever is published first, every rank raises it with its facts.
+    counts = [10, 10, 12]
+    outcomes = run_ranks(3, _mismatch_facts, counts, init_timeout=20)
+    facts = [value for status, value, tb in outcomes if status == "ok" or pytest.fail(tb)]
+    assert all(f is not None for f in facts), facts
+    assert all(f[:4] == facts[0][:4] for f in facts), facts  # the same news everywhere
+    reason, ranks, calls, issuers, peer = facts[0]
+    assert reason == "call"
+    assert ranks in ((1, 2), (2, 0)), ranks
+    for rank, call in zip(ranks, calls):
+        assert call.startswith(f"all_reduce(count={counts[rank]}, float32, sum)"), calls
+    assert all(isinstance(t, int) for t in issuers), issuers
+    assert peer == ranks[0]
+
+
 def test_communicator_refuses_calls_after_an_error():
     outcomes = run_ranks(3, _error_then_retry, [10, 10, 11], init_timeout=20)
     for status, value, tb in outcomes:

@@ -241,7 +241,7 @@ def test_fit_with_noise_and_a_free_reduction():
 
 
 def run_cli(capsys, *args: str) -> str:
-    from ringreduce._model_cli import main
+    from ringreduce.model.cli import main
 
     assert main(list(args)) == 0
     return capsys.readouterr().out
@@ -281,7 +281,7 @@ def test_cli_topology_and_calls(capsys):
 
 
 def test_cli_takes_the_engine_settings_from_the_environment(capsys, monkeypatch):
-    from ringreduce._model_cli import main
+    from ringreduce.model.cli import main
 
     monkeypatch.setenv("RINGREDUCE_SMALL_BYTES", "0")  # no latency path: the ring
     assert "1 KiB > 0 B (small_bytes x 2/N): ring" in run_cli(
@@ -296,7 +296,7 @@ def test_cli_takes_the_engine_settings_from_the_environment(capsys, monkeypatch)
 
 
 def test_cli_rejects_a_bad_topology(capsys):
-    from ringreduce._model_cli import main
+    from ringreduce.model.cli import main
 
     with pytest.raises(SystemExit):
         main(["--ranks", "6", "--hosts", "4"])
@@ -311,7 +311,7 @@ def test_ringreduce_command_has_model(capsys):
 
 def test_probe_at_two_ranks_fits_every_sample():
     """A real probe: two local ranks over shared memory, a few small sizes."""
-    from ringreduce._model_probe import probe
+    from ringreduce.model.probe import probe
 
     sizes = {"all_gather": (4 << 10, 256 << 10, 1 << 20), "all_reduce": (4 << 10, 1 << 20)}
     samples = probe(2, ("shm",), sizes, rounds=2)

@@ -23,7 +23,7 @@ _HOSTS_SCRIPT = textwrap.dedent(
     """
     import json, sys
     from ringreduce import _core
-    from ringreduce.communicator import Communicator
+    from ringreduce import Communicator
 
     rank, port, host_id = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     options = _core.Options()

@@ -137,7 +137,7 @@ def test_threads_taking_turns_are_fine(group_factory, n):
 def test_queue_threads_makes_a_second_thread_wait_its_turn():
     # The torch backend's mode: torch leaves the order of its threads' calls to the
     # program, so a call waits for the one being issued instead of raising.
-    from ringreduce.communicator import Communicator
+    from ringreduce import Communicator
 
     solo = rr.init("tcp", rank=0, world_size=1)
     comm = Communicator(solo._core, queue_threads=True)

@@ -32,7 +32,7 @@ def model_params(args: argparse.Namespace, local_ranks: int) -> dict[str, Any]:
         "wire_efficiency": args.wire_efficiency,
     }
     if args.calibrate:
-        from ringreduce._model_probe import probe
+        from ringreduce.model.probe import probe
         from ringreduce.model import fit
 
         nprocs = max(2, local_ranks)

@@ -54,6 +54,17 @@ std::string issuer_tag(uint64_t tag) {
 }  // namespace
 
 void check_call_header(const CallHeader& theirs, const CallHeader& mine, int left, int rank) {
+  auto facts = [&](const char* reason) {
+    MismatchFacts f;
+    f.reason = reason;
+    f.ranks[0] = left;
+    f.ranks[1] = rank;
+    f.calls[0] = describe_header(theirs);
+    f.calls[1] = describe_header(mine);
+    f.issuers[0] = theirs.magic == kHeaderMagic ? theirs.issuer : 0;
+    f.issuers[1] = mine.issuer;
+    return f;
+  };
   if (theirs.magic == kHeaderMagic && theirs.segment_bytes != mine.segment_bytes) {
     throw MismatchError("ranks " + std::to_string(left) + " and " + std::to_string(rank) +
                             " cut messages differently: rank " + std::to_string(left) +
@@ -61,7 +72,7 @@ void check_call_header(const CallHeader& theirs, const CallHeader& mine, int lef
                             " bytes, rank " + std::to_string(rank) + " of " +
                             std::to_string(mine.segment_bytes) +
                             " (set RINGREDUCE_SEGMENT_BYTES alike on every rank)",
-                        left);
+                        left, facts("segments"));
   }
   if (theirs.magic == kHeaderMagic && theirs.issuer != mine.issuer && theirs.seq == mine.seq) {
     // Two threads of the program take turns on the communicator, in a
@@ -72,7 +83,7 @@ void check_call_header(const CallHeader& theirs, const CallHeader& mine, int lef
                             std::to_string(left) + " (" + issuer_tag(theirs.issuer) + ") called " +
                             describe_header(theirs) + ", rank " + std::to_string(rank) + " (" +
                             issuer_tag(mine.issuer) + ") called " + describe_header(mine),
-                        left);
+                        left, facts("thread"));
   }
   if (theirs.magic != kHeaderMagic || theirs.kind != mine.kind || theirs.dtype != mine.dtype ||
       theirs.op != mine.op || theirs.algorithm != mine.algorithm || theirs.seq != mine.seq ||
@@ -81,7 +92,7 @@ void check_call_header(const CallHeader& theirs, const CallHeader& mine, int lef
                             std::to_string(rank) + ": rank " + std::to_string(left) + " called " +
                             describe_header(theirs) + ", rank " + std::to_string(rank) +
                             " called " + describe_header(mine),
-                        left);
+                        left, facts("call"));
   }
 }
 
@@ -132,11 +143,19 @@ void exchange_block_sizes(RingContext& ctx, const CollectiveArgs& args) {
     if (from == rank) continue;
     const uint64_t expected = uneven ? args.recv_counts[static_cast<size_t>(from)] : args.count;
     if (theirs[static_cast<size_t>(from)] != expected) {
+      MismatchFacts f;
+      f.reason = "blocks";
+      f.ranks[0] = from;
+      f.ranks[1] = rank;
+      f.calls[0] = "all_to_all sending " + std::to_string(theirs[static_cast<size_t>(from)]) +
+                   " elements to rank " + std::to_string(rank);
+      f.calls[1] = "all_to_all expecting " + std::to_string(expected) + " elements from rank " +
+                   std::to_string(from);
       throw MismatchError("all_to_all: rank " + std::to_string(from) + " sends " +
                               std::to_string(theirs[static_cast<size_t>(from)]) +
                               " elements to rank " + std::to_string(rank) + ", which expects " +
                               std::to_string(expected) + " from it",
-                          from);
+                          from, std::move(f));
     }
   }
 }

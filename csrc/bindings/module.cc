@@ -38,6 +38,22 @@ void raise_python(const char* name, const char* message, int peer) {
   PyErr_SetObject(cls.ptr(), exc.ptr());
 }
 
+// MismatchError carries both sides as attributes: reason, ranks, calls and
+// issuers (see rr::MismatchFacts), None when the engine did not know them.
+void raise_mismatch(const rr::MismatchError& e) {
+  py::object cls = py::module_::import("ringreduce.errors").attr("MismatchError");
+  py::object exc = cls(e.what());
+  exc.attr("peer") = e.peer() >= 0 ? py::object(py::int_(e.peer())) : py::object(py::none());
+  const rr::MismatchFacts& f = e.facts();
+  if (f.known()) {
+    exc.attr("reason") = py::str(f.reason);
+    exc.attr("ranks") = py::make_tuple(f.ranks[0], f.ranks[1]);
+    exc.attr("calls") = py::make_tuple(f.calls[0], f.calls[1]);
+    exc.attr("issuers") = py::make_tuple(py::int_(f.issuers[0]), py::int_(f.issuers[1]));
+  }
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
 void translate(std::exception_ptr p) {
   try {
     if (p) std::rethrow_exception(p);
@@ -45,7 +61,7 @@ void translate(std::exception_ptr p) {
     // The signal handler's exception (KeyboardInterrupt) is already set.
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
   } catch (const rr::MismatchError& e) {
-    raise_python("MismatchError", e.what(), e.peer());
+    raise_mismatch(e);
   } catch (const rr::TimeoutError& e) {
     raise_python("TimeoutError", e.what(), e.peer());
   } catch (const rr::PeerError& e) {

@@ -3,8 +3,10 @@
 // Python exception of the same name in ringreduce.errors.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace rr {
 
@@ -34,14 +36,33 @@ class PeerError : public Error {
   int peer_;
 };
 
+// The facts of a disagreement between two ranks, so that callers act on them
+// (the Python layer names the issuing threads) without parsing the message.
+// Index 0 is the rank whose side was received, index 1 the rank that found
+// the disagreement.
+struct MismatchFacts {
+  // "call": different collectives or arguments; "thread": the same call
+  // number issued by differently named threads; "segments": different
+  // RINGREDUCE_SEGMENT_BYTES; "blocks": all_to_all block sizes; "message": a
+  // point-to-point message of another size than the receive's.
+  std::string reason;
+  int ranks[2] = {-1, -1};
+  std::string calls[2];          // each side as the user wrote it ("" when not known)
+  uint64_t issuers[2] = {0, 0};  // each side's issuing-thread tag (0: not told)
+  bool known() const { return !reason.empty(); }
+};
+
 // Ranks disagreed on which collective to run or on its arguments.
 class MismatchError : public Error {
  public:
-  MismatchError(const std::string& what, int peer) : Error(what), peer_(peer) {}
+  MismatchError(const std::string& what, int peer, MismatchFacts facts = {})
+      : Error(what), peer_(peer), facts_(std::move(facts)) {}
   int peer() const { return peer_; }
+  const MismatchFacts& facts() const { return facts_; }
 
  private:
   int peer_;
+  MismatchFacts facts_;
 };
 
 // A wait abandoned because the caller asked (Ctrl-C in Python): the bindings

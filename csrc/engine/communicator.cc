@@ -356,12 +356,14 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
 std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t seq) {
   int peer = -1;
   std::string kind, what;
+  MismatchFacts facts;
   try {
     std::rethrow_exception(error);
   } catch (const MismatchError& e) {
     peer = e.peer();
     kind = "mismatch";
     what = e.what();
+    facts = e.facts();
   } catch (const TimeoutError& e) {
     peer = e.peer();
     kind = "timeout";
@@ -381,7 +383,7 @@ std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t
   if (!refusal || what.find(*refusal) != std::string::npos) return error;
   const std::string message =
       *refusal + "; so here, on rank " + std::to_string(rank_) + ": " + what;
-  if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer));
+  if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer, facts));
   if (kind == "timeout") return std::make_exception_ptr(TimeoutError(message, peer));
   return std::make_exception_ptr(PeerError(message, peer));
 }

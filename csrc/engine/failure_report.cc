@@ -3,18 +3,70 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 
 namespace rr {
 
+namespace {
+
+// A call's text as it travels in a record: one line, no tabs, bounded.
+std::string field_text(const std::string& text) {
+  std::string out = text.substr(0, 512);
+  for (char& c : out) {
+    if (c == '\t' || c == '\n') c = ' ';
+  }
+  return out;
+}
+
+std::string encode_facts(const MismatchFacts& f) {
+  if (!f.known()) return "";
+  char tags[48];
+  std::snprintf(tags, sizeof tags, "%llx\t%llx", static_cast<unsigned long long>(f.issuers[0]),
+                static_cast<unsigned long long>(f.issuers[1]));
+  return field_text(f.reason) + "\t" + std::to_string(f.ranks[0]) + "\t" +
+         std::to_string(f.ranks[1]) + "\t" + tags + "\t" + field_text(f.calls[0]) + "\t" +
+         field_text(f.calls[1]);
+}
+
+// Read back from a store anyone may have written to: facts that do not parse
+// are dropped (the message still says everything).
+MismatchFacts decode_facts(const std::string& line, int world_size) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(line);
+  while (std::getline(in, part, '\t')) parts.push_back(part);
+  MismatchFacts f;
+  if (parts.size() != 7 || parts[0].empty()) return f;
+  for (int i = 0; i < 2; ++i) {
+    char* end = nullptr;
+    errno = 0;
+    const long r = std::strtol(parts[1 + i].c_str(), &end, 10);
+    if (parts[1 + i].empty() || *end != '\0' || errno != 0 || r < 0 || r >= world_size) {
+      return {};
+    }
+    const unsigned long long tag = std::strtoull(parts[3 + i].c_str(), &end, 16);
+    if (parts[3 + i].empty() || *end != '\0' || errno != 0) return {};
+    f.ranks[i] = static_cast<int>(r);
+    f.issuers[i] = tag;
+    f.calls[i] = field_text(parts[5 + i]);
+  }
+  f.reason = field_text(parts[0]);
+  return f;
+}
+
+}  // namespace
+
 std::string FailureRecord::encode() const {
-  return kind + "\n" + std::to_string(peer) + "\n" + std::to_string(rank) + "\n" + message;
+  return kind + "\n" + std::to_string(peer) + "\n" + std::to_string(rank) + "\n" +
+         encode_facts(facts) + "\n" + message;
 }
 
 FailureRecord FailureRecord::decode(const std::string& text, int world_size) {
@@ -22,10 +74,11 @@ FailureRecord FailureRecord::decode(const std::string& text, int world_size) {
   // every field is checked, and what is not understood is said plainly.
   FailureRecord r;
   std::istringstream in(text);
-  std::string peer, rank;
+  std::string peer, rank, facts;
   std::getline(in, r.kind);
   std::getline(in, peer);
   std::getline(in, rank);
+  std::getline(in, facts);
   std::getline(in, r.message, '\0');
   auto to_rank = [world_size](const std::string& field) {
     char* end = nullptr;
@@ -37,6 +90,7 @@ FailureRecord FailureRecord::decode(const std::string& text, int world_size) {
   };
   r.peer = to_rank(peer);
   r.rank = to_rank(rank);
+  if (r.kind == "mismatch") r.facts = decode_facts(facts, world_size);
   if (r.kind != "mismatch" && r.kind != "timeout" && r.kind != "peer" && r.kind != "error") {
     r.kind = "error";
   }
@@ -55,7 +109,7 @@ Report classify(std::exception_ptr error, int rank) {
   try {
     std::rethrow_exception(error);
   } catch (const MismatchError& e) {
-    r = {"mismatch", e.peer(), rank, e.what()};
+    r = {"mismatch", e.peer(), rank, e.what(), e.facts()};
   } catch (const TimeoutError& e) {
     r = {"timeout", e.peer(), rank, e.what()};
   } catch (const PeerError& e) {
@@ -112,8 +166,9 @@ Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& 
   return end;
 }
 
-std::exception_ptr make_error(const std::string& kind, const std::string& message, int peer) {
-  if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer));
+std::exception_ptr make_error(const std::string& kind, const std::string& message, int peer,
+                              const MismatchFacts& facts) {
+  if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer, facts));
   if (kind == "timeout") return std::make_exception_ptr(TimeoutError(message, peer));
   if (kind == "peer") return std::make_exception_ptr(PeerError(message, peer));
   return std::make_exception_ptr(Error(message));
@@ -179,6 +234,7 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
   std::string kind = mine.kind;
   std::string message = mine.message;
   int peer = mine.peer;
+  MismatchFacts facts = mine.facts;
   if (first.rank != rank) {
     // Someone failed before us; our own failure is most likely the echo of
     // theirs, so the message leads with the original cause and its culprit,
@@ -188,13 +244,14 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     kind = first.kind;
     peer = first.peer;
     message = first.message;
+    facts = first.facts;
     if (!(first.kind == "mismatch" && mine.kind == "mismatch")) {
       message += " [then here, on rank " + std::to_string(rank) + ", " + description +
                  " failed: " + cause + "]";
     }
   }
   if (interrupted(error)) return {error, message};
-  return {make_error(kind, message, peer), message};
+  return {make_error(kind, message, peer, facts), message};
 }
 
 }  // namespace rr

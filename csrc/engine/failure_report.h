@@ -8,18 +8,22 @@
 #include <exception>
 #include <string>
 
+#include "common/error.h"
 #include "rendezvous/store.h"
 #include "transport/transport.h"
 
 namespace rr {
 
-// A failure as published in the store: "kind\npeer\nrank\nmessage".
+// A failure as published in the store: "kind\npeer\nrank\nfacts\nmessage",
+// where facts is a mismatch's MismatchFacts, tab-separated (reason, both
+// ranks, both issuer tags in hex, both calls), or empty.
 struct FailureRecord {
   static constexpr size_t kMaxMessage = 64 << 10;
   std::string kind;  // "mismatch" | "timeout" | "peer" | "error"
   int peer = -1;
   int rank = -1;
   std::string message;
+  MismatchFacts facts;  // a mismatch's, when known
 
   std::string encode() const;
   // Never fails: an unknown kind reads as "error", a rank outside

@@ -25,6 +25,21 @@ constexpr std::chrono::milliseconds kSlice{50};
 
 std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
 
+// A message of another size than the receive waiting for it.
+std::exception_ptr size_mismatch(int peer, int rank, uint64_t sent, int64_t tag, uint64_t expected,
+                                 const std::string& receive) {
+  MismatchFacts f;
+  f.reason = "message";
+  f.ranks[0] = peer;
+  f.ranks[1] = rank;
+  f.calls[0] = "send of " + std::to_string(sent) + " bytes with tag " + std::to_string(tag);
+  f.calls[1] = receive;
+  return std::make_exception_ptr(MismatchError(
+      rank_name(peer) + " sent " + std::to_string(sent) + " bytes with tag " + std::to_string(tag) +
+          "; " + rank_name(rank) + " expected " + std::to_string(expected) + " (" + receive + ")",
+      peer, std::move(f)));
+}
+
 }  // namespace
 
 struct PointToPoint::Op {
@@ -162,11 +177,8 @@ bool PointToPoint::match_kept(const std::shared_ptr<Op>& op) {
     Kept& k = **it;
     if ((op->peer >= 0 && k.peer != op->peer) || k.tag != op->tag) continue;
     if (k.data.size() != op->bytes) {
-      op->work->finish(std::make_exception_ptr(MismatchError(
-          rank_name(k.peer) + " sent " + std::to_string(k.data.size()) + " bytes with tag " +
-              std::to_string(k.tag) + "; " + rank_name(rank_) + " expected " +
-              std::to_string(op->bytes) + " (" + op->work->description() + ")",
-          k.peer)));
+      op->work->finish(
+          size_mismatch(k.peer, rank_, k.data.size(), k.tag, op->bytes, op->work->description()));
     } else {
       if (op->bytes > 0) std::memcpy(op->data, k.data.data(), op->bytes);
       op->work->set_source(k.peer);
@@ -215,11 +227,8 @@ void PointToPoint::on_header(int peer) {
       in.target = op;
       into = op->data;
     } else {
-      op->work->finish(std::make_exception_ptr(
-          MismatchError(rank_name(peer) + " sent " + std::to_string(bytes) + " bytes with tag " +
-                            std::to_string(in.header.tag) + "; " + rank_name(rank_) + " expected " +
-                            std::to_string(op->bytes) + " (" + op->work->description() + ")",
-                        peer)));
+      op->work->finish(
+          size_mismatch(peer, rank_, bytes, in.header.tag, op->bytes, op->work->description()));
       in.discard = true;
     }
   }

@@ -5,10 +5,13 @@ comm = rr.init()                      # rank/world size from the launcher's env
 y = comm.all_reduce(x, op="avg")      # numpy, torch (CPU or CUDA), cupy, DLPack
 """
 
-from ._bootstrap import init
-from ._cuda import cuda_available
+from ._arrays.cuda import cuda_available
+from ._comm.bootstrap import init
+from ._comm.communicator import Communicator, build_info
+from ._comm.ops import ReduceOp
+from ._comm.shaping import chunk_bounds
+from ._comm.work import Work
 from .bucketing import GradientBucketer
-from .communicator import Communicator, ReduceOp, Work, build_info, chunk_bounds
 from .errors import (
     AuthenticationError,
     ConcurrentUseError,

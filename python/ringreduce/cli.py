@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return bench_main(rest, prog="ringreduce bench")
     if command == "model":
-        from ._model_cli import main as model_main
+        from .model.cli import main as model_main
 
         return model_main(rest, prog="ringreduce model")
     if command == "info":

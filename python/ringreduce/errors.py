@@ -8,7 +8,7 @@ before any communication.
 from __future__ import annotations
 
 import builtins
-from typing import Optional
+from typing import Optional, Tuple
 
 __all__ = [
     "RingReduceError",
@@ -35,7 +35,21 @@ class PeerError(RingReduceError):
 
 
 class MismatchError(RingReduceError):
-    """Ranks called different collectives, or with different count/dtype/op/root."""
+    """Ranks called different collectives, or with different count/dtype/op/root.
+
+    Both sides of the disagreement are attributes (None when the engine could not know
+    them): ``reason`` ("call": different collectives or arguments; "thread": the same
+    call issued by differently named threads on two ranks; "segments": different
+    RINGREDUCE_SEGMENT_BYTES; "blocks": all_to_all block sizes; "message": a
+    point-to-point message of another size than its receive), ``ranks`` (the rank whose
+    side was received, the rank that found the disagreement), ``calls`` (each side as
+    the user wrote it) and ``issuers`` (each side's issuing-thread tag, 0 when not told).
+    """
+
+    reason: Optional[str] = None
+    ranks: Optional[Tuple[int, int]] = None
+    calls: Optional[Tuple[str, str]] = None
+    issuers: Optional[Tuple[int, int]] = None
 
 
 class ConcurrentUseError(RingReduceError):

@@ -1,0 +1,353 @@
+"""The Python face of the engine: Communicator.
+
+Every collective is written once: its arguments are shaped into one `Call` (`shaping`:
+buffers described, results allocated like the input), which goes to the engine as
+pointers through `_issue`, the one way in, as one thread at a time (`issuer`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+import numpy as np
+
+from .. import _core
+from .._arrays.buffer import dtype_code
+from .._env import engine_options
+from ..errors import ConcurrentUseError, MismatchError
+from . import composite, shaping
+from .issuer import Issuer
+from .ops import ReduceOp
+from .refusal import collective
+from .shaping import Call
+from .work import Deferred, Work
+
+__all__ = ["Communicator", "build_info"]
+
+_Collective = _core.Collective
+
+
+def build_info() -> dict:
+    """What this build contains: version, mpi, cuda, transports, cpu_kernels."""
+    return dict(_core.build_info())
+
+
+class Communicator:
+    """A group of ranks that run collectives together. Create with ``ringreduce.init()``.
+
+    Threads: ranks pair collectives in the order each rank issues them, so a
+    communicator's collectives must be issued by one thread at a time, in the same order
+    on every rank (several threads may take turns, as long as the order is the same
+    everywhere). A collective that enters while another thread's collective on the same
+    communicator is being issued (a blocking call: until it returns; ``async_op=True``:
+    until it is queued) raises `ConcurrentUseError` naming both threads, and so does the
+    other thread's call once it is done: its call may have paired with the wrong
+    thread's call on another rank. From then on every collective on that communicator
+    raises it, rather than risk reducing another thread's data. Threads that take
+    turns in a different order on two ranks are caught as well: each call's header
+    carries a tag of the issuing thread's name (the number in Python's default names,
+    "Thread-7 (work)", left out), so threads that take turns must have the same names
+    on every rank. ``Work.wait()``,
+    point-to-point ``send``/``recv`` (matched by source and tag) and ``close()`` may be
+    called from any thread. To run collectives from several threads at once, give each
+    thread its own communicator. (The torch.distributed backend queues its threads'
+    calls instead, as torch's contract leaves their order to the program.)
+    """
+
+    _issued_here = 0  # calls handed to the engine (see refusal.collective)
+
+    def __init__(self, core: Any, *, queue_threads: bool = False):
+        """``core``: the engine's communicator. ``queue_threads``: a collective from a
+        second thread waits for the first one's instead of raising ConcurrentUseError."""
+        self._core = core
+        self._issuer = Issuer(core, queue_threads)
+        # Arrays of async calls whose Work the caller may have dropped: the
+        # engine still writes into them, so they must stay alive until done.
+        self._inflight: List[Tuple[Any, tuple]] = []
+        self._inflight_lock = threading.Lock()  # point-to-point calls come from any thread
+
+    @classmethod
+    def from_mpi(
+        cls, mpi4py_comm: Any, *, timeout: float = 60.0, transport: str = "mpi"
+    ) -> Communicator:
+        """Wraps an mpi4py intracommunicator: ``COMM_WORLD`` or any sub-communicator.
+
+        The result's ranks and world size are those of ``mpi4py_comm``. Collective:
+        every rank of ``mpi4py_comm`` must call it. Our traffic runs on a private
+        duplicate, so it never matches the program's own messages. ``transport="auto"``
+        puts the ranks of one host on shared memory and the rest on MPI. With
+        ``transport="tcp"`` (or "shm") the MPI communicator only serves to meet (rank 0
+        hosts the TCP store) and the collectives run over sockets (or shared memory).
+        ``timeout`` bounds every wait on a peer, in seconds.
+        """
+        from . import mpi
+
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if transport not in ("mpi", "tcp", "shm", "auto"):
+            raise ValueError(f"transport must be 'mpi', 'tcp', 'shm' or 'auto', got {transport!r}")
+        options = engine_options(transport, timeout)
+        if transport in ("mpi", "auto"):
+            comm = cls(mpi.create_from_mpi4py(mpi4py_comm, options))
+            mpi.track(comm)
+            return comm
+        return cls(mpi.create_tcp(mpi4py_comm, options))
+
+    # -- properties -------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 <= rank < world_size."""
+        return int(self._core.rank)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return int(self._core.world_size)
+
+    @property
+    def local_rank(self) -> int:
+        """This process's place among the ranks of its host, 0 <= local_rank < local_world_size."""
+        return int(self._core.local_rank)
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of ranks on this process's host."""
+        return int(self._core.local_world_size)
+
+    @property
+    def transport(self) -> str:
+        """What carries the data: "tcp", "mpi", "shm", "shm+tcp" or "shm+mpi"."""
+        return str(self._core.transport)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait on a peer may go without progress before TimeoutError."""
+        return float(self._core.timeout)
+
+    def stats(self) -> dict:
+        """Counters: bytes_sent, bytes_received (payload and headers), ops (collectives
+        done), small_message_ops (all_reduce calls that took the small-message path)."""
+        return dict(self._core.stats())
+
+    # -- the way in ----------------------------------------------------------
+    def _issue(self, kind: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """call(*args, **kwargs): the one way collectives reach the engine, as one thread
+        at a time (see the class's note on threads)."""
+        issuer = self._issuer
+        issuer.enter(kind)
+        try:
+            result = call(*args, **kwargs)
+        except MismatchError as exc:
+            explained = issuer.explain(exc)
+            if explained is None:
+                raise
+            raise explained from exc
+        finally:
+            issuer.leave()
+        self._issued_here += 1
+        if issuer.conflict is not None:  # another thread came in meanwhile
+            raise ConcurrentUseError(issuer.message())
+        return result
+
+    def _run(self, c: Call, async_op: bool) -> Any:
+        """Runs a shaped call: here and now, or queued (``async_op``) as a Work."""
+        code = dtype_code(c.send.dtype)
+        count = c.send.size if c.count is None else c.count
+        extra = {} if c.blocks is None else {"blocks": c.blocks}
+        args = (c.kind, c.send.ptr, c.recv.ptr, count, code, c.op, c.root, c.send.device)
+        if not async_op:
+            # On this thread when nothing is queued: no hand-off to the worker.
+            self._issue(c.kind, self._core.run, *args, c.send.stream, **extra)
+            if c.finalize is not None:
+                c.finalize()
+            return c.result
+        keep = c.keep + (c.send.obj, c.recv.obj)
+        handle = self._issue(c.kind, self._queue, keep, *args, c.send.stream, **extra)
+        return Work(self, handle, c.result, keep, c.finalize)
+
+    def _queue(self, keep: tuple, *args: Any, **kwargs: Any) -> Any:
+        """Queues a collective, keeping its arrays alive until it is done (even if the
+        caller never sees its Work: _issue may raise once it is queued)."""
+        handle = self._core.submit(*args, **kwargs)
+        self._keep_alive(handle, keep)
+        return handle
+
+    def _keep_alive(self, handle: Any, keep: tuple) -> None:
+        with self._inflight_lock:
+            self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
+            self._inflight.append((handle, keep))
+
+    def _p2p(self, handle: Any, result: Any, keep: tuple, async_op: bool) -> Any:
+        self._keep_alive(handle, keep)
+        work = Work(self, handle, result, keep)
+        return work if async_op else work.wait()
+
+    # -- collectives ------------------------------------------------------
+    @collective
+    def all_reduce(
+        self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """Reduces x over all ranks; every rank gets the result (new array, or ``out``).
+
+        ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
+        C-contiguous and writable, and in the same memory (host or GPU) as x.
+        """
+        if not async_op and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
+            # The common case, checked and run in C++; None when it needs the general path.
+            result = self._issue(_Collective.ALL_REDUCE, self._core.all_reduce_numpy, x, out, op)
+            if result is not None:
+                return result
+        return self._run(shaping.all_reduce(x, op, out), async_op)
+
+    @collective
+    def reduce_scatter(
+        self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """Reduces x over all ranks; returns this rank's block of the flattened result.
+
+        The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
+        """
+        return self._run(shaping.reduce_scatter(self.rank, self.world_size, x, op, out), async_op)
+
+    @collective
+    def all_gather(
+        self, x: Any, *, out: Any = None, async_op: bool = False, uneven: bool = False
+    ) -> Any:
+        """Gathers x from every rank into an array of shape ``(world_size, *x.shape)``.
+
+        With ``uneven=True`` the first dimension of x may differ between ranks (as in
+        Horovod's allgather or MPI_Allgatherv): the result is every rank's x
+        concatenated along the first axis, in rank order (blocking; no ``out``).
+        """
+        if uneven:
+            if out is not None or async_op:
+                raise ValueError("all_gather(uneven=True) takes neither out nor async_op")
+            return composite.all_gather_uneven(self, x)
+        return self._run(shaping.all_gather(self.rank, self.world_size, x, out), async_op)
+
+    @collective
+    def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False) -> Any:
+        """Fills x in place, on every rank, with root's x. Returns x."""
+        return self._run(shaping.broadcast(self.rank, self.world_size, x, root), async_op)
+
+    @collective
+    def barrier(self) -> None:
+        """Returns once every rank has called barrier()."""
+        self._run(shaping.barrier(), False)
+
+    @collective
+    def reduce(
+        self,
+        x: Any,
+        op: Union[str, ReduceOp] = "sum",
+        root: int = 0,
+        *,
+        out: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Reduces x over all ranks into root: returns the result there (a new array, or
+        ``out``; ``out=x`` reduces in place), None on the other ranks, whose arrays are
+        left as they were.
+
+        A ring reduce-scatter, then each rank's block to root: root receives (N-1)/N of
+        x, half what all_reduce moves.
+        """
+        return self._run(shaping.reduce(self.rank, self.world_size, x, op, root, out), async_op)
+
+    @collective
+    def gather(self, x: Any, root: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        """Every rank's x on root, as an array of shape ``(world_size, *x.shape)`` (new,
+        or ``out``); None on the other ranks."""
+        return self._run(shaping.gather(self.rank, self.world_size, x, root, out), async_op)
+
+    @collective
+    def scatter(
+        self, x: Any = None, root: int = 0, *, out: Any = None, async_op: bool = False
+    ) -> Any:
+        """Block r of root's x (shape ``(world_size, *block)``) to rank r: returns this
+        rank's block (new, or ``out``). Ranks other than root pass ``out`` (which says
+        the block's shape and dtype) and no x."""
+        return self._run(shaping.scatter(self.rank, self.world_size, x, root, out), async_op)
+
+    @collective
+    def all_to_all(
+        self,
+        x: Any,
+        *,
+        out: Any = None,
+        send_counts: Optional[List[int]] = None,
+        recv_counts: Optional[List[int]] = None,
+        async_op: bool = False,
+    ) -> Any:
+        """Block r of x to rank r; returns the blocks received, in rank order.
+
+        Without counts x's first dimension is cut into world_size equal blocks and the
+        result has x's shape. With ``send_counts``/``recv_counts`` (rows of the first
+        dimension for each rank, as torch's all_to_all_single splits), blocks may differ:
+        the result has ``sum(recv_counts)`` rows. Every pair of ranks checks that the
+        block one sends is the size the other expects (MismatchError otherwise).
+        """
+        call = shaping.all_to_all(self.world_size, x, out, send_counts, recv_counts)
+        return self._run(call, async_op)
+
+    def all_gather_object(self, obj: Any) -> list:
+        """Every rank's ``obj`` (anything picklable), as a list in rank order."""
+        return composite.all_gather_object(self, obj)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s ``obj`` (anything picklable), returned on every rank."""
+        return composite.broadcast_object(self, obj, root)
+
+    # -- point-to-point -----------------------------------------------------
+    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Any:
+        """Sends x to rank dst, to be taken by its ``recv`` with the same tag.
+
+        Point-to-point messages travel on links of their own, in no order with the
+        collectives; between two ranks, messages with one tag arrive in the order they
+        were sent. Blocking: returns once x has left (it may not have arrived yet).
+        """
+        dst = shaping.peer_rank(dst, "dst", self.rank, self.world_size)
+        buf = shaping.send_buffer(x)
+        handle = self._core.send(buf.ptr, buf.nbytes, dst, int(tag))
+        return self._p2p(handle, None, (x, buf.obj), async_op)
+
+    def recv(
+        self, out: Any, src: Optional[int] = None, *, tag: int = 0, async_op: bool = False
+    ) -> Any:
+        """Receives into ``out`` the next message with ``tag`` from rank src (None: from
+        any rank), which must be ``out``'s size. Returns the sender's rank."""
+        src = shaping.peer_rank(src, "src", self.rank, self.world_size, allow_any=True)
+        buf = shaping.recv_buffer(out)
+        handle = self._core.recv(buf.ptr, buf.nbytes, src, int(tag))
+        return self._p2p(handle, Deferred(lambda: int(handle.source)), (out,), async_op)
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self) -> None:
+        """Finishes queued collectives, then closes every connection. Idempotent."""
+        self._core.close()
+        self._inflight.clear()
+
+    def abort(self) -> None:
+        """Stops this rank's work now, from any thread, without waiting for anything.
+
+        Queued collectives fail at once and the running one within milliseconds
+        (``RingReduceError`` "... was aborted"), point-to-point operations likewise; the
+        links are torn down, so the peers raise ``PeerError`` naming this rank rather than
+        wait for their timeout. The process is never killed. Afterwards every call is
+        refused, and ``close()`` still releases everything. Idempotent. This is what a
+        fault-tolerance layer (torchft) calls to cancel work a dead peer will never join.
+        """
+        self._core.abort()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ringreduce.Communicator rank={self.rank} world_size={self.world_size} "
+            f"transport={self.transport!r}>"
+        )

@@ -1,0 +1,441 @@
+"""GradientBucketer: the buckets, the hand-over of gradients, the asynchronous
+all-reduces and the wait (see the package's docstring for the whole picture)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._arrays.buffer import describe
+from ..errors import MismatchError
+from .memory import BucketMemory
+from .plan import (
+    MIB,
+    ParamSpec,
+    as_dtype,
+    check_plan,
+    describe_plan,
+    is_floating,
+    make_spec,
+    plan_buckets,
+)
+from .trace import Timeline
+from .tree import Tree, reduce_tree
+
+__all__ = ["GradientBucketer", "Handle"]
+
+Handle = int
+"""What `GradientBucketer.register` returns: the parameter's registration index."""
+
+
+class _Bucket:
+    """One flat wire buffer and the step state of the parameters packed into it."""
+
+    def __init__(
+        self, index: int, params: list[int], offsets: list[int], buffer: Any, average: int
+    ):
+        self.index = index
+        self.params = params
+        self.offsets = offsets
+        self.buffer = buffer
+        self.nbytes = describe(buffer).nbytes
+        # Averaging over `average` ranks: 32/64-bit floats are summed, then divided once
+        # (all_reduce op "avg"); 16-bit ones are divided while they are copied in, before
+        # the sum, as PyTorch DDP does, which keeps their sums in range.
+        wide = describe(buffer).itemsize >= 4
+        self.op = "avg" if average > 1 and wide else "sum"
+        self.divisor = average if average > 1 and not wide else 1
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets the last step: nothing ready, nothing in flight."""
+        self.pending = len(self.params)
+        self.work: Any = None
+        self.first_ready: float | None = None
+        self.last_ready: float | None = None
+        self.launch: float | None = None
+        self.done: float | None = None
+
+
+class GradientBucketer:
+    """Buckets gradients and all-reduces each bucket as soon as it is full.
+
+    Args:
+        comm: a ringreduce Communicator (anything with ``rank``, ``world_size``,
+            ``all_reduce(x, out=, async_op=)`` and ``all_gather``).
+        bucket_mb: cap of every bucket but the first, in MiB of wire bytes.
+        first_bucket_mb: cap of the first bucket (the last layers' gradients), kept small
+            so communication starts early in backward.
+        average: divide by the world size, so the result is the mean over ranks, not the
+            sum. The division happens while copying into the bucket (before the sum), as in
+            PyTorch DDP, which keeps fp16/bf16 sums in range.
+        comm_dtype: dtype of floating-point gradients on the wire (e.g. ``"bfloat16"`` or
+            ``ml_dtypes.bfloat16``); results are cast back to each gradient's dtype.
+            Default: each gradient's own dtype.
+        max_trace_steps: how many recent steps `save_trace` keeps (the summary counts all).
+
+    The plan is fixed when registration completes, i.e. at the first `ready`, `wait` or
+    `all_reduce_tree`: buckets follow registration order reversed (backward produces the
+    last layer's gradients first), the first bucket holds at most ``first_bucket_mb``, the
+    others at most ``bucket_mb``, and a parameter larger than its cap gets a bucket of its
+    own. The plan is then compared across ranks (one small all-gather); if any rank
+    registered different names, shapes, dtypes, order or settings, every rank raises
+    `MismatchError` naming the first differing parameter and the ranks.
+
+    Buckets launch in plan order on every rank: a bucket that fills before an earlier one
+    is held back until the earlier one launches, because collectives on one communicator
+    must be issued in the same order everywhere.
+
+    Buckets live where the gradients do: in host memory for numpy arrays and CPU tensors,
+    on the GPU for CUDA tensors and cupy arrays (reduced there by the device executor,
+    with copies on the caller's current stream). The first gradient handed over decides;
+    every later one must live in the same place.
+
+    Not thread-safe: call it from one thread (PyTorch runs CPU backward hooks on the thread
+    that called ``backward()``).
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        bucket_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+        average: bool = True,
+        comm_dtype: Any = None,
+        *,
+        max_trace_steps: int = 1000,
+    ) -> None:
+        if not bucket_mb > 0 or not first_bucket_mb > 0:
+            raise ValueError(
+                f"bucket sizes must be positive, got bucket_mb={bucket_mb}, "
+                f"first_bucket_mb={first_bucket_mb}"
+            )
+        if max_trace_steps < 1:
+            raise ValueError(f"max_trace_steps must be >= 1, got {max_trace_steps}")
+        self._comm = comm
+        self._world_size = int(comm.world_size)
+        self._rank = int(comm.rank)
+        self._bucket_mb = float(bucket_mb)
+        self._first_bucket_mb = float(first_bucket_mb)
+        self._average = bool(average)
+        self._comm_dtype = None if comm_dtype is None else as_dtype(comm_dtype)
+        if self._comm_dtype is not None and not is_floating(self._comm_dtype):
+            raise TypeError(f"comm_dtype must be a floating-point dtype, got {comm_dtype!r}")
+        self._specs: list[ParamSpec] = []
+        self._names: set[str] = set()
+        self._buckets: list[_Bucket] | None = None
+        # Where the buckets live, decided by the first gradient handed over (host memory
+        # if wait() comes first), and the array work between gradients and buckets.
+        self._memory = BucketMemory()
+        # Where each parameter lives: (bucket index, offset in the bucket buffer).
+        self._slots: list[tuple[int, int]] = []
+        self._timeline = Timeline(self._rank, max_trace_steps)
+        self._step = 0
+        self._no_sync_depth = 0
+        self._reset_step_state()
+
+    # ----------------------------------------------------------------- registration
+
+    def register(self, name: str, shape: Sequence[int], dtype: Any) -> Handle:
+        """Declares a parameter whose gradient will be given to `ready`; returns its handle.
+
+        Register in model order (first layer first). ``dtype`` is the gradient's dtype:
+        a numpy dtype, a name such as ``"float32"`` or ``"bfloat16"``, or a torch dtype.
+        Raises ValueError for a repeated name, RuntimeError once the plan is fixed.
+        """
+        if self._buckets is not None:
+            raise RuntimeError(
+                "register() after the bucket plan was fixed by the first "
+                "ready(), wait() or all_reduce_tree()"
+            )
+        spec = make_spec(name, shape, dtype, self._names, floating_only=self._average)
+        self._names.add(name)
+        self._specs.append(spec)
+        return len(self._specs) - 1
+
+    @property
+    def plan(self) -> list[list[str]]:
+        """Parameter names per bucket, in launch order (computed from the registrations so
+        far; fixed, and checked across ranks, at the first ready/wait)."""
+        return [[self._specs[i].name for i in bucket] for bucket in self._plan_indices()]
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the gradients are reduced over."""
+        return self._world_size
+
+    def _wire_dtype(self, spec: ParamSpec) -> np.dtype:
+        if self._comm_dtype is not None and is_floating(spec.dtype):
+            return self._comm_dtype
+        return spec.dtype
+
+    def _plan_indices(self) -> list[list[int]]:
+        wire = [self._wire_dtype(s) for s in self._specs]
+        sizes = [s.numel * w.itemsize for s, w in zip(self._specs, wire)]
+        return plan_buckets(sizes, wire, self._first_bucket_mb * MIB, self._bucket_mb * MIB)
+
+    def _finalize(self, first: Any = None) -> list[_Bucket]:
+        """Fixes the plan, allocates the bucket buffers where ``first`` (the first gradient
+        handed over, as `_array` returned it) lives, and checks the plan across ranks."""
+        if self._buckets is not None:
+            return self._buckets
+        if not self._memory.placed:
+            self._memory.place(np.zeros(0) if first is None else first)
+        plan = self._plan_indices()
+        if self._world_size > 1:
+            settings = {
+                "bucket_mb": self._bucket_mb,
+                "first_bucket_mb": self._first_bucket_mb,
+                "average": self._average,
+                "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
+            }
+            check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
+        buckets: list[_Bucket] = []
+        self._slots = [(0, 0)] * len(self._specs)
+        for b, params in enumerate(plan):
+            offsets = []
+            total = 0
+            for i in params:
+                self._slots[i] = (b, total)
+                offsets.append(total)
+                total += self._specs[i].numel
+            dtype = self._wire_dtype(self._specs[params[0]])
+            average = self._world_size if self._average else 1
+            buckets.append(_Bucket(b, params, offsets, self._memory.bucket(total, dtype), average))
+        self._buckets = buckets
+        self._reset_step_state()
+        return buckets
+
+    # ----------------------------------------------------------------- one step
+
+    def _reset_step_state(self) -> None:
+        n = len(self._specs)
+        # The array given to ready() for each parameter: wait() writes the result into it.
+        self._given: list[Any] = [None] * n
+        self._is_ready = [False] * n
+        self._ready_count = 0
+        # no_sync() accumulators, in each gradient's own dtype (never the wire dtype, so
+        # bfloat16 on the wire does not round every micro-step).
+        self._accum: list[Any] = [None] * n
+        self._next_launch = 0
+        self._next_done = 0
+        for bucket in self._buckets or ():
+            bucket.reset()
+
+    def _view(self, index: int) -> Any:
+        b, offset = self._slots[index]
+        assert self._buckets is not None
+        return self._memory.view(self._buckets[b].buffer, offset, self._specs[index].shape)
+
+    def _check_handle(self, handle: Handle) -> int:
+        if not isinstance(handle, (int, np.integer)) or not 0 <= handle < len(self._specs):
+            raise ValueError(
+                f"unknown handle {handle!r}: register() returns handles 0..{len(self._specs) - 1}"
+            )
+        return int(handle)
+
+    def ready(self, handle: Handle, grad: Any, *, write_back: bool = True) -> None:
+        """Hands over one parameter's gradient for this step.
+
+        ``grad`` is an array of the registered shape and dtype (numpy, torch CPU or CUDA,
+        cupy, DLPack, buffer protocol). It is copied into its bucket, and when that bucket
+        is complete and every earlier bucket has launched, its all-reduce is launched
+        asynchronously. With ``write_back`` (default), `wait` writes the reduced gradient
+        back into ``grad``, which must then be writable; without, the result is only in
+        `view` (handle).
+
+        Inside `no_sync` the gradient is only added to a local accumulator. Calling it
+        twice for one parameter in a synchronised step raises ValueError.
+        """
+        index = self._check_handle(handle)
+        arr = self._memory.gradient(self._specs[index], grad, writable=write_back)
+        buckets = self._finalize(arr)
+        if self._no_sync_depth:
+            self._accum[index] = self._memory.accumulate(self._accum[index], arr)
+            self._given[index] = arr if write_back else None
+            return
+        self._check_once(index)
+        source = arr
+        if self._accum[index] is not None:
+            source = self._memory.accumulate(self._accum[index], arr)
+            self._accum[index] = None
+        bucket = buckets[self._slots[index][0]]
+        self._memory.fill(self._view(index), source, bucket.divisor)
+        self._given[index] = arr if write_back else None
+        self._mark_ready(index, bucket, buckets)
+
+    def view(self, handle: Handle) -> Any:
+        """The parameter's place in its bucket, shaped like the parameter: after `wait`, it
+        holds the reduced gradient. A gradient accumulated there directly (a framework's
+        ``.grad`` made a view of it) is handed over with `ready_in_bucket`, with no copy.
+        Fixes the plan; the buckets live where the first gradient handed over did (host
+        memory if none was yet)."""
+        index = self._check_handle(handle)
+        self._finalize()
+        return self._view(index)
+
+    def ready_in_bucket(self, handle: Handle) -> None:
+        """Like `ready`, for a gradient that is already in `view` (handle): nothing is
+        copied in or written back. Inside `no_sync` it does nothing, since the gradient
+        keeps accumulating where it is."""
+        index = self._check_handle(handle)
+        buckets = self._finalize()
+        if self._no_sync_depth:
+            return
+        self._check_once(index)
+        if self._accum[index] is not None:
+            self._memory.accumulate(self._view(index), self._accum[index])
+            self._accum[index] = None
+        bucket = buckets[self._slots[index][0]]
+        if bucket.divisor != 1:
+            view = self._view(index)
+            self._memory.fill(view, view, bucket.divisor)
+        self._given[index] = None
+        self._mark_ready(index, bucket, buckets)
+
+    def _check_once(self, index: int) -> None:
+        if self._is_ready[index]:
+            raise ValueError(
+                f"ready() called twice for parameter {self._specs[index].name!r} "
+                f"in one step (wait() ends a step); a parameter used twice in "
+                f"forward must be handed over once, after its gradient is "
+                f"complete"
+            )
+
+    def _mark_ready(self, index: int, bucket: _Bucket, buckets: list[_Bucket]) -> None:
+        self._is_ready[index] = True
+        self._ready_count += 1
+        now = time.perf_counter()
+        if bucket.first_ready is None:
+            bucket.first_ready = now
+        bucket.last_ready = now
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready_buckets(buckets)
+        self._poll(buckets)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        bucket.launch = time.perf_counter()
+        bucket.work = self._comm.all_reduce(
+            bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
+        )
+
+    def _launch_ready_buckets(self, buckets: list[_Bucket]) -> None:
+        # Strictly in plan order, so that every rank issues the same sequence of
+        # collectives whatever order its gradients arrive in.
+        while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
+            self._launch(buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _poll(self, buckets: list[_Bucket]) -> None:
+        # Collectives complete in issue order, so only the oldest in-flight one is asked.
+        while self._next_done < self._next_launch:
+            bucket = buckets[self._next_done]
+            if not bucket.work.done():
+                break
+            bucket.done = time.perf_counter()
+            self._next_done += 1
+
+    def wait(self) -> None:
+        """Ends the step: reduces every bucket and writes the results back.
+
+        Buckets not launched yet are launched now; parameters not handed to `ready` this
+        step (unused parameters) contribute zeros, or what `no_sync` accumulated for them.
+        Then every array given to `ready` since the last `wait` (the latest one, for a
+        parameter handed over several times under `no_sync`) holds the reduced gradient,
+        bitwise identical on every rank. Inside `no_sync` this does nothing.
+        """
+        if self._no_sync_depth:
+            return
+        buckets = self._finalize()
+        start = time.perf_counter()
+        try:
+            for bucket in buckets[self._next_launch :]:
+                for index in bucket.params:
+                    if not self._is_ready[index]:
+                        self._memory.fill(self._view(index), self._accum[index], bucket.divisor)
+                bucket.pending = 0
+            self._launch_ready_buckets(buckets)
+            self._poll(buckets)
+            for bucket in buckets[self._next_done :]:
+                bucket.work.wait()
+                bucket.done = time.perf_counter()
+            self._next_done = len(buckets)
+            blocked_end = time.perf_counter()
+            for index, arr in enumerate(self._given):
+                if arr is not None:
+                    self._memory.write_back(arr, self._view(index))
+            end = time.perf_counter()
+            self._timeline.record_buckets(self._step, buckets, start, blocked_end, end)
+            self._step += 1
+        finally:
+            # After a failed collective the step cannot be resumed; start clean so the
+            # caller sees the error, not a confusing state on the next call.
+            self._reset_step_state()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: inside, `ready` only adds gradients to local accumulators
+        and nothing is communicated; `wait` does nothing.
+
+        The next synchronised step reduces the accumulated sums, so K micro-steps plus one
+        synchronised step equal one step on all K + 1 micro-batches. Enter it between
+        steps, not after `ready` calls of a synchronised step. (If the very first `ready`
+        happens inside, the one-time plan check still runs there, on every rank.)
+        """
+        if self._ready_count and not self._no_sync_depth:
+            raise RuntimeError(
+                "no_sync() entered in the middle of a synchronised step: call wait() first"
+            )
+        self._no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._no_sync_depth -= 1
+
+    # ----------------------------------------------------------------- observability
+
+    def summary(self) -> dict[str, Any]:
+        """Communication time per step, and how much of it was exposed.
+
+        Keys: ``steps``; ``buckets`` and ``bytes_per_step``; ``comm_s`` (total time some
+        bucket's all-reduce was in flight, over all steps); ``exposed_s`` (time `wait` was
+        blocked launching or waiting for all-reduces: communication not hidden behind
+        backward); ``hidden_s``; ``exposed_fraction`` = exposed_s / comm_s; ``writeback_s``
+        (copying results out in `wait`); ``per_bucket`` (params, bytes, mean_comm_s).
+        Completion is observed by polling, so comm_s can be slightly high.
+        """
+        return self._timeline.summary()
+
+    def save_trace(self, path: str | Any) -> None:
+        """Writes the recent steps as chrome-trace JSON (open in Perfetto or
+        chrome://tracing): one complete event per bucket per step, from launch to done,
+        with pid = rank, and the ready times and byte count in its args."""
+        self._timeline.save(path)
+
+    # ----------------------------------------------------------------- trees
+
+    def all_reduce_tree(self, tree: Tree) -> Tree:
+        """Reduces a whole tree of gradients in buckets: dicts, lists and tuples of
+        arrays, or any JAX pytree (registered dataclasses, flax and equinox modules,
+        flattened by ``jax.tree_util`` when the tree has such nodes).
+
+        For gradients that arrive all at once (e.g. ``jax.grad`` output): the first call
+        registers each leaf under its path (``"['dense']['w']"``, ``"[0].w"``) unless
+        parameters were registered already, in which case the leaves, in depth-first order,
+        must match the registrations. Leaves go to `ready` last first, then `wait` runs.
+
+        Returns a tree of the same structure. A writable leaf (numpy array, torch tensor)
+        is reduced in place and returned as the same object; a JAX array (read-only) is
+        replaced by a new JAX array of its dtype holding the result. None leaves stay
+        None. Inside `no_sync` the leaves are accumulated and the tree is returned
+        unchanged.
+        """
+        if self._ready_count and not self._no_sync_depth:
+            raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
+        registered = len(self._specs) if self._specs or self._buckets is not None else None
+        return reduce_tree(self, tree, registered, in_no_sync=bool(self._no_sync_depth))

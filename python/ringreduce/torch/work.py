@@ -1,0 +1,201 @@
+"""Work objects of the torch backend: torch's Work over ringreduce's, with futures.
+
+``wait()`` waits on the engine directly; a future (``get_future()``, which DDP's comm
+hooks and FSDP use) is completed by a small watcher thread per process group, and its
+callbacks run on a pool thread, never on the engine's, so a callback may launch and
+wait on further collectives (as PowerSGD does).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import queue
+import threading
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ..errors import TimeoutError
+
+
+def _as_torch_sees_it(exc: BaseException) -> BaseException:
+    """The engine's error, with a timeout worded as torch's backends word it ("Timed
+    out"), which scripts and torch's own tests look for; same class, same ``peer``."""
+    if isinstance(exc, TimeoutError) and " Timed out " not in str(exc):
+        seconds = getattr(exc, "seconds", None)
+        worded = type(exc)(f"ringreduce: Timed out waiting on another rank; {exc}")
+        worded.peer = exc.peer
+        if seconds is not None:
+            worded.seconds = seconds
+        return worded
+    return exc
+
+
+# ---- completion of futures ----------------------------------------------------------
+
+_callbacks = concurrent.futures.ThreadPoolExecutor(
+    max_workers=4, thread_name_prefix="ringreduce-future"
+)
+
+
+class _Watcher:
+    """One thread per process group that waits for works whose futures were asked for,
+    in the order they were asked for, and completes each future on a pool thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def watch(self, work: _Work) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="ringreduce-watcher", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(work)
+
+    def _run(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                return
+            try:
+                work._wait_engine()
+                error = None
+            except BaseException as exc:  # the future carries it to whoever waits
+                error = exc
+            _callbacks.submit(work._complete_future, error)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+
+
+class _Work(dist._Work):
+    """A torch Work over ringreduce Works: ``wait()`` finishes them, then runs
+    ``finish`` (copies out of staging buffers) once; ``result()`` is the outputs."""
+
+    def __init__(
+        self,
+        pg: Any,
+        works: Sequence[Any],
+        outputs: List[torch.Tensor],
+        finish: Optional[Callable[[], None]] = None,
+        source: Optional[Callable[[], int]] = None,
+    ):
+        super().__init__()
+        self._pg = pg
+        self._works = list(works)
+        self._outputs = outputs
+        self._finish = finish
+        self._source = source
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: Optional[BaseException] = None
+        self._future: Optional[Future] = None
+
+    def _wait_parts(self) -> None:
+        for w in self._works:
+            w.wait()
+        if self._finish is not None:
+            self._finish()
+
+    def _wait_engine(self) -> None:
+        with self._lock:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                return
+            try:
+                self._wait_parts()
+            except BaseException as exc:
+                self._error = _as_torch_sees_it(exc)
+                raise self._error from None
+            finally:
+                self._done = True
+
+    def _complete_future(self, error: Optional[BaseException]) -> None:
+        fut = self._future
+        if fut is None or fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(self._outputs)
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        self._wait_engine()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.done() for w in self._works)
+
+    def is_success(self) -> bool:
+        if not self.is_completed():
+            raise RuntimeError("ringreduce: is_success() asked before the work completed")
+        try:
+            self._wait_engine()
+        except Exception:
+            return False
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def source_rank(self) -> int:
+        if self._source is None:
+            raise ValueError("source_rank() is defined for recv from any source only")
+        self._wait_engine()
+        return self._source()
+
+    _source_rank = source_rank  # what torch.distributed.recv calls
+
+    def result(self) -> List[torch.Tensor]:
+        self._wait_engine()
+        return self._outputs
+
+    def synchronize(self) -> None:
+        self._wait_engine()
+
+    def get_future(self) -> Future:
+        with self._lock:
+            if self._future is None:
+                self._future = Future()
+                if self._done:
+                    done_now = True
+                else:
+                    done_now = False
+            else:
+                return self._future
+        if done_now:
+            self._complete_future(self._error)
+        else:
+            self._pg._watcher.watch(self)
+        return self._future
+
+
+def _done_work(pg: Any, outputs: List[torch.Tensor]) -> _Work:
+    work = _Work(pg, [], outputs)
+    work._done = True
+    return work
+
+
+class _Chain(_Work):
+    """Several Works as one (coalesced calls)."""
+
+    def __init__(self, pg: Any, works: List[_Work], outputs: List[torch.Tensor]):
+        super().__init__(pg, [], outputs)
+        self._parts = works
+
+    def _wait_parts(self) -> None:
+        for w in self._parts:
+            w._wait_engine()
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.is_completed() for w in self._parts)

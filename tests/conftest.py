@@ -36,6 +36,7 @@ _LONGEST_FIRST = (
     "test_torch_backend_suite.py",
     "test_torch_backend.py",
     "test_trainers.py",
+    "test_torchft.py",
     "test_churn.py",
     "test_multihost.py",
 )

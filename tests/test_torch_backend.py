@@ -3,19 +3,14 @@
 Every init method meets through torch's store; DDP (with comm hooks, no_sync and
 join), FSDP2 and ZeroRedundancyOptimizer give the parameters they give on Gloo, in
 float64; every ProcessGroup operation gives what Gloo gives; errors name the rank and
-honour the timeout. PyTorch's own DistributedTest suite runs in
+honour the timeout (test_torch_failures.py). PyTorch's own DistributedTest suite runs in
 test_torch_backend_suite.py.
 """
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing as mp
-import os
 import subprocess
 import sys
-import time
-import traceback
 
 import numpy as np
 import pytest
@@ -24,91 +19,9 @@ torch = pytest.importorskip(
     "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
 )
 import torch.distributed as dist  # noqa: E402
+from _torch_ranks import run  # noqa: E402
 
 from _ranks import free_port  # noqa: E402
-
-_CTX = mp.get_context("spawn")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-# ---- running ranks ------------------------------------------------------------
-
-
-def _rank_main(rank, n, backend, init, timeout_s, conn, fn, args):
-    import torch.distributed as dist
-
-    import ringreduce.torch  # noqa: F401 (registers the backend)
-
-    try:
-        kind, where = init
-        kwargs = dict(rank=rank, world_size=n, timeout=datetime.timedelta(seconds=timeout_s))
-        if kind == "env":
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(where))
-            kwargs["init_method"] = "env://"
-        elif kind == "tcp":
-            kwargs["init_method"] = f"tcp://127.0.0.1:{where}"
-        elif kind == "file":
-            kwargs["init_method"] = f"file://{where}"
-        else:  # a store made by the caller
-            store = dist.TCPStore("127.0.0.1", where, n, rank == 0, timeout=kwargs["timeout"])
-            kwargs["store"] = store
-        dist.init_process_group(backend, **kwargs)
-        result = _plain(fn(rank, n, *args))
-        dist.destroy_process_group()
-        conn.send(("ok", result, ""))
-    except BaseException as exc:  # report, don't hang the parent
-        try:
-            conn.send(("err", repr(exc), traceback.format_exc()))
-        except Exception:
-            pass
-
-
-def _plain(value):
-    """Tensors as numpy arrays: a torch tensor sent through a pipe lives in shared memory
-    that goes away with the rank."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().numpy().copy()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    return value
-
-
-def run(n, fn, *args, backend="ringreduce", init="env", timeout_s=60.0, tmp=None, wait=240):
-    """Runs fn(rank, n, *args) on n spawned ranks inside an initialised process group;
-    returns the per-rank results (raises with every failing rank's traceback)."""
-    where = free_port() if init in ("env", "tcp", "store") else os.path.join(tmp, "rendezvous")
-    procs, conns = [], []
-    for rank in range(n):
-        parent, child = _CTX.Pipe()
-        p = _CTX.Process(
-            target=_rank_main,
-            args=(rank, n, backend, (init, where), timeout_s, child, fn, args),
-            daemon=True,
-        )
-        p.start()
-        procs.append(p)
-        conns.append(parent)
-    deadline = time.monotonic() + wait
-    outcomes = []
-    for rank, conn in enumerate(conns):
-        if conn.poll(max(0.0, deadline - time.monotonic())):
-            try:
-                outcomes.append(conn.recv())
-            except EOFError:
-                outcomes.append(("dead", None, f"rank {rank} exited"))
-        else:
-            outcomes.append(("hung", None, f"rank {rank} gave no answer in {wait} s"))
-    for p in procs:
-        p.join(10)
-        if p.is_alive():
-            p.kill()
-    bad = [(r, o) for r, o in enumerate(outcomes) if o[0] != "ok"]
-    if bad:
-        raise AssertionError("\n".join(f"--- rank {r} ({o[0]}): {o[1]}\n{o[2]}" for r, o in bad))
-    return [o[1] for o in outcomes]
 
 
 def _close(a, b, tol=1e-12):
@@ -356,26 +269,6 @@ def _zero(rank, n):
     return [p.detach().clone() for p in model.parameters()], steps
 
 
-def _mismatched_sizes(rank, n):
-    try:
-        dist.all_reduce(torch.ones(10 + rank))
-    except Exception as exc:  # noqa: BLE001 - the message is the result
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
-
-
-def _silent_peer(rank, n):
-    if rank == 1:
-        start = time.monotonic()
-        try:
-            dist.recv(torch.empty(3), 0)
-        except Exception as exc:  # noqa: BLE001
-            return f"{time.monotonic() - start:.1f} {exc}"
-        return "no error"
-    time.sleep(6)
-    return None
-
-
 # ---- tests ----------------------------------------------------------------------
 
 
@@ -472,53 +365,3 @@ def test_zero_redundancy_optimizer_equals_gloo():
     assert ours[0][1] == gloo[0][1] and ours[0][1]  # the consolidated optimizer state
     for rank in range(3):
         _close(ours[rank][0], ours[0][0], tol=0)
-
-
-def test_mismatched_sizes_name_the_ranks():
-    msgs = run(2, _mismatched_sizes)
-    for msg in msgs:
-        assert "MismatchError" in msg and "rank 0" in msg and "rank 1" in msg, msg
-
-
-def test_timeout_of_init_process_group_is_honoured():
-    got = run(2, _silent_peer, timeout_s=2.0)[1]
-    seconds, msg = got.split(" ", 1)
-    assert 1.5 <= float(seconds) <= 10, got
-    assert "rank 0" in msg, got
-
-
-def _abort_from_another_thread(rank, n):
-    """torchft's use: a collective the peer never joins is cancelled by pg.abort() from
-    another thread, promptly, without killing the process."""
-    import threading
-
-    from ringreduce.torch import ProcessGroupRingReduce
-
-    pg = dist.distributed_c10d._get_default_group()
-    assert isinstance(pg, ProcessGroupRingReduce), type(pg)
-    t = torch.ones(1000)
-    if rank == 1:
-        time.sleep(2.0)  # away while rank 0 aborts
-        return "away"
-    aborted_at = []
-
-    def later():
-        time.sleep(0.5)
-        aborted_at.append(time.monotonic())
-        pg.abort()
-
-    threading.Thread(target=later, daemon=True).start()
-    work = dist.all_reduce(t, async_op=True)
-    try:
-        work.wait()
-        return "no error"
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        return f"{time.monotonic() - aborted_at[0]:.3f} {type(exc).__name__}: {exc}"
-
-
-def test_abort_cancels_a_collective_the_peer_never_joins():
-    got = run(2, _abort_from_another_thread, timeout_s=60.0)[0]
-    seconds, msg = got.split(" ", 1)
-    assert "abort() was called" in msg, got
-    # 100 ms is the aim (gloo's abort waits for the peer: 8 s in the issue's check).
-    assert float(seconds) < 1.0, got

@@ -38,17 +38,17 @@ def room_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent).with_suffix("")
+def module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
+def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, absolute module) of every ringreduce import in the file."""
-    here = module_name(path)
+    here = module_name(path, root)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -71,21 +71,22 @@ def imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def check() -> list[str]:
+def check(root: Path = ROOT) -> list[str]:
+    """Every import against the layers, and every room without one, as text."""
     problems = []
-    for path in sorted(ROOT.rglob("*.py")):
-        mine = room_of(module_name(path)) if path.parent != ROOT else path.stem
+    for path in sorted(root.rglob("*.py")):
+        mine = room_of(module_name(path, root)) if path.parent != root else path.stem
         if mine not in LAYER:
-            problems.append(f"{path.relative_to(ROOT.parent)}: room {mine!r} has no layer")
+            problems.append(f"{path.relative_to(root.parent)}: room {mine!r} has no layer")
             continue
-        for line, target in imports(path):
+        for line, target in imports(path, root):
             theirs = room_of(target)
             if theirs == mine or theirs not in LAYER:
                 continue
             if LAYER[theirs] >= LAYER[mine]:
                 how = "a higher" if LAYER[theirs] > LAYER[mine] else "another room of its"
                 problems.append(
-                    f"{path.relative_to(ROOT.parent)}:{line}: {mine} imports {target} "
+                    f"{path.relative_to(root.parent)}:{line}: {mine} imports {target} "
                     f"({theirs}: {how} layer)"
                 )
     return problems

@@ -12,6 +12,7 @@ import concurrent.futures
 import datetime
 import queue
 import threading
+import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -129,7 +130,23 @@ class _Work(dist._Work):
         else:
             fut.set_result(self._outputs)
 
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+    def wait(self, timeout: Any = datetime.timedelta(0)) -> bool:
+        """Finishes the work (raising its error). A non-zero ``timeout`` (timedelta or
+        seconds) bounds this wait only: on expiry TimeoutError ("Timed out") is raised and
+        the work keeps running, so ``wait()`` may be called again. Zero: the group's
+        timeout governs, as on Gloo."""
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        if seconds and seconds > 0 and not self._done:
+            limit = time.monotonic() + float(seconds)
+            pause = 1e-4
+            while not all(w.done() for w in self._works):
+                if time.monotonic() >= limit:
+                    raise TimeoutError(
+                        f"ringreduce: Timed out after {float(seconds):g} s in Work.wait(timeout) "
+                        f"on rank {self._pg.rank()}; the operation is still running"
+                    )
+                time.sleep(pause)
+                pause = min(2 * pause, 0.005)
         self._wait_engine()
         return True
 

@@ -15,10 +15,12 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "common/error.h"
 #include "engine/bootstrap.h"
 #include "engine/communicator.h"
+#include "rendezvous/store.h"
 
 namespace py = pybind11;
 
@@ -67,8 +69,22 @@ class PythonStore final : public rr::Store {
     py::gil_scoped_acquire gil;
     return impl_.attr("set_if_absent")(key, py::bytes(value)).cast<std::string>();
   }
+  // Optional on the Python side: a store that knows whether it is served in
+  // this process, and whether its host's process is gone (rr::Store's meaning).
+  bool hosted_here() const override { return ask("hosted_here"); }
+  bool host_lost() const override { return ask("host_lost"); }
 
  private:
+  bool ask(const char* name) const {
+    if (Py_IsInitialized() == 0) return false;
+    py::gil_scoped_acquire gil;
+    try {
+      return py::hasattr(impl_, name) && impl_.attr(name)().cast<bool>();
+    } catch (const py::error_already_set&) {
+      return false;
+    }
+  }
+
   py::object impl_;
 };
 
@@ -224,7 +240,71 @@ py::dict stats(const rr::Communicator& self) {
 
 }  // namespace
 
+// A TCP store as a Python object: the standby store every rank of a
+// fault-tolerant communicator serves, where the survivors meet to agree and
+// shrink when the rendezvous store died with its host (ringreduce._comm.membership).
+class PyTcpStore {
+ public:
+  PyTcpStore(const std::string& host, int port, bool is_server, double timeout, double io_seconds,
+             const std::string& token) {
+    int chosen = port;
+    py::gil_scoped_release release;
+    store_ = rr::make_tcp_store(host, port, is_server, rr::Deadline::after(timeout), io_seconds,
+                                token, [&chosen](int p) { chosen = p; });
+    port_ = chosen;
+  }
+  int port() const { return port_; }
+  void set(const std::string& key, const py::bytes& value) {
+    std::string v = value;
+    py::gil_scoped_release release;
+    live().set(key, v);
+  }
+  py::object try_get(const std::string& key) {
+    std::optional<std::string> v;
+    {
+      py::gil_scoped_release release;
+      v = live().try_get(key);
+    }
+    if (!v) return py::none();
+    return py::bytes(*v);
+  }
+  py::bytes set_if_absent(const std::string& key, const py::bytes& value) {
+    std::string v = value, out;
+    {
+      py::gil_scoped_release release;
+      out = live().set_if_absent(key, v);
+    }
+    return py::bytes(out);
+  }
+  bool host_lost() const { return store_ && store_->host_lost(); }
+  void close() {
+    py::gil_scoped_release release;
+    store_.reset();
+  }
+
+ private:
+  rr::Store& live() {
+    if (!store_) throw rr::Error("the store is closed");
+    return *store_;
+  }
+  std::unique_ptr<rr::Store> store_;
+  int port_ = 0;
+};
+
 void register_communicator(py::module_& m) {
+  py::class_<PyTcpStore>(m, "TcpStore",
+                         "A TCP key-value store: is_server=True serves one on host:port (port 0: "
+                         "the kernel picks; see .port) and connects to it; False connects to one. "
+                         "With a token, both sides prove they hold it.")
+      .def(py::init<const std::string&, int, bool, double, double, const std::string&>(),
+           py::arg("host"), py::arg("port"), py::arg("is_server"), py::arg("timeout"),
+           py::arg("io_seconds"), py::arg("token") = "")
+      .def_property_readonly("port", &PyTcpStore::port)
+      .def("set", &PyTcpStore::set, py::arg("key"), py::arg("value"))
+      .def("try_get", &PyTcpStore::try_get, py::arg("key"))
+      .def("set_if_absent", &PyTcpStore::set_if_absent, py::arg("key"), py::arg("value"))
+      .def("host_lost", &PyTcpStore::host_lost)
+      .def("close", &PyTcpStore::close);
   py::class_<rr::Options>(m, "Options", "A communicator's settings (see engine/options.h).")
       .def(py::init<>())
       .def_readwrite("timeout_seconds", &rr::Options::timeout_seconds)
@@ -359,5 +439,25 @@ void register_communicator(py::module_& m) {
            "on its account name the reason.")
       .def("set_issuer", &rr::Communicator::set_issuer, py::arg("tag"),
            "Tags the calls that follow with the issuing thread (see Communicator::set_issuer).")
-      .def("stats", &stats);
+      .def("stats", &stats)
+      .def(
+          "publish",
+          [](rr::Communicator& c, const std::string& key, const py::bytes& value) {
+            std::string v = value;
+            py::gil_scoped_release release;
+            c.publish(key, v);
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "fetch",
+          [](rr::Communicator& c, const std::string& key, double seconds) {
+            std::string v;
+            {
+              py::gil_scoped_release release;
+              v = c.fetch(key, seconds);
+            }
+            return py::bytes(v);
+          },
+          py::arg("key"), py::arg("seconds"))
+      .def_property_readonly("id", &rr::Communicator::id);
 }

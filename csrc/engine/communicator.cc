@@ -353,6 +353,14 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
   }
 }
 
+void Communicator::publish(const std::string& key, const std::string& value) {
+  store_->set(prefix_ + "user/" + key, value);
+}
+
+std::string Communicator::fetch(const std::string& key, double seconds) {
+  return store_->get(prefix_ + "user/" + key, Deadline::after(seconds));
+}
+
 std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t seq) {
   int peer = -1;
   std::string kind, what;

@@ -117,6 +117,15 @@ class Communicator {
 
   CommStats stats() const;
 
+  // Values beside the collectives, in this communicator's part of the
+  // rendezvous store (under "user/"): what a layer above needs every rank to
+  // know before anything can fail (the standby stores' addresses). fetch
+  // waits up to `seconds` for the key.
+  void publish(const std::string& key, const std::string& value);
+  std::string fetch(const std::string& key, double seconds);
+  // The communicator's identity: the prefix of its keys, the same on every rank.
+  const std::string& id() const { return prefix_; }
+
   // Which of the program's threads issues the calls that follow (any 64-bit
   // tag; 0, the default, means none). Each call's header carries the tag it
   // was issued with and its neighbour compares it with its own, so calls

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -223,12 +224,31 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     }
   }
   transport.abort();
+  const std::string reported = prefix + "reported/";
+  try {
+    store.set(reported + std::to_string(rank), "1");  // we have read the first failure
+  } catch (const std::exception&) {
+  }
   if (store.hosted_here() && !interrupted(error)) {
     // Our process may end as soon as the error reaches Python, taking the
-    // store with it: stay a moment so that the other ranks can read why.
+    // store with it: stay until every other rank has read why (all but the
+    // one the first failure blames, which may be dead), or a moment at most.
     // (Not when the caller pressed Ctrl-C: it asked to stop now, and a store
     // that goes away with us still names us, as the host that left.)
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(1.0, timeout / 2)));
+    const Deadline linger = Deadline::after(std::min(1.0, timeout / 2));
+    std::set<int> waiting;
+    for (int r = 0; r < transport.size(); ++r) {
+      if (r != rank && r != first.peer) waiting.insert(r);
+    }
+    try {
+      while (!waiting.empty() && !linger.expired()) {
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          it = store.try_get(reported + std::to_string(*it)) ? waiting.erase(it) : std::next(it);
+        }
+        if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    } catch (const std::exception&) {
+    }
   }
 
   std::string kind = mine.kind;

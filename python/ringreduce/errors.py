@@ -8,7 +8,7 @@ before any communication.
 from __future__ import annotations
 
 import builtins
-from typing import Optional, Tuple
+from typing import FrozenSet, Optional, Tuple
 
 __all__ = [
     "RingReduceError",
@@ -31,7 +31,10 @@ class TimeoutError(RingReduceError, builtins.TimeoutError):  # noqa: A001
 
 
 class PeerError(RingReduceError):
-    """A peer died, closed its connection or failed. ``peer`` is its rank."""
+    """A peer died, closed its connection or failed. ``peer`` is its rank; ``failed`` is
+    the set of ranks this one knows to be dead (see ``Communicator.shrink``)."""
+
+    failed: FrozenSet[int] = frozenset()
 
 
 class MismatchError(RingReduceError):

@@ -8,12 +8,14 @@ values.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Callable, Optional
 
 from .. import _core, _env
 from .._env import engine_options, launched_by_mpirun, master_address, rank_and_size
-from . import mpi
+from . import membership, mpi
 from .communicator import Communicator
+from .membership import Membership
 
 __all__ = ["init"]
 
@@ -112,14 +114,25 @@ def init(
         # Under mpirun without MASTER_ADDR: agree on rank 0's address over MPI.
         from mpi4py import MPI
 
-        return Communicator(mpi.create_tcp(MPI.COMM_WORLD, options, master_port))
+        core = mpi.create_tcp(MPI.COMM_WORLD, options, master_port)
+        # Ranks may be on several hosts: standby stores listen on this host's address.
+        here = _env.master_addr() or socket.gethostbyname(socket.gethostname())
+        return Communicator(core, membership=_arm(core, here, options))
     report = port_ready if r == 0 and not store_dir else None
     host, port = master_address(master_addr, master_port, any_port=report is not None)
-    return Communicator(
-        _core.Communicator.create_tcp(
-            r, n, host, port, store_dir or "", options, report if port == 0 else None
-        )
+    core = _core.Communicator.create_tcp(
+        r, n, host, port, store_dir or "", options, report if port == 0 else None
     )
+    return Communicator(core, membership=_arm(core, "" if store_dir else host, options))
+
+
+def _arm(core: object, host: str, options: object) -> Membership:
+    """The communicator's standby stores (see `membership`); closes core if that fails."""
+    try:
+        return membership.arm(core, host, options.token, options)
+    except BaseException:
+        core.close()
+        raise
 
 
 def _token(token: Optional[str]) -> str:

@@ -8,16 +8,17 @@ pointers through `_issue`, the one way in, as one thread at a time (`issuer`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, FrozenSet, List, Optional, Tuple, Union
 
 import numpy as np
 
 from .. import _core
 from .._arrays.buffer import dtype_code
 from .._env import engine_options
-from ..errors import ConcurrentUseError, MismatchError
+from ..errors import ConcurrentUseError, MismatchError, PeerError, RingReduceError
 from . import composite, shaping
 from .issuer import Issuer
+from .membership import Membership
 from .ops import ReduceOp
 from .refusal import collective
 from .shaping import Call
@@ -57,10 +58,14 @@ class Communicator:
 
     _issued_here = 0  # calls handed to the engine (see refusal.collective)
 
-    def __init__(self, core: Any, *, queue_threads: bool = False):
+    def __init__(
+        self, core: Any, *, queue_threads: bool = False, membership: Optional[Membership] = None
+    ):
         """``core``: the engine's communicator. ``queue_threads``: a collective from a
-        second thread waits for the first one's instead of raising ConcurrentUseError."""
+        second thread waits for the first one's instead of raising ConcurrentUseError.
+        ``membership``: its standby stores, for agree and shrink (`membership`)."""
         self._core = core
+        self._membership = membership
         self._issuer = Issuer(core, queue_threads)
         # Arrays of async calls whose Work the caller may have dropped: the
         # engine still writes into them, so they must stay alive until done.
@@ -129,6 +134,57 @@ class Communicator:
         """Counters: bytes_sent, bytes_received (payload and headers), ops (collectives
         done), small_message_ops (all_reduce calls that took the small-message path)."""
         return dict(self._core.stats())
+
+    # -- surviving a dead rank ------------------------------------------------
+    @property
+    def revoked(self) -> bool:
+        """True once a call failed (a peer died, left, timed out, or calls disagreed):
+        every later collective raises PeerError; agree, shrink and close still work."""
+        return self._membership is not None and self._membership.revoked
+
+    @property
+    def failed_ranks(self) -> FrozenSet[int]:
+        """The set of ranks known to be dead (the same on every survivor after ``agree``
+        or ``shrink``)."""
+        return frozenset() if self._membership is None else frozenset(self._membership.failed)
+
+    def agree(self, flag: bool = True, timeout: Optional[float] = None) -> bool:
+        """A fault-tolerant AND of ``flag`` over the live members; every survivor calls it
+        and gets the same answer and the same ``failed_ranks``. Works on a revoked
+        communicator; a rank counted dead (silent until ``timeout``, default the
+        communicator's) gets PeerError."""
+        return bool(self._live_membership("agree").agree(flag, self._timeout(timeout))["flag"])
+
+    def shrink(self, timeout: Optional[float] = None) -> Communicator:
+        """A new communicator of the survivors (every survivor calls it): ranks renumbered
+        in the old order, the same transport and token, meeting on the standby store of
+        the lowest survivor, so it works when rank 0 is the one that died."""
+        core, membership = self._live_membership("shrink").shrink(self._timeout(timeout))
+        return Communicator(core, membership=membership)
+
+    def _live_membership(self, what: str) -> Membership:
+        if self._membership is None:
+            raise RingReduceError(
+                f"rank {self.rank}: {what}() needs a communicator made by ringreduce.init() "
+                f"over sockets or shared memory; this one ({self.transport}) has no standby "
+                "stores to meet on"
+            )
+        return self._membership
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        if timeout is None:
+            return self.timeout
+        if timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return float(timeout)
+
+    def _revoke(self, exc: BaseException) -> None:
+        """A call failed with exc: the communicator is revoked (see `membership`)."""
+        if self._membership is None:
+            return
+        self._membership.note(exc)
+        if isinstance(exc, PeerError):
+            exc.failed = self.failed_ranks
 
     # -- the way in ----------------------------------------------------------
     def _issue(self, kind: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -339,6 +395,8 @@ class Communicator:
         fault-tolerance layer (torchft) calls to cancel work a dead peer will never join.
         """
         self._core.abort()
+        if self._membership is not None:
+            self._membership.revoked = True
 
     def __enter__(self) -> Communicator:
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..errors import MismatchError, TimeoutError
+from ..errors import MismatchError, RingReduceError, TimeoutError
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -55,10 +55,14 @@ class Work:
                 try:
                     finished = self._handle.wait(max(left, 0.0))
                 except MismatchError as exc:
+                    self._comm._revoke(exc)
                     explained = self._comm._issuer.explain(exc)
                     if explained is None:
                         raise
                     raise explained from exc
+                except RingReduceError as exc:
+                    self._comm._revoke(exc)
+                    raise
                 except KeyboardInterrupt:
                     # Ctrl-C: the collective is abandoned where it runs, on the worker,
                     # which tells the peers (PeerError naming this rank there).

@@ -1,0 +1,263 @@
+"""Surviving a dead rank: revoke, agree and shrink, with no service outside the job.
+
+Every rank of a communicator made by ``init`` over sockets or shared memory serves a
+*standby store* (a TCP store on a port the kernel picks, holding the job's token) and
+knows every other rank's, read once at init while the rendezvous store still lives. When
+a rank dies, the communicator is *revoked*: its calls raise `PeerError` naming the ranks
+known to be dead. The survivors then meet on the standby store of the lowest rank they
+believe alive, so the job goes on when rank 0, the host of the rendezvous store, is the
+one that died:
+
+- ``agree``: each survivor checks in there with its flag and the ranks it knows to be
+  dead. That rank (the *host*) waits until every rank not known dead has checked in;
+  a rank whose standby port refuses connections is dead (its process is gone), and a
+  rank that has not checked in by the deadline is counted dead too. The host writes one
+  decision: the members, the AND of their flags, the dead. Everyone reads the same one.
+  A host that dies before deciding is counted dead and the next lowest takes over.
+- ``shrink``: an agreement, then a new communicator of the members, ranks renumbered in
+  the old order, meeting through the host's standby store (same transport and token).
+
+What it is not (yet): links to live ranks are rebuilt too, not only those that touched
+the dead; a newcomer cannot join (grow); communicators over MPI, and the torch backend's
+process groups, are not armed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+from .. import _core
+from ..errors import PeerError, RingReduceError, TimeoutError
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["Membership", "arm"]
+
+_POLL = 0.002  # seconds between looks at the host's store
+_PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
+
+
+class Membership:
+    """One rank's view of who is alive in one communicator, and its standby store."""
+
+    def __init__(
+        self,
+        core: Any,
+        server: Any,
+        addresses: List[Tuple[str, int]],
+        token: str,
+        options: Any,
+        hold: tuple = (),
+    ):
+        self.rank = int(core.rank)
+        self.size = int(core.world_size)
+        self.id = str(core.id)
+        self.server = server  # this rank's standby store (served here)
+        self.addresses = addresses  # every rank's standby store, by rank
+        self.token = token
+        self.options = options
+        self.failed: Set[int] = set()
+        self.revoked = False
+        self.rounds = 0  # agreements completed on this communicator
+        self._hold = hold  # stores a communicator made by shrink meets through
+
+    # -- revocation -----------------------------------------------------------------
+    def note(self, exc: BaseException) -> None:
+        """A call failed with exc: the communicator is revoked; a peer to blame for a
+        death, a departure or a silence is known dead."""
+        self.revoked = True
+        peer = getattr(exc, "peer", None)
+        if isinstance(exc, (PeerError, TimeoutError)) and peer is not None and peer != self.rank:
+            self.failed.add(int(peer))
+
+    def refusal(self, what: str) -> PeerError:
+        failed = sorted(self.failed)
+        exc = PeerError(
+            f"rank {self.rank}: {what}: the communicator is revoked ("
+            + (f"rank(s) {failed} failed" if failed else "an earlier call failed")
+            + "); agree(), shrink() or close() it"
+        )
+        exc.peer = failed[0] if failed else None
+        exc.failed = frozenset(failed)
+        return exc
+
+    # -- agreement -------------------------------------------------------------------
+    def agree(self, flag: bool, timeout: float) -> Dict[str, Any]:
+        """The decision of one agreement (see the module's docstring), with ``store``:
+        the host's standby store it was made on."""
+        deadline = time.monotonic() + timeout
+        seq = self.rounds
+        while True:
+            alive = [r for r in range(self.size) if r not in self.failed]
+            host = alive[0]
+            store = self._connect(host, deadline)
+            if store is None:
+                self.failed.add(host)
+                continue
+            key = f"{self.id}agree/{seq}/{host}/"
+            try:
+                mine = {"flag": bool(flag), "failed": sorted(self.failed)}
+                store.set(f"{key}in/{self.rank}", json.dumps(mine).encode())
+                if host == self.rank:
+                    self._decide(store, key, deadline)
+                decision = self._await(store, key + "decision", deadline, host)
+            except PeerError:
+                if host == self.rank:
+                    raise
+                self.failed.add(host)  # the host died before deciding: the next one takes over
+                continue
+            self.failed = set(decision["failed"])
+            self.rounds += 1
+            if self.rank not in decision["members"]:
+                raise PeerError(
+                    f"rank {self.rank}: left out of the agreement on communicator "
+                    f"{self.id!r}: rank {host} did not count it alive (it checked in late, "
+                    "or another rank reported it dead)"
+                )
+            decision["store"] = store
+            decision["host"] = host
+            return decision
+
+    def _decide(self, store: Any, key: str, deadline: float) -> None:
+        """On the host: waits for every rank not known dead, then writes the decision.
+
+        A rank some survivor reports dead is only suspected: a survivor may blame the
+        wrong rank (a neighbour that closed its links when the store's host died). It is
+        waited for until every unsuspected rank is in, and kept if it checked in."""
+        reports: Dict[int, dict] = {}
+        suspected = set(self.failed)
+        dead: Set[int] = set()
+        probed: Dict[int, float] = {}
+        while True:
+            for r in range(self.size):
+                if r not in reports:
+                    value = store.try_get(f"{key}in/{r}")
+                    if value is not None:
+                        reports[r] = json.loads(value)
+                        suspected.update(int(d) for d in reports[r]["failed"])
+            now = time.monotonic()
+            for r in range(self.size):
+                if r in reports or r in dead or now - probed.get(r, 0.0) < _PROBE_EVERY:
+                    continue
+                probed[r] = now
+                if _refused(self.addresses[r]):
+                    dead.add(r)  # its process is gone: nothing listens on its port
+            missing = [r for r in range(self.size) if r not in reports and r not in dead]
+            if all(r in suspected for r in missing):
+                dead.update(missing)  # everyone not suspected is in
+                break
+            if now >= deadline:
+                dead.update(missing)  # silent past the deadline: counted dead
+                break
+            time.sleep(_POLL)
+        members = sorted(r for r in reports if r not in dead)
+        decision = {
+            "members": members,
+            "flag": all(reports[r]["flag"] for r in members),
+            "failed": sorted(dead),
+        }
+        store.set(key + "decision", json.dumps(decision).encode())
+
+    def _await(self, store: Any, key: str, deadline: float, host: int) -> Dict[str, Any]:
+        while True:
+            try:
+                value = store.try_get(key)
+            except RingReduceError as exc:
+                raise PeerError(f"rank {host}'s standby store went away: {exc}") from exc
+            if value is not None:
+                return json.loads(value)
+            if time.monotonic() >= deadline:
+                exc = TimeoutError(
+                    f"rank {self.rank}: no agreement from rank {host} within the timeout "
+                    f"(communicator {self.id!r})"
+                )
+                exc.peer = host
+                raise exc
+            time.sleep(_POLL)
+
+    def _connect(self, host: int, deadline: float) -> Optional[Any]:
+        """A client of rank host's standby store, or None when its process is gone."""
+        address = self.addresses[host]
+        if host != self.rank and _refused(address):
+            return None
+        left = max(0.05, deadline - time.monotonic())
+        try:
+            return _core.TcpStore(address[0], address[1], False, left, min(left, 5.0), self.token)
+        except RingReduceError:
+            if host == self.rank:
+                raise
+            return None
+
+    # -- shrink ----------------------------------------------------------------------
+    def shrink(self, timeout: float) -> Tuple[Any, Membership]:
+        """(the engine's communicator of the members, its Membership)."""
+        decision = self.agree(True, timeout)
+        members, store, host = decision["members"], decision["store"], decision["host"]
+        meeting = f"{self.id}shrink/{self.rounds}/{host}"
+        addr = self.addresses[host][0]
+        advertise = _core.local_ip_towards(addr) if addr not in ("127.0.0.1", "localhost") else ""
+        meeting_store = _MeetingStore(store, hosted_here=host == self.rank)
+        core = _core.Communicator.create_with_store(
+            meeting_store, members.index(self.rank), len(members), advertise, meeting, self.options
+        )
+        hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
+        return core, arm(core, addr, self.token, self.options, hold)
+
+
+class _MeetingStore:
+    """The store a shrunk communicator meets through and reports failures to: a client
+    of the host's standby store, which knows whether it is served in this process and
+    whether its host died (so that the engine names the host, its rank 0, when the
+    store goes away with it)."""
+
+    def __init__(self, store: Any, hosted_here: bool):
+        self._store = store
+        self._hosted_here = hosted_here
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(key, value)
+
+    def try_get(self, key: str) -> Optional[bytes]:
+        return self._store.try_get(key)
+
+    def set_if_absent(self, key: str, value: bytes) -> bytes:
+        return self._store.set_if_absent(key, value)
+
+    def hosted_here(self) -> bool:
+        return self._hosted_here
+
+    def host_lost(self) -> bool:
+        return bool(self._store.host_lost())
+
+
+def _refused(address: Tuple[str, int]) -> bool:
+    """True when nothing listens on address: the rank's process is gone."""
+    try:
+        with socket.create_connection(address, timeout=0.2):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False  # slow or unreachable is not proof of death
+
+
+def arm(core: Any, host: str, token: str, options: Any, hold: tuple = ()) -> Membership:
+    """Starts this rank's standby store and reads every rank's address of theirs (a
+    collective over the rendezvous store: every rank calls it)."""
+    loopback = host in ("127.0.0.1", "localhost", "") or host.startswith("127.")
+    advertise = "127.0.0.1" if loopback else _core.local_ip_towards(host)
+    timeout = float(core.timeout)
+    server = _core.TcpStore(
+        "127.0.0.1" if loopback else advertise, 0, True, timeout, min(timeout, 5.0), token
+    )
+    rank, size = int(core.rank), int(core.world_size)
+    core.publish(f"standby/{rank}", f"{advertise} {server.port}".encode())
+    addresses = []
+    for r in range(size):
+        name, port = core.fetch(f"standby/{r}", timeout).decode().split()
+        addresses.append((name, int(port)))
+    return Membership(core, server, addresses, token, options, hold)

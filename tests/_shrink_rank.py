@@ -1,0 +1,84 @@
+"""One rank of a job that loses ranks and goes on (tests/test_shrink.py):
+
+    python _shrink_rank.py RANK SIZE PORT TRANSPORT HOSTS SCENARIO
+
+SCENARIO "die=A,B,...": the ranks listed (old numbering) kill themselves (SIGKILL), one
+per round, in the middle of an all_reduce loop; the survivors of each round catch the
+PeerError, check that the communicator is revoked, shrink, and check an all_reduce on
+the new one. "agree": no failure; agree() with rank 1 voting False, then True, then a
+shrink of the whole, healthy world. Prints one JSON line per rank at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+
+def check(comm) -> bool:
+    got = comm.all_reduce(np.full(1000, comm.rank + 1.0))
+    return bool(np.all(got == comm.world_size * (comm.world_size + 1) / 2))
+
+
+def loop_until_failure(comm, old_rank: int, victim: int) -> dict:
+    """all_reduce until a peer dies (this rank dies itself if it is the victim)."""
+    x = np.ones(1 << 15, dtype=np.float32)
+    start = time.monotonic()
+    while True:
+        if old_rank == victim and time.monotonic() - start > 0.3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            comm.all_reduce(x, out=x)
+        except rr.PeerError as exc:
+            seen = {"peer": exc.peer, "failed": sorted(exc.failed), "revoked": comm.revoked}
+            try:
+                comm.all_reduce(x)  # a rank that keeps calling
+                seen["again"] = "ran"
+            except rr.PeerError as again:
+                seen["again"] = sorted(again.failed)
+            return seen
+        x[:] = 1
+        if time.monotonic() - start > 60:
+            return {"peer": None}
+
+
+def main() -> None:
+    rank, size, port, transport, hosts, scenario = sys.argv[1:7]
+    rank, size, hosts = int(rank), int(size), int(hosts)
+    if hosts:
+        os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank * hosts // size}"
+    comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
+                   master_port=int(port), timeout=20)  # fmt: skip
+    report = {"rank": rank, "rounds": []}
+    if scenario == "agree":
+        report["votes"] = [comm.agree(rank != 1), comm.agree(True)]
+        new = comm.shrink()
+        report["rounds"].append({"new_rank": new.rank, "size": new.world_size, "ok": check(new)})
+        new.close()
+    else:
+        olds = list(range(size))  # old rank of each rank of the current communicator
+        for victim in [int(v) for v in scenario.split("=")[1].split(",")]:
+            seen = loop_until_failure(comm, rank, victim)
+            start = time.monotonic()
+            new = comm.shrink()
+            seen["shrink_s"] = time.monotonic() - start
+            seen["failed_ranks"] = sorted(comm.failed_ranks)
+            olds = [o for i, o in enumerate(olds) if i not in comm.failed_ranks]
+            seen.update(new_rank=new.rank, size=new.world_size, old_of_new=olds[new.rank])
+            seen["ok"] = check(new)
+            comm.close()
+            comm = new
+            report["rounds"].append(seen)
+    comm.close()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    import numpy as np
+
+    import ringreduce as rr
+
+    main()

@@ -1,0 +1,89 @@
+"""Surviving a dead rank: the communicator is revoked on every survivor, calls after that
+raise PeerError naming the dead, ``agree`` gives every survivor the same answer, and
+``shrink`` makes a working communicator of the survivors, also when rank 0 (the store's
+host) is the one that died, and again after a second death."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from _data import extended
+from _ranks import free_port
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "_shrink_rank.py")
+_HOSTS = {"tcp": ("tcp", 0), "shm": ("shm", 0), "shm+tcp": ("auto", 2)}
+
+
+def run_job(n: int, links: str, scenario: str, timeout: float = 90) -> dict:
+    """Runs the ranks; returns {rank: report} of those that finished (the dead print
+    nothing)."""
+    transport, hosts = _HOSTS[links]
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, str(r), str(n), port, transport, str(hosts), scenario],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(n)
+    ]
+    reports, errors = {}, []
+    try:
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=timeout)
+            lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            if lines:
+                reports[r] = lines[-1]
+            elif p.returncode != -9:
+                errors.append(f"--- rank {r} (exit {p.returncode}):\n{err[-3000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not errors, "\n".join(errors)
+    return reports
+
+
+CASES = [
+    ("tcp", 4, [2]),
+    ("shm", 4, [2]),
+    ("tcp", 4, [0]),  # the rendezvous store's host
+    ("shm", 3, [0]),
+    ("shm+tcp", 4, [1]),
+    extended("tcp", 5, [3, 0]),
+    extended("shm", 6, [5]),
+]
+
+
+@pytest.mark.parametrize("links, n, victims", CASES)
+def test_survivors_shrink_and_go_on(links, n, victims):
+    reports = run_job(n, links, "die=" + ",".join(map(str, victims)))
+    survivors = [r for r in range(n) if r not in victims]
+    assert sorted(reports) == survivors, reports
+    for rank, report in reports.items():
+        alive = list(range(n))
+        for victim, seen in zip(victims, report["rounds"]):
+            dead_index = alive.index(victim)  # the victim's rank in the communicator that lost it
+            assert seen["peer"] == dead_index and seen["failed"] == [dead_index], (rank, seen)
+            assert seen["revoked"] and seen["again"] == [dead_index], (rank, seen)
+            assert seen["failed_ranks"] == [dead_index], (rank, seen)
+            alive.remove(victim)
+            # Renumbered in the old order; the all_reduce on the new one is right.
+            assert seen["size"] == len(alive) and seen["old_of_new"] == rank, (rank, seen)
+            assert seen["new_rank"] == alive.index(rank) and seen["ok"], (rank, seen)
+
+
+def test_agree_is_an_and_over_every_rank_and_a_healthy_shrink_keeps_everyone():
+    reports = run_job(3, "tcp", "agree")
+    assert sorted(reports) == [0, 1, 2]
+    for rank, report in reports.items():
+        assert report["votes"] == [False, True], report
+        (shrunk,) = report["rounds"]
+        assert shrunk == {"new_rank": rank, "size": 3, "ok": True}, report

@@ -61,7 +61,8 @@ NOT_RUN = [
     (
         r"\bexamples/",
         "the examples run in tests/test_usability.py, tests/test_trainers.py, "
-        "tests/test_jax.py and tests/test_torch_init.py",
+        "tests/test_jax.py, tests/test_torch_init.py, tests/test_torchft.py and "
+        "tests/test_elastic.py",
     ),
     (r"^(mpirun|srun) ", "needs mpirun or Slurm; tests/test_mpi*.py run programs under mpirun"),
     (r"^ringreduce bench ", "a benchmark: minutes on 2 cores; tests/test_bench.py runs it small"),

@@ -459,5 +459,6 @@ void register_communicator(py::module_& m) {
             return py::bytes(v);
           },
           py::arg("key"), py::arg("seconds"))
-      .def_property_readonly("id", &rr::Communicator::id);
+      .def_property_readonly("id", &rr::Communicator::id)
+      .def_property_readonly("failure", &rr::Communicator::failure);
 }

@@ -141,7 +141,8 @@ void Communicator::refuse_if_unusable() const {
   if (!broken_.empty()) {
     throw Error("rank " + std::to_string(rank_) +
                 ": the communicator failed earlier and runs no more collectives; create a new "
-                "one with ringreduce.init(). The failure was: " +
+                "one with ringreduce.init() (or Communicator.shrink() on every survivor). The "
+                "failure was: " +
                 broken_);
   }
 }
@@ -351,6 +352,11 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
   } catch (const std::exception&) {
     // No store to tell: the peers fail as they would have, without the reason.
   }
+}
+
+std::string Communicator::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
 }
 
 void Communicator::publish(const std::string& key, const std::string& value) {

@@ -125,6 +125,9 @@ class Communicator {
   std::string fetch(const std::string& key, double seconds);
   // The communicator's identity: the prefix of its keys, the same on every rank.
   const std::string& id() const { return prefix_; }
+  // Why the communicator runs no more collectives (its first failure, or
+  // abort()), or "" while it is usable.
+  std::string failure() const;
 
   // Which of the program's threads issues the calls that follow (any 64-bit
   // tag; 0, the default, means none). Each call's header carries the tag it

@@ -138,9 +138,10 @@ class Communicator:
     # -- surviving a dead rank ------------------------------------------------
     @property
     def revoked(self) -> bool:
-        """True once a call failed (a peer died, left, timed out, or calls disagreed):
-        every later collective raises PeerError; agree, shrink and close still work."""
-        return self._membership is not None and self._membership.revoked
+        """True once the communicator failed (a peer died, left or timed out, calls
+        disagreed) or was aborted: every later collective raises PeerError; agree,
+        shrink and close still work."""
+        return bool(self._core.failure)
 
     @property
     def failed_ranks(self) -> FrozenSet[int]:
@@ -178,13 +179,22 @@ class Communicator:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         return float(timeout)
 
-    def _revoke(self, exc: BaseException) -> None:
-        """A call failed with exc: the communicator is revoked (see `membership`)."""
-        if self._membership is None:
-            return
+    def _revoke(self, exc: RingReduceError) -> RingReduceError:
+        """A call failed with exc. If that broke the communicator (it is revoked), the
+        peer it blames is known dead, and a refusal of a later call is a PeerError with
+        the dead (``failed``); returns the error to raise."""
+        if self._membership is None or not self.revoked:
+            return exc
         self._membership.note(exc)
+        if type(exc) is RingReduceError:  # "failed earlier": a call after the failure
+            revoked = PeerError(str(exc))
+            failed = sorted(self._membership.failed)
+            revoked.peer = failed[0] if failed else None
+            revoked.__cause__ = exc
+            exc = revoked
         if isinstance(exc, PeerError):
             exc.failed = self.failed_ranks
+        return exc
 
     # -- the way in ----------------------------------------------------------
     def _issue(self, kind: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -395,8 +405,6 @@ class Communicator:
         fault-tolerance layer (torchft) calls to cancel work a dead peer will never join.
         """
         self._core.abort()
-        if self._membership is not None:
-            self._membership.revoked = True
 
     def __enter__(self) -> Communicator:
         return self

@@ -39,6 +39,7 @@ __all__ = ["Membership", "arm"]
 
 _POLL = 0.002  # seconds between looks at the host's store
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
+_CONNECT_SECONDS = 2.0  # to reach a host's standby store before counting it dead
 
 
 class Membership:
@@ -60,30 +61,18 @@ class Membership:
         self.addresses = addresses  # every rank's standby store, by rank
         self.token = token
         self.options = options
-        self.failed: Set[int] = set()
-        self.revoked = False
+        self.failed: Set[int] = set()  # known or suspected dead (a peer blamed by an error)
+        self.gone: Set[int] = set()  # proven dead: agreed on, or its standby store unreachable
         self.rounds = 0  # agreements completed on this communicator
         self._hold = hold  # stores a communicator made by shrink meets through
 
     # -- revocation -----------------------------------------------------------------
     def note(self, exc: BaseException) -> None:
-        """A call failed with exc: the communicator is revoked; a peer to blame for a
-        death, a departure or a silence is known dead."""
-        self.revoked = True
+        """A call failed with exc and the communicator is revoked: a peer blamed for a
+        death, a departure or a silence is (suspected) dead."""
         peer = getattr(exc, "peer", None)
         if isinstance(exc, (PeerError, TimeoutError)) and peer is not None and peer != self.rank:
             self.failed.add(int(peer))
-
-    def refusal(self, what: str) -> PeerError:
-        failed = sorted(self.failed)
-        exc = PeerError(
-            f"rank {self.rank}: {what}: the communicator is revoked ("
-            + (f"rank(s) {failed} failed" if failed else "an earlier call failed")
-            + "); agree(), shrink() or close() it"
-        )
-        exc.peer = failed[0] if failed else None
-        exc.failed = frozenset(failed)
-        return exc
 
     # -- agreement -------------------------------------------------------------------
     def agree(self, flag: bool, timeout: float) -> Dict[str, Any]:
@@ -92,11 +81,14 @@ class Membership:
         deadline = time.monotonic() + timeout
         seq = self.rounds
         while True:
-            alive = [r for r in range(self.size) if r not in self.failed]
-            host = alive[0]
+            # The host is the lowest rank not proven dead; a rank only suspected (an error
+            # may blame a live neighbour when the store's host died) is tried first, so
+            # that every survivor reaches the same host.
+            host = next(r for r in range(self.size) if r not in self.gone)
             store = self._connect(host, deadline)
             if store is None:
                 self.failed.add(host)
+                self.gone.add(host)
                 continue
             key = f"{self.id}agree/{seq}/{host}/"
             try:
@@ -109,8 +101,10 @@ class Membership:
                 if host == self.rank:
                     raise
                 self.failed.add(host)  # the host died before deciding: the next one takes over
+                self.gone.add(host)
                 continue
             self.failed = set(decision["failed"])
+            self.gone = set(decision["failed"])
             self.rounds += 1
             if self.rank not in decision["members"]:
                 raise PeerError(
@@ -184,9 +178,11 @@ class Membership:
         address = self.addresses[host]
         if host != self.rank and _refused(address):
             return None
-        left = max(0.05, deadline - time.monotonic())
+        # A stopped process still accepts connections but never answers: give up on it
+        # after a bounded wait, the same on every survivor.
+        left = max(0.05, min(deadline - time.monotonic(), _CONNECT_SECONDS))
         try:
-            return _core.TcpStore(address[0], address[1], False, left, min(left, 5.0), self.token)
+            return _core.TcpStore(address[0], address[1], False, left, 5.0, self.token)
         except RingReduceError:
             if host == self.rank:
                 raise

@@ -32,9 +32,6 @@ def collective(method: F) -> F:
 
     @functools.wraps(method)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        membership = self._membership
-        if membership is not None and membership.revoked:
-            raise membership.refusal(name)
         before = self._issued_here
         try:
             return method(self, *args, **kwargs)
@@ -47,7 +44,7 @@ def collective(method: F) -> F:
             # The same error, its __cause__ and __context__ as they were (see above).
             raise exc.with_traceback(None)  # noqa: B904
         except RingReduceError as exc:
-            self._revoke(exc)
+            exc = self._revoke(exc)
             raise exc.with_traceback(None)  # noqa: B904
 
     return checked  # type: ignore[return-value]

@@ -61,8 +61,7 @@ class Work:
                         raise
                     raise explained from exc
                 except RingReduceError as exc:
-                    self._comm._revoke(exc)
-                    raise
+                    raise self._comm._revoke(exc)  # noqa: B904 - the same error, or its PeerError
                 except KeyboardInterrupt:
                     # Ctrl-C: the collective is abandoned where it runs, on the worker,
                     # which tells the peers (PeerError naming this rank there).

@@ -81,6 +81,13 @@ def build_parser(prog: str = "ringreduce launch") -> argparse.ArgumentParser:
         default=5.0,
         help="seconds from SIGTERM to SIGKILL when stopping ranks (default: %(default)s)",
     )
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a rank that fails does not stop the others (for jobs that survive a dead rank "
+        "with Communicator.shrink); the job succeeds when every rank not killed by a signal "
+        "exits 0",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
 
@@ -114,6 +121,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "ringreduce launch") -> 
         master_port=args.master_port,
         transport=args.transport,
         grace=args.grace,
+        keep_going=args.keep_going,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
     )

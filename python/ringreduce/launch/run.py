@@ -31,6 +31,7 @@ def launch(
     grace: float = 5.0,
     nnodes: int = 1,
     node_rank: int = 0,
+    keep_going: bool = False,
 ) -> int:
     """Runs ``cmd`` as ``nprocs`` local ranks and returns the job's exit status.
 
@@ -49,6 +50,9 @@ def launch(
         nnodes, node_rank: several machines, as torchrun: this machine runs ranks
             node_rank * nprocs .. node_rank * nprocs + nprocs - 1 of nnodes * nprocs; every
             machine is given the same master_addr (node 0's) and master_port.
+        keep_going: a rank that fails does not stop the others (a job that survives a
+            dead rank: ``Communicator.shrink``); the job succeeds when every rank that
+            was not killed by a signal exits 0.
 
     Returns:
         0 if every rank exited 0. Otherwise the status of the first rank that failed
@@ -119,7 +123,7 @@ def launch(
             except OSError as exc:
                 print(f"{_TAG}: cannot run {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
                 job.stop()
-                _wait_all(job, exits)
+                _wait_all(job, exits, False)
                 return 127
             job.procs.append(proc)
             job.alive.add(rank)
@@ -132,7 +136,7 @@ def launch(
                     t = threading.Thread(target=_pump, args=(stream, tag, sink), daemon=True)
                     t.start()
                     pumps.append(t)
-        first_failure = _wait_all(job, exits)
+        first_failure = _wait_all(job, exits, keep_going)
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -154,9 +158,12 @@ def launch(
     return 0
 
 
-def _wait_all(job: _Job, exits: queue.Queue[tuple[int, int]]) -> tuple[int, int] | None:
-    """Waits for every started rank; stops the rest when one fails. Returns (rank, code)
-    of the first failure not caused by us, or None."""
+def _wait_all(
+    job: _Job, exits: queue.Queue[tuple[int, int]], keep_going: bool
+) -> tuple[int, int] | None:
+    """Waits for every started rank; stops the rest when one fails (unless keep_going).
+    Returns (rank, code) of the first failure not caused by us that fails the job, or
+    None."""
     first: tuple[int, int] | None = None
     while job.alive:
         try:
@@ -166,7 +173,16 @@ def _wait_all(job: _Job, exits: queue.Queue[tuple[int, int]]) -> tuple[int, int]
             continue
         job.alive.discard(rank)
         stopped_by_us = job.kill_at is not None
-        if code != 0 and first is None and not stopped_by_us:
+        if code != 0 and keep_going and not stopped_by_us:
+            print(
+                f"{_TAG}: rank {job.first_rank + rank} {_describe(code)}; the others go on "
+                "(--keep-going)",
+                file=sys.stderr,
+                flush=True,
+            )
+            if first is None and code > 0:  # killed by a signal: a lost rank, not a failure
+                first = (job.first_rank + rank, code)
+        elif code != 0 and first is None and not stopped_by_us:
             first = (job.first_rank + rank, code)
             print(
                 f"{_TAG}: rank {first[0]} {_describe(code)}; stopping the other ranks",

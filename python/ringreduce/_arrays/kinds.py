@@ -51,6 +51,10 @@ class ArrayKind:
         """acc += x."""
         raise NotImplementedError
 
+    def scale(self, x: Any, factor: float) -> None:
+        """x *= factor, in place (x's dtype)."""
+        x *= factor
+
     def copy(self, x: Any) -> Any:
         """A new array equal to x."""
         raise NotImplementedError

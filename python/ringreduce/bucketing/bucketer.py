@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from .._arrays.buffer import describe
-from ..errors import MismatchError
+from ..errors import MismatchError, PeerError
+from .bucket import _Bucket
 from .memory import BucketMemory
 from .plan import (
     MIB,
@@ -23,6 +23,7 @@ from .plan import (
     make_spec,
     plan_buckets,
 )
+from .recovery import FailedLaunch, replay
 from .trace import Timeline
 from .tree import Tree, reduce_tree
 
@@ -30,35 +31,6 @@ __all__ = ["GradientBucketer", "Handle"]
 
 Handle = int
 """What `GradientBucketer.register` returns: the parameter's registration index."""
-
-
-class _Bucket:
-    """One flat wire buffer and the step state of the parameters packed into it."""
-
-    def __init__(
-        self, index: int, params: list[int], offsets: list[int], buffer: Any, average: int
-    ):
-        self.index = index
-        self.params = params
-        self.offsets = offsets
-        self.buffer = buffer
-        self.nbytes = describe(buffer).nbytes
-        # Averaging over `average` ranks: 32/64-bit floats are summed, then divided once
-        # (all_reduce op "avg"); 16-bit ones are divided while they are copied in, before
-        # the sum, as PyTorch DDP does, which keeps their sums in range.
-        wide = describe(buffer).itemsize >= 4
-        self.op = "avg" if average > 1 and wide else "sum"
-        self.divisor = average if average > 1 and not wide else 1
-        self.reset()
-
-    def reset(self) -> None:
-        """Forgets the last step: nothing ready, nothing in flight."""
-        self.pending = len(self.params)
-        self.work: Any = None
-        self.first_ready: float | None = None
-        self.last_ready: float | None = None
-        self.launch: float | None = None
-        self.done: float | None = None
 
 
 class GradientBucketer:
@@ -77,6 +49,13 @@ class GradientBucketer:
             ``ml_dtypes.bfloat16``); results are cast back to each gradient's dtype.
             Default: each gradient's own dtype.
         max_trace_steps: how many recent steps `save_trace` keeps (the summary counts all).
+        fault_tolerant: when a rank dies during a step's all-reduces, `wait` shrinks the
+            communicator (``Communicator.shrink``), reduces the step's buckets again among
+            the survivors, averaged over their number, and returns: the step finishes
+            without the dead rank's micro-batch. Keeps a copy of each bucket's local
+            contribution while it is reduced. The communicator in use is `comm`.
+        on_membership_change: called with the new communicator after a shrink (to
+            re-shard the data, say).
 
     The plan is fixed when registration completes, i.e. at the first `ready`, `wait` or
     `all_reduce_tree`: buckets follow registration order reversed (backward produces the
@@ -108,6 +87,8 @@ class GradientBucketer:
         comm_dtype: Any = None,
         *,
         max_trace_steps: int = 1000,
+        fault_tolerant: bool = False,
+        on_membership_change: Callable[[Any], None] | None = None,
     ) -> None:
         if not bucket_mb > 0 or not first_bucket_mb > 0:
             raise ValueError(
@@ -117,6 +98,8 @@ class GradientBucketer:
         if max_trace_steps < 1:
             raise ValueError(f"max_trace_steps must be >= 1, got {max_trace_steps}")
         self._comm = comm
+        self._fault_tolerant = bool(fault_tolerant)
+        self._on_membership_change = on_membership_change
         self._world_size = int(comm.world_size)
         self._rank = int(comm.rank)
         self._bucket_mb = float(bucket_mb)
@@ -167,6 +150,11 @@ class GradientBucketer:
     def world_size(self) -> int:
         """Number of ranks the gradients are reduced over."""
         return self._world_size
+
+    @property
+    def comm(self) -> Any:
+        """The communicator in use (a shrunk one after a fault-tolerant step lost a rank)."""
+        return self._comm
 
     def _wire_dtype(self, spec: ParamSpec) -> np.dtype:
         if self._comm_dtype is not None and is_floating(spec.dtype):
@@ -320,9 +308,19 @@ class GradientBucketer:
 
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launch = time.perf_counter()
-        bucket.work = self._comm.all_reduce(
-            bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
-        )
+        if not self._fault_tolerant:
+            bucket.work = self._comm.all_reduce(
+                bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
+            )
+            return
+        bucket.local = self._memory.snapshot(bucket.buffer)
+        bucket.local_divisor = bucket.divisor
+        try:
+            bucket.work = self._comm.all_reduce(
+                bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
+            )
+        except PeerError as exc:  # failed already: wait() replays the step
+            bucket.work = FailedLaunch(exc)
 
     def _launch_ready_buckets(self, buckets: list[_Bucket]) -> None:
         # Strictly in plan order, so that every rank issues the same sequence of
@@ -361,9 +359,14 @@ class GradientBucketer:
                 bucket.pending = 0
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
-            for bucket in buckets[self._next_done :]:
-                bucket.work.wait()
-                bucket.done = time.perf_counter()
+            try:
+                for bucket in buckets[self._next_done :]:
+                    bucket.work.wait()
+                    bucket.done = time.perf_counter()
+            except PeerError:
+                if not self._fault_tolerant:
+                    raise
+                replay(self, buckets)
             self._next_done = len(buckets)
             blocked_end = time.perf_counter()
             for index, arr in enumerate(self._given):

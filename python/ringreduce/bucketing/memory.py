@@ -104,6 +104,18 @@ class BucketMemory:
         else:
             self.kind.assign(view, source)
 
+    def snapshot(self, bucket: Any) -> Any:
+        """A copy of a bucket (its local contribution, before the all-reduce)."""
+        assert self.kind is not None
+        return self.kind.copy(bucket)
+
+    def restore(self, bucket: Any, snapshot: Any, factor: float = 1.0) -> None:
+        """bucket = snapshot (x factor, for contributions divided for another world size)."""
+        assert self.kind is not None
+        self.kind.assign(bucket, snapshot)
+        if factor != 1.0:
+            self.kind.scale(bucket, factor)
+
     def accumulate(self, acc: Any, grad: Any) -> Any:
         """acc + grad, into acc (a copy of grad when acc is None); returns the accumulator."""
         assert self.kind is not None

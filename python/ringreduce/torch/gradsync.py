@@ -67,6 +67,9 @@ class GradSync:
             accumulates into it (``zero_grad(set_to_none=False)``) writes straight into
             the bucket (no copy in). Gradients set to None in between are copied in as
             usual. Needs ``comm_dtype`` None (the bucket must have the gradient's dtype).
+        fault_tolerant, on_membership_change: as for `GradientBucketer`: a rank that dies
+            during a step's all-reduces costs only its micro-batch; `comm` is then the
+            survivors' communicator.
     """
 
     def __init__(
@@ -78,6 +81,8 @@ class GradSync:
         average: bool = True,
         comm_dtype: Any = None,
         gradient_as_bucket_view: bool = False,
+        fault_tolerant: bool = False,
+        on_membership_change: Any = None,
     ) -> None:
         if gradient_as_bucket_view and comm_dtype is not None:
             raise ValueError(
@@ -92,6 +97,8 @@ class GradSync:
             first_bucket_mb=first_bucket_mb,
             average=average,
             comm_dtype=comm_dtype,
+            fault_tolerant=fault_tolerant,
+            on_membership_change=on_membership_change,
         )
         self._params: list[tuple[Handle, torch.nn.Parameter]] = []
         for name, param in module.named_parameters():
@@ -111,6 +118,12 @@ class GradSync:
             param.register_post_accumulate_grad_hook(self._hook(i))
             for i, (_, param) in enumerate(self._params)
         ]
+
+    @property
+    def comm(self) -> Any:
+        """The communicator the gradients are reduced over (the survivors' after a
+        fault-tolerant step lost a rank)."""
+        return self._bucketer.comm
 
     def _hook(self, i: int) -> Any:
         handle = self._params[i][0]

@@ -1,0 +1,67 @@
+"""Fault-tolerant steps (``GradientBucketer(fault_tolerant=True)``): when a rank dies
+during a step's all-reduces, the survivors shrink the communicator, put every bucket's
+local contribution back (buckets already reduced were averaged over the dead rank too),
+rescale what was divided for the old world size, and reduce every bucket again among
+themselves, so the step finishes with the survivors' average. Only the dead rank's
+micro-batch is lost."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PeerError
+
+if TYPE_CHECKING:
+    from .bucketer import GradientBucketer, _Bucket
+
+__all__ = ["FailedLaunch", "replay"]
+
+
+class FailedLaunch:
+    """The Work of a bucket whose launch was refused (the communicator had failed
+    already): done, and raises the refusal when waited on."""
+
+    def __init__(self, error: PeerError):
+        self.error = error
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        raise self.error
+
+
+def replay(bucketer: GradientBucketer, buckets: list[_Bucket]) -> None:
+    """Shrinks and reduces every bucket of this step again, until one round completes
+    (a rank dying during the replay starts another)."""
+    while True:
+        comm = bucketer._comm.shrink()
+        bucketer._comm = comm
+        bucketer._world_size = int(comm.world_size)
+        bucketer._rank = int(comm.rank)
+        for bucket in buckets:
+            _restore(bucketer, bucket)
+        if bucketer._on_membership_change is not None:
+            bucketer._on_membership_change(comm)
+        try:
+            for bucket in buckets:
+                bucket.work = comm.all_reduce(
+                    bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
+                )
+            for bucket in buckets:
+                bucket.work.wait()
+            return
+        except PeerError:
+            continue
+
+
+def _restore(bucketer: GradientBucketer, bucket: Any) -> None:
+    """The bucket's local contribution again, divided for the new world size where it is
+    divided before the sum (16-bit buckets; wider ones are averaged by the all-reduce)."""
+    memory = bucketer._memory
+    if bucket.divisor != 1:
+        new = bucketer._world_size
+        memory.restore(bucket.buffer, bucket.local, bucket.local_divisor / new)
+        bucket.divisor = new  # for the next steps too
+    else:
+        memory.restore(bucket.buffer, bucket.local)

@@ -199,17 +199,23 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
   // Publish before tearing down the connections: a neighbour that sees our
   // sockets close then finds the reason already in the store.
   Report first = mine;
+  // Once a request to the store has failed (its host is gone, or stopped: then
+  // each request would wait out its I/O timeout), the others are skipped.
+  bool store_answers = true;
   try {
     if (is_timeout(error)) {
       first = end_of_wait_chain(store, prefix, mine, timeout, transport.size());
     }
   } catch (const std::exception&) {
     // The store is gone before we could record our wait: go by what we saw.
+    store_answers = false;
   }
   try {
+    if (!store_answers) throw Error("the store did not answer");
     first = Report::decode(store.set_if_absent(prefix + "first_error", first.encode()),
                            transport.size());
   } catch (const std::exception&) {
+    store_answers = false;
     // The store is gone: report what we know ourselves, unless the store's
     // going is itself the news. Its host (rank 0) would have published a
     // failure of its own before leaving, and every client would hold the
@@ -226,10 +232,10 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
   transport.abort();
   const std::string reported = prefix + "reported/";
   try {
-    store.set(reported + std::to_string(rank), "1");  // we have read the first failure
+    if (store_answers) store.set(reported + std::to_string(rank), "1");  // we read the first
   } catch (const std::exception&) {
   }
-  if (store.hosted_here() && !interrupted(error)) {
+  if (store_answers && store.hosted_here() && !interrupted(error)) {
     // Our process may end as soon as the error reaches Python, taking the
     // store with it: stay until every other rank has read why (all but the
     // one the first failure blames, which may be dead), or a moment at most.

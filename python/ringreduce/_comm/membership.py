@@ -39,7 +39,7 @@ __all__ = ["Membership", "arm"]
 
 _POLL = 0.002  # seconds between looks at the host's store
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
-_CONNECT_SECONDS = 2.0  # to reach a host's standby store before counting it dead
+_CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
 
 
 class Membership:
@@ -64,6 +64,7 @@ class Membership:
         self.failed: Set[int] = set()  # known or suspected dead (a peer blamed by an error)
         self.gone: Set[int] = set()  # proven dead: agreed on, or its standby store unreachable
         self.rounds = 0  # agreements completed on this communicator
+        self._connect_seconds = _CONNECT_SECONDS
         self._hold = hold  # stores a communicator made by shrink meets through
 
     # -- revocation -----------------------------------------------------------------
@@ -79,6 +80,9 @@ class Membership:
         """The decision of one agreement (see the module's docstring), with ``store``:
         the host's standby store it was made on."""
         deadline = time.monotonic() + timeout
+        # Reaching a stopped host, then a late suspect, may take this long each: a
+        # quarter of the timeout at most, so that members still wait for the decision.
+        self._connect_seconds = min(_CONNECT_SECONDS, timeout / 4)
         seq = self.rounds
         while True:
             # The host is the lowest rank not proven dead; a rank only suspected (an error
@@ -126,6 +130,7 @@ class Membership:
         suspected = set(self.failed)
         dead: Set[int] = set()
         probed: Dict[int, float] = {}
+        all_in: Optional[float] = None  # when every unsuspected rank had checked in
         while True:
             for r in range(self.size):
                 if r not in reports:
@@ -142,8 +147,13 @@ class Membership:
                     dead.add(r)  # its process is gone: nothing listens on its port
             missing = [r for r in range(self.size) if r not in reports and r not in dead]
             if all(r in suspected for r in missing):
-                dead.update(missing)  # everyone not suspected is in
-                break
+                # Everyone not suspected is in. A suspected rank may be a live one that a
+                # survivor blamed wrongly and that is still on its way: give it as long as
+                # reaching a host may take before counting it dead.
+                all_in = now if all_in is None else all_in
+                if not missing or now - all_in >= 1.25 * self._connect_seconds:
+                    dead.update(missing)
+                    break
             if now >= deadline:
                 dead.update(missing)  # silent past the deadline: counted dead
                 break
@@ -180,7 +190,7 @@ class Membership:
             return None
         # A stopped process still accepts connections but never answers: give up on it
         # after a bounded wait, the same on every survivor.
-        left = max(0.05, min(deadline - time.monotonic(), _CONNECT_SECONDS))
+        left = max(0.05, min(deadline - time.monotonic(), self._connect_seconds))
         try:
             return _core.TcpStore(address[0], address[1], False, left, 5.0, self.token)
         except RingReduceError:

@@ -94,7 +94,7 @@ info = rr.build_info()
 print("installed:", rr.__file__, info)
 assert "/site-packages/ringreduce/" in rr.__file__, rr.__file__
 assert info["mpi"] and "mpi" in info["transports"], "the wheel lacks the MPI transport"
-from ringreduce import _mpi
+from ringreduce._comm import mpi as _mpi
 assert _mpi.available(), _mpi.unavailable_reason()
 sys.exit(0)
 PY

@@ -1,7 +1,7 @@
 """Surviving a dead rank: revoke, agree and shrink, with no service outside the job.
 
 Every rank of a communicator made by ``init`` over sockets or shared memory serves a
-*standby store* (a TCP store on a port the kernel picks, holding the job's token) and
+*standby store* (a TCP store on a free port, holding the job's token) and
 knows every other rank's, read once at init while the rendezvous store still lives. When
 a rank dies, the communicator is *revoked*: its calls raise `PeerError` naming the ranks
 known to be dead. The survivors then meet on the standby store of the lowest rank they
@@ -25,6 +25,7 @@ process groups, are not armed.
 from __future__ import annotations
 
 import json
+import random
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
@@ -251,15 +252,35 @@ def _refused(address: Tuple[str, int]) -> bool:
         return False  # slow or unreachable is not proof of death
 
 
+def _standby_server(host: str, timeout: float, token: str) -> Any:
+    """This rank's standby store, on a free port below the kernel's ephemeral range: every
+    rank of every communicator serves one, and ports the kernel hands out (port 0) are
+    what launchers probe for free ones to give their jobs a moment later."""
+    low = _ephemeral_low()
+    for _ in range(16):
+        port = random.randrange(max(1024, low - 12000), low)
+        try:
+            return _core.TcpStore(host, port, True, timeout, min(timeout, 5.0), token)
+        except RingReduceError:
+            continue  # taken: another one
+    return _core.TcpStore(host, 0, True, timeout, min(timeout, 5.0), token)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(2048, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def arm(core: Any, host: str, token: str, options: Any, hold: tuple = ()) -> Membership:
     """Starts this rank's standby store and reads every rank's address of theirs (a
     collective over the rendezvous store: every rank calls it)."""
     loopback = host in ("127.0.0.1", "localhost", "") or host.startswith("127.")
     advertise = "127.0.0.1" if loopback else _core.local_ip_towards(host)
     timeout = float(core.timeout)
-    server = _core.TcpStore(
-        "127.0.0.1" if loopback else advertise, 0, True, timeout, min(timeout, 5.0), token
-    )
+    server = _standby_server("127.0.0.1" if loopback else advertise, timeout, token)
     rank, size = int(core.rank), int(core.world_size)
     core.publish(f"standby/{rank}", f"{advertise} {server.port}".encode())
     addresses = []

@@ -112,18 +112,19 @@ Report classify(std::exception_ptr error, int rank) {
   } catch (const MismatchError& e) {
     r = {"mismatch", e.peer(), rank, e.what(), e.facts()};
   } catch (const TimeoutError& e) {
-    r = {"timeout", e.peer(), rank, e.what()};
+    r = {"timeout", e.peer(), rank, e.what(), {}};
   } catch (const PeerError& e) {
-    r = {"peer", e.peer(), rank, e.what()};
+    r = {"peer", e.peer(), rank, e.what(), {}};
   } catch (const Interrupted&) {
     // This rank's caller stopped it (Ctrl-C): to the others it is a peer
     // that left, and it is the one to name.
     r = {"peer", rank, rank,
          "rank " + std::to_string(rank) +
              " was interrupted (Ctrl-C or another signal in its caller) and left the "
-             "communicator"};
+             "communicator",
+         {}};
   } catch (const std::exception& e) {
-    r = {"error", -1, rank, e.what()};
+    r = {"error", -1, rank, e.what(), {}};
   }
   return r;
 }
@@ -226,7 +227,8 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
       first = {"peer", 0, 0,
                "rank 0 is gone: the rendezvous store it hosts closed every connection without "
                "a failure report from it, so its process died (killed, crashed or exited "
-               "without closing the communicator)"};
+               "without closing the communicator)",
+               {}};
     }
   }
   transport.abort();

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -38,10 +37,11 @@ SPAWN = mp.get_context("spawn")
 
 
 def free_port() -> int:
-    """A TCP port that was free on loopback a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that was free on loopback a moment ago, outside the ephemeral range
+    (see ringreduce.launch.ports: an ephemeral port can be taken by any connect)."""
+    from ringreduce.launch.ports import free_port as pick
+
+    return pick("127.0.0.1", span=1)
 
 
 class RankFailure(AssertionError):
@@ -252,3 +252,35 @@ def run_ranks(
         init_kwargs["timeout"] = init_timeout
     with RankGroup(n, **init_kwargs) as group:
         return group.outcomes(fn, *args, timeout=timeout)
+
+
+def run_scripts(
+    script: str, argv_of: Callable[[int], list], n: int, victim: int = -1, timeout: float = 120.0
+) -> dict:
+    """Runs ``python script *argv_of(rank)`` for ranks 0..n-1 and returns {rank: the JSON
+    of its last output line}. Every rank must exit 0, except ``victim``, which must
+    die by SIGKILL (and reports nothing)."""
+    import json
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen([sys.executable, script, *map(str, argv_of(r))], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for r in range(n)
+    ]  # fmt: skip
+    reports = {}
+    try:
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=timeout)
+            if r == victim:
+                assert p.returncode == -9, err[-2000:]
+                continue
+            assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{err[-3000:]}"
+            reports[r] = json.loads(out.strip().splitlines()[-1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return reports

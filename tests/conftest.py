@@ -29,16 +29,25 @@ def pytest_addoption(parser):
     )
 
 
-# Files whose tests take longest (torch's own suite, DDP/FSDP against gloo, trainers):
+# Files whose tests take longest (torch's own suite, the mpirun suite, DDP/FSDP against
+# gloo, trainers, jobs that kill and add ranks):
 # they start first, so that with several test processes (-n) none is left running
 # alone at the end.
 _LONGEST_FIRST = (
     "test_torch_backend_suite.py",
+    "test_mpi.py",
     "test_torch_backend.py",
+    "test_churn.py",
     "test_trainers.py",
     "test_torchft.py",
-    "test_churn.py",
+    "test_grow.py",
+    "test_elastic.py",
+    "test_shrink.py",
+    "test_torch_shrink.py",
+    "test_bucketing_ft.py",
     "test_multihost.py",
+    "test_signals.py",
+    "test_usability.py",
 )
 
 

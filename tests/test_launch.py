@@ -100,6 +100,27 @@ def test_free_port_transport_and_no_prefix():
     assert lines.count("transport=tcp") == 2
 
 
+def test_free_port_avoids_the_ephemeral_range(monkeypatch):
+    """A port the kernel hands out for bind(0) or connect() can be taken by any outgoing
+    connection between the probe and the store's bind: free ports come from outside that
+    range, both ports of the run free; a range that leaves no room falls back to bind(0)."""
+    import socket
+
+    from ringreduce.launch import ports
+
+    lo, hi = ports._ephemeral_range()
+    for _ in range(20):
+        p = free_port()
+        assert not (lo <= p <= hi) and not (lo <= p + 1 <= hi), (p, lo, hi)
+        for q in (p, p + 1):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", q))
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (1024, 65535))
+    p = free_port(span=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", p))
+
+
 def test_line_without_newline_and_py_script(tmp_path):
     script = tmp_path / "prog.py"  # not executable: a .py program runs under this python
     script.write_text("import os, sys\nprint('arg', sys.argv[1], os.environ['RANK'], end='')\n")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
 from ringreduce import _env
 
-from _ranks import run_ranks
+from _ranks import free_port, run_ranks
 
 LAUNCHER_ENVS = [
     {"RANK": "2", "WORLD_SIZE": "4"},
@@ -73,3 +78,54 @@ def _sum_ranks(comm):
 def test_file_store_rendezvous(tmp_path, n):
     outcomes = run_ranks(n, _sum_ranks, store_dir=str(tmp_path / "store"), timeout=30)
     assert [o[1] for o in outcomes] == [sum(range(n))] * n, [o[2] for o in outcomes]
+
+
+def _held(port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:port, as another program's store would hold it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+_RANK = (
+    "import sys, numpy as np, ringreduce as rr\n"
+    "rank, port = int(sys.argv[1]), int(sys.argv[2])\n"
+    "with rr.init('tcp', rank=rank, world_size=2, master_addr='127.0.0.1',\n"
+    "             master_port=port, timeout=20) as comm:\n"
+    "    print(comm.all_reduce(np.full(3, rank + 1.0, np.float32)).tolist())\n"
+)
+
+
+def _ranks(port: int, n: int) -> list[subprocess.Popen]:
+    return [
+        subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(port)], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for r in range(n)
+    ]  # fmt: skip
+
+
+def test_a_store_port_held_for_a_moment_is_waited_for():
+    # A job restarted on the same MASTER_PORT while the old store is still closing, or
+    # another program's probe of the port: rank 0's store binds once it is free.
+    port = free_port()
+    holder = _held(port)
+    procs = _ranks(port, 2)
+    time.sleep(0.5)
+    holder.close()
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err[-3000:]
+        assert out.strip() == "[3.0, 3.0, 3.0]"
+
+
+def test_a_store_port_held_throughout_is_an_error_naming_it():
+    port = free_port()
+    holder = _held(port)
+    try:
+        (rank0,) = _ranks(port, 1)
+        out, err = rank0.communicate(timeout=60)  # a few seconds, not the 20 s timeout
+    finally:
+        holder.close()
+    assert rank0.returncode != 0
+    assert f"cannot bind 127.0.0.1:{port}" in err and "another program holds it" in err, err

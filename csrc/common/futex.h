@@ -50,6 +50,22 @@ struct Doorbell {
     if (sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&count);
   }
 
+  // For a publisher whose waiters sleep with sleep_unless: bumps the count
+  // and wakes only when someone sleeps, so that a publish nobody waits for
+  // costs no write to this line. The publisher's own store must be
+  // sequentially consistent, as the sleepers count's load here is.
+  void ring_if_sleeping() {
+    if (sleepers.load(std::memory_order_seq_cst) != 0) ring();
+  }
+  // Sleeps until the count moves past `seen`, at most `max`, unless ready()
+  // holds once this sleeper is counted: what a ring_if_sleeping() publisher
+  // wrote before it looked at the sleepers is seen here, or it saw us.
+  template <class Ready>
+  void sleep_unless(uint32_t seen, std::chrono::microseconds max, const Ready& ready) {
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (count.load(std::memory_order_seq_cst) == seen && !ready()) futex_wait(&count, seen, max);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
   // Sleeps until the count moves past `seen`, at most `max`.
   void sleep(uint32_t seen, std::chrono::microseconds max) {
     sleepers.fetch_add(1, std::memory_order_seq_cst);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <thread>
 
 #include "common/error.h"
@@ -43,26 +44,37 @@ static addrinfo* resolve(const std::string& host, int port, bool passive) {
   return res;
 }
 
-Fd listen_tcp(const std::string& host, int port, int backlog) {
+Fd listen_tcp(const std::string& host, int port, int backlog, double busy_seconds) {
   addrinfo* res = resolve(host, port, true);
-  Fd fd(::socket(res->ai_family, res->ai_socktype, res->ai_protocol));
-  if (!fd.valid()) {
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(busy_seconds));
+  for (;;) {
+    Fd fd(::socket(res->ai_family, res->ai_socktype, res->ai_protocol));
+    if (!fd.valid()) {
+      ::freeaddrinfo(res);
+      throw Error(errno_message("socket()", errno));
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
+      int err = errno;
+      // A port held for a moment (a previous job's store still closing, another
+      // program probing for a free port) is waited for, up to busy_seconds.
+      if (err == EADDRINUSE && port != 0 && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
+      ::freeaddrinfo(res);
+      throw Error(errno_message(
+          "cannot bind " + (host.empty() ? std::string("*") : host) + ":" + std::to_string(port),
+          err));
+    }
     ::freeaddrinfo(res);
-    throw Error(errno_message("socket()", errno));
+    if (::listen(fd.get(), backlog) != 0) throw Error(errno_message("listen()", errno));
+    set_nonblocking(fd.get());
+    return fd;
   }
-  int one = 1;
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
-    int err = errno;
-    ::freeaddrinfo(res);
-    throw Error(errno_message("cannot bind " + (host.empty() ? std::string("*") : host) + ":" +
-                                  std::to_string(port),
-                              err));
-  }
-  ::freeaddrinfo(res);
-  if (::listen(fd.get(), backlog) != 0) throw Error(errno_message("listen()", errno));
-  set_nonblocking(fd.get());
-  return fd;
 }
 
 int bound_port(int fd) {
@@ -86,9 +98,13 @@ void set_nonblocking(int fd) {
   ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
-void tune_stream_socket(int fd) {
+void set_no_delay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void tune_stream_socket(int fd) {
+  set_no_delay(fd);
   int bytes = 4 << 20;
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
@@ -140,7 +156,7 @@ Fd connect_tcp(const std::string& host, int port, const Deadline& deadline,
   }
 }
 
-Fd accept_tcp(int listen_fd, const Deadline& deadline, const std::string& what) {
+Fd accept_tcp(int listen_fd, const Deadline& deadline, const std::string& what, int peer) {
   while (true) {
     int fd = ::accept(listen_fd, nullptr, nullptr);
     if (fd >= 0) {
@@ -154,7 +170,7 @@ Fd accept_tcp(int listen_fd, const Deadline& deadline, const std::string& what) 
     if (deadline.expired()) {
       throw TimeoutError("timed out after " + format_seconds(deadline.seconds()) +
                              " s waiting for " + what + " to connect",
-                         -1);
+                         peer);
     }
     poll_one(listen_fd, POLLIN, deadline);
   }
@@ -174,9 +190,8 @@ void send_exact(int fd, const void* data, size_t n, const Deadline& deadline, in
       throw PeerError(errno_message("lost connection to " + what, errno), peer);
     }
     if (deadline.expired()) {
-      throw TimeoutError("timed out after " + format_seconds(deadline.seconds()) +
-                             " s sending to " + what,
-                         peer);
+      throw TimeoutError(
+          "timed out after " + format_seconds(deadline.seconds()) + " s sending to " + what, peer);
     }
     poll_one(fd, POLLOUT, deadline);
   }
@@ -197,9 +212,8 @@ void recv_exact(int fd, void* data, size_t n, const Deadline& deadline, int peer
       throw PeerError(errno_message("lost connection to " + what, errno), peer);
     }
     if (deadline.expired()) {
-      throw TimeoutError("timed out after " + format_seconds(deadline.seconds()) +
-                             " s waiting for " + what,
-                         peer);
+      throw TimeoutError(
+          "timed out after " + format_seconds(deadline.seconds()) + " s waiting for " + what, peer);
     }
     poll_one(fd, POLLIN, deadline);
   }

@@ -35,8 +35,9 @@ class Fd {
   int fd_ = -1;
 };
 
-// Listens on `host` (empty = all interfaces) and `port` (0 = any free port).
-Fd listen_tcp(const std::string& host, int port, int backlog = 128);
+// Listens on `host` (empty = all interfaces) and `port` (0 = any free port). A fixed
+// port that is in use is tried again every 20 ms for up to `busy_seconds`.
+Fd listen_tcp(const std::string& host, int port, int backlog = 128, double busy_seconds = 0);
 int bound_port(int fd);
 // The local IP address of a connected socket, as text.
 std::string local_ip(int fd);
@@ -44,12 +45,16 @@ std::string local_ip(int fd);
 // Connects to host:port, retrying refused/unreachable attempts until the
 // deadline (the peer may not be listening yet). Throws TimeoutError naming
 // `what` when the deadline passes.
-Fd connect_tcp(const std::string& host, int port, const Deadline& deadline, const std::string& what);
+Fd connect_tcp(const std::string& host, int port, const Deadline& deadline,
+               const std::string& what);
 
 // Accepts one connection, waiting at most until the deadline.
-Fd accept_tcp(int listen_fd, const Deadline& deadline, const std::string& what);
+// `peer`: the rank blamed when nobody connects in time (-1: none).
+Fd accept_tcp(int listen_fd, const Deadline& deadline, const std::string& what, int peer = -1);
 
 void set_nonblocking(int fd);
+// TCP_NODELAY: small messages go out at once, not after the previous one's ACK.
+void set_no_delay(int fd);
 // TCP_NODELAY and large kernel buffers: the ring streams megabytes per step.
 void tune_stream_socket(int fd);
 

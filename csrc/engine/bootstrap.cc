@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -18,6 +20,36 @@
 
 namespace rr {
 
+namespace {
+
+// Rank r's host, the first wait on every other rank. Rank 0 publishes its own only
+// once every rank is seated, so a rank that waits for it learns there, from rank 0,
+// who never came (it keeps its store a moment after giving up): that rank is named,
+// not rank 0.
+std::string await_host(Store& store, const std::string& prefix, int r, int rank, int size,
+                       const std::string& meeting, const Deadline& deadline) {
+  const std::string key = prefix + "host/" + std::to_string(r);
+  std::optional<Deadline> grace;  // a moment past the deadline, for rank 0's word
+  PollBackoff backoff;
+  while (true) {
+    if (auto host = store.try_get(key)) return *host;
+    if (auto why = store.try_get(gave_up_key(prefix))) {
+      const size_t cut = why->find('\n');
+      const int missing = std::atoi(why->substr(0, cut).c_str());
+      throw TimeoutError("rank " + std::to_string(rank) + " gave up with rank 0, which said: " +
+                             (cut == std::string::npos ? *why : why->substr(cut + 1)),
+                         missing);
+    }
+    if (deadline.expired()) {
+      if (!grace) grace = Deadline::after(r == 0 ? 1.0 : 0.0);
+      if (grace->expired()) throw did_not_join(r, rank, size, meeting, deadline);
+    }
+    backoff.sleep(grace ? *grace : deadline);
+  }
+}
+
+}  // namespace
+
 std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int rank, int size,
                                     const std::string& host_id, const std::string& meeting,
                                     const Deadline& deadline) {
@@ -26,14 +58,7 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
   std::vector<int> local;
   for (int r = 0; r < size; ++r) {
     std::string theirs = mine;
-    if (r != rank) {
-      try {
-        theirs = store.get(prefix + "host/" + std::to_string(r), deadline);
-      } catch (const TimeoutError&) {
-        // The first wait on every other rank: that rank never joined.
-        throw did_not_join(r, rank, size, meeting, deadline);
-      }
-    }
+    if (r != rank) theirs = await_host(store, prefix, r, rank, size, meeting, deadline);
     if (theirs == mine) local.push_back(r);
   }
   return local;
@@ -123,11 +148,14 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
     advertise = master_addr.empty() ? "127.0.0.1" : local_ip_towards(master_addr);
     meeting = "the file store in " + store_dir;
   } else {
-    store = make_tcp_store(master_addr, master_port, rank == 0, deadline, options.timeout_seconds,
-                           options.token, [&](int port) {
-                             master_port = port;
-                             if (listening) listening(port);
-                           });
+    // Rank 0 waits up to 3 s for its port, should it be held for a moment.
+    store = make_tcp_store(
+        master_addr, master_port, rank == 0, deadline, options.timeout_seconds, options.token,
+        [&](int port) {
+          master_port = port;
+          if (listening) listening(port);
+        },
+        3.0);
     advertise = local_ip_towards(master_addr);
     meeting = "rank 0's rendezvous store at " + master_addr + ":" + std::to_string(master_port);
   }
@@ -205,7 +233,7 @@ std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, 
     // Rank 0 hosts the store: if it fails here (bad settings that every rank
     // finds), the others may still be reading what they need to find it too.
     // Stay a moment before the store goes with this process.
-    if (store && store->hosted_here()) {
+    if (store && store->ends_with_attempt()) {
       std::this_thread::sleep_for(
           std::chrono::duration<double>(std::min(1.0, options.timeout_seconds / 2)));
     }

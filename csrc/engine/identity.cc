@@ -33,19 +33,8 @@ std::string seat_key(const std::string& id, int rank) {
   return identity_prefix(id) + "seat/" + std::to_string(rank);
 }
 
-// Polling the store: quick at first (the others are usually there already),
-// then no more than every 20 ms.
-class Backoff {
- public:
-  void sleep(const Deadline& deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, deadline.poll_ms(ms_))));
-    ms_ = std::min(ms_ * 2, 20);
-  }
-  void reset() { ms_ = 1; }
+using Backoff = PollBackoff;
 
- private:
-  int ms_ = 1;
-};
 
 // Rank 0: answers the tickets of every rank until each has taken its seat.
 void seat_everyone(Store& store, int size, const std::string& id, const std::string& meeting,
@@ -54,6 +43,7 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
   for (int r = 1; r < size; ++r) pending.insert(r);
   std::set<std::pair<int, std::string>> answered;
   Backoff backoff;
+  auto next_look = Clock::now() + kPeerLook;
   while (!pending.empty()) {
     bool news = false;
     for (auto it = pending.begin(); it != pending.end();) {
@@ -73,7 +63,23 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
     }
     if (pending.empty()) break;
     if (deadline.expired()) {
-      throw did_not_join(*pending.begin(), 0, size, meeting, deadline);
+      TimeoutError missing = did_not_join(*pending.begin(), 0, size, meeting, deadline);
+      // The ranks already seated wait for rank 0 next: tell them who is missing.
+      store.set(gave_up_key(identity_prefix(id)),
+                std::to_string(missing.peer()) + "\n" + missing.what());
+      throw missing;
+    }
+    if (Clock::now() >= next_look) {
+      // A member of a shrink or grow that died before it took its seat: no need to
+      // wait for the deadline (the store knows where the members' processes are).
+      next_look = Clock::now() + kPeerLook;
+      for (int r : pending) {
+        if (!store.peer_gone(r)) continue;
+        const std::string why = "rank " + std::to_string(r) + " is gone: it died before it joined " +
+                                meeting;
+        store.set(gave_up_key(identity_prefix(id)), std::to_string(r) + "\n" + why);
+        throw PeerError(why, r);
+      }
     }
     if (news) backoff.reset();
     backoff.sleep(deadline);

@@ -49,4 +49,8 @@ TimeoutError did_not_join(int missing, int waiter, int size, const std::string& 
 // The prefix of every key of the communicator with this id.
 inline std::string identity_prefix(const std::string& id) { return "rr/" + id + "/"; }
 
+// Where rank 0 writes "<missing rank>\n<its error>" when a rank never came, so that
+// the ranks already seated name that rank instead of rank 0 (see bootstrap.cc).
+inline std::string gave_up_key(const std::string& prefix) { return prefix + "gave_up"; }
+
 }  // namespace rr

@@ -1,5 +1,6 @@
 #include "rendezvous/store.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -8,17 +9,39 @@
 
 namespace rr {
 
-std::string Store::get(const std::string& key, const Deadline& deadline) {
-  int sleep_ms = 1;
+void PollBackoff::sleep(const Deadline& deadline) {
+  constexpr auto kQuick = std::chrono::milliseconds(100);
+  const bool quick = std::chrono::steady_clock::now() - start_ < kQuick;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, deadline.poll_ms(ms_))));
+  ms_ = quick ? std::min(ms_ + 1, 2) : std::min(ms_ * 2, 50);
+}
+
+void PollBackoff::reset() {
+  start_ = std::chrono::steady_clock::now();
+  ms_ = 1;
+}
+
+std::string Store::get(const std::string& key, const Deadline& deadline, int peer) {
+  PollBackoff backoff;
+  auto next_look = std::chrono::steady_clock::now() + kPeerLook;
   while (true) {
     if (auto value = try_get(key)) return *value;
-    if (deadline.expired()) {
-      throw TimeoutError("timed out after " + format_seconds(deadline.seconds()) +
-                             " s waiting for rendezvous key '" + key + "'",
-                         -1);
+    if (peer >= 0 && std::chrono::steady_clock::now() >= next_look) {
+      next_look = std::chrono::steady_clock::now() + kPeerLook;
+      if (peer_gone(peer)) {
+        throw PeerError("rank " + std::to_string(peer) + " is gone: it did not set rendezvous key '" +
+                            key + "'",
+                        peer);
+      }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(deadline.poll_ms(sleep_ms)));
-    sleep_ms = std::min(sleep_ms * 2, 50);
+    if (deadline.expired()) {
+      const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) + " (" : "";
+      throw TimeoutError("timed out after " + format_seconds(deadline.seconds()) +
+                             " s waiting for " + whom + "rendezvous key '" + key + "'" +
+                             (peer >= 0 ? ")" : ""),
+                         peer);
+    }
+    backoff.sleep(deadline);
   }
 }
 

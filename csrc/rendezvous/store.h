@@ -3,6 +3,7 @@
 // neighbour vanished can say which rank failed first).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -11,6 +12,26 @@
 #include "common/deadline.h"
 
 namespace rr {
+
+// How every rendezvous wait polls the store: every 1-2 ms for its first 100 ms,
+// since ranks that are all running (a shrink, the steps of one bootstrap) meet
+// within milliseconds and each step of a bootstrap waits on the last; then
+// doubling up to 50 ms, for a rank that is still starting, so that a job's ranks
+// do not flood rank 0's store while they wait for a slow one.
+// How often a wait for a rank's key asks Store::peer_gone about that rank.
+constexpr std::chrono::milliseconds kPeerLook{50};
+
+class PollBackoff {
+ public:
+  // Sleeps until the next look (never past the deadline).
+  void sleep(const Deadline& deadline);
+  // News arrived: poll quickly again.
+  void reset();
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  int ms_ = 1;
+};
 
 class Store {
  public:
@@ -23,8 +44,10 @@ class Store {
   // holds afterwards. This is how ranks agree on "the first failure".
   virtual std::string set_if_absent(const std::string& key, const std::string& value) = 0;
 
-  // Waits until `key` is set. Throws TimeoutError naming the key at the deadline.
-  std::string get(const std::string& key, const Deadline& deadline);
+  // Waits until `key` is set. Throws TimeoutError naming the key at the deadline,
+  // blaming `peer` (the rank that should have set it) when given; and PeerError
+  // as soon as peer_gone(peer).
+  std::string get(const std::string& key, const Deadline& deadline, int peer = -1);
 
   // Every rank of the communicator has connected: a store served here takes
   // no new connections from now on, so that a rank that closed this
@@ -34,9 +57,17 @@ class Store {
 
   // True when this process serves the store, so that it ends with us.
   virtual bool hosted_here() const { return false; }
+  // True when the store goes away if making the communicator fails here (the
+  // process then ends): the maker stays a moment, so that the others read why.
+  // Not so for a store that outlives the attempt (a shrink's meeting store).
+  virtual bool ends_with_attempt() const { return hosted_here(); }
   // True once the store's host closed our connection without a goodbye: its
   // process is gone (killed, crashed, or exited).
   virtual bool host_lost() const { return false; }
+  // True when rank `peer` of the communicator being made is known to be gone
+  // (a store that can tell: the members' store of a shrink or grow). A wait for a
+  // key that rank sets then fails at once, naming it, instead of at the deadline.
+  virtual bool peer_gone(int /*peer*/) const { return false; }
 };
 
 // A store hosted by one rank: `is_server` ranks run the server on host:port,
@@ -48,10 +79,14 @@ class Store {
 // With port 0 the server listens on a port the kernel picks, and tells
 // `listening` which, before it waits for anyone (the caller passes it on to
 // the other ranks: no probing for a free port that someone may take first).
+// A fixed port that is in use is tried again for up to `busy_port_seconds`
+// (the job's own MASTER_PORT: its previous store may still be closing); 0 for
+// a port picked at random, where the caller tries another.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       const Deadline& deadline, double io_seconds,
                                       const std::string& token = "",
-                                      const std::function<void(int)>& listening = {});
+                                      const std::function<void(int)>& listening = {},
+                                      double busy_port_seconds = 0);
 
 // A store in this process's memory: for a world of one, and for tests.
 std::unique_ptr<Store> make_local_store();

@@ -17,7 +17,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -68,11 +70,17 @@ class StoreServer {
   StoreServer(Fd listener, std::string token)
       : listener_(std::move(listener)),
         token_(std::move(token)),
-        port_(bound_port(listener_.get())) {
+        port_(bound_port(listener_.get())),
+        wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (!wake_.valid()) throw Error(errno_message("eventfd()", errno));
     thread_ = std::thread([this] { run(); });
   }
+  // Wakes the server thread at once (it would otherwise notice stop_ only at its
+  // next 100 ms poll timeout, a wait paid by every communicator that closes).
   ~StoreServer() {
     stop_ = true;
+    const uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
     thread_.join();
   }
   // The server thread closes the listening socket on its next round.
@@ -95,9 +103,10 @@ class StoreServer {
       if (sealed_ && listener_.valid()) listener_.reset();
       fds.push_back({listener_.get(), POLLIN, 0});  // fd -1 once sealed: poll skips it
       for (auto& c : clients_) fds.push_back({c.fd.get(), POLLIN, 0});
+      fds.push_back({wake_.get(), POLLIN, 0});  // last: the destructor's wake-up
       if (::poll(fds.data(), fds.size(), 100) > 0) {
         if (fds[0].revents & POLLIN) accept_all();
-        for (size_t i = 1; i < fds.size(); ++i) {
+        for (size_t i = 1; i + 1 < fds.size(); ++i) {
           if (fds[i].revents) serve(clients_[i - 1]);
         }
       }
@@ -117,6 +126,7 @@ class StoreServer {
       Fd owned(fd);
       if (clients_.size() >= kMaxClients) continue;  // closed at once
       set_nonblocking(fd);
+      set_no_delay(fd);
       Client c;
       c.fd = std::move(owned);
       c.address = peer_address(fd);
@@ -246,6 +256,7 @@ class StoreServer {
   Fd listener_;
   std::string token_;
   int port_;
+  Fd wake_;  // an eventfd: the destructor's word to stop now
   std::vector<Client> clients_;
   std::map<std::string, std::string> data_;
   std::atomic<bool> stop_{false};
@@ -427,7 +438,8 @@ bool is_loopback(const std::string& host) {
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       const Deadline& deadline, double io_seconds,
                                       const std::string& token,
-                                      const std::function<void(int)>& listening) {
+                                      const std::function<void(int)>& listening,
+                                      double busy_port_seconds) {
   std::unique_ptr<StoreServer> server;
   if (is_server) {
     // MASTER_ADDR names this host as the others see it: listen on every
@@ -435,7 +447,11 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
     // nothing off this host should reach the store.
     const std::string bind = is_loopback(host) ? "127.0.0.1" : "";
     try {
-      server = std::make_unique<StoreServer>(listen_tcp(bind, port), token);
+      // A port still held by the previous job on it (a restart on the same
+      // MASTER_PORT), or by a moment's probe elsewhere, is waited for briefly: a
+      // program that keeps it gets the error below within busy_port_seconds.
+      server = std::make_unique<StoreServer>(
+          listen_tcp(bind, port, 128, std::min(busy_port_seconds, deadline.seconds())), token);
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + ": rank 0 hosts ringreduce's rendezvous store on port " +
                   std::to_string(port) +
@@ -454,6 +470,10 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
   Fd fd = connect_tcp(host, port, deadline,
                       "rank 0's rendezvous store (is rank 0 running, with the same "
                       "MASTER_ADDR, MASTER_PORT and RINGREDUCE_PORT?)");
+  // Requests and replies are a few small writes each: without this, Nagle holds the
+  // second write back until the first is acknowledged, and the peer delays that
+  // acknowledgement by up to 40 ms, a delay per store round trip.
+  set_no_delay(fd.get());
   auto store = std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
   store->handshake(token, host + ":" + std::to_string(port), deadline);
   return store;

@@ -60,13 +60,20 @@ class Waitable {
   virtual void timed_out(const Deadline& window) = 0;
 };
 
+// A sleeping wait wakes this often to look whether its peer is alive (a rank that
+// dies rings no doorbell): 100 wake-ups a second cost a sleeping rank next to
+// nothing, and a survivor notices a death within about this much.
+constexpr std::chrono::microseconds kLivenessSlice{10000};
+
 struct WaitPolicy {
   // Spinning before the first sleep. A transport with nothing to sleep on
   // (MPI) spins for ever, and its pause() backs off by itself.
   std::chrono::microseconds spin{0};
   unsigned rounds_per_look = 1;     // while spinning: the clock every this many rounds
   unsigned looks_per_check = 1024;  // while spinning: the peer every this many looks
-  std::chrono::microseconds max_sleep{100000};
+  // The longest sleep: also how often a sleeping wait looks whether the awaited
+  // peer is still alive, which bounds how late it notices a dead one.
+  std::chrono::microseconds max_sleep{kLivenessSlice};
 };
 
 // Returns once the request is done; throws as described above.

@@ -21,7 +21,7 @@ namespace {
 
 // How long one sleep on the doorbell lasts at most: also how often a wait
 // looks at whether the awaited peer is still alive.
-constexpr std::chrono::microseconds kSleepSlice{100000};
+constexpr std::chrono::microseconds kSleepSlice = kLivenessSlice;
 // While spinning, the clock is read every kRoundsPerLook rounds of looking
 // for messages, and the awaited peer's liveness every kSpinsPerLivenessCheck.
 constexpr unsigned kRoundsPerLook = 32;
@@ -87,8 +87,18 @@ bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
 }
 
 void ShmTransport::check_peer(Peer& p, const Op& op) {
-  const bool aborted = p.header->aborted.load(std::memory_order_acquire) != 0;
-  const bool closed = p.header->closed.load(std::memory_order_acquire) != 0;
+  const Gone gone = peer_gone(p);
+  if (gone == Gone::kNo) return;
+  // What it published before it went is in our memory: take it first.
+  progress();
+  if (op.done_) return;
+  blame(p, gone,
+        std::string(op.sending ? "sending to" : "waiting for data from") +
+            " it over shared memory");
+}
+
+ShmTransport::Gone ShmTransport::peer_gone(Peer& p) const {
+  if (p.header->aborted.load(std::memory_order_acquire) != 0) return Gone::kAborted;
   bool dead = false;
   if (p.pidfd.valid()) {
     pollfd fd{p.pidfd.get(), POLLIN, 0};
@@ -96,18 +106,18 @@ void ShmTransport::check_peer(Peer& p, const Op& op) {
   } else {
     dead = ::kill(p.pid, 0) != 0 && errno == ESRCH;
   }
-  if (!aborted && !closed && !dead) return;
-  // What it published before it went is in our memory: take it first.
-  progress();
-  if (op.done_) return;
-  const std::string doing =
-      std::string(op.sending ? "sending to" : "waiting for data from") + " it over shared memory";
-  if (aborted) {
+  if (dead) return Gone::kDead;
+  if (p.header->closed.load(std::memory_order_acquire) != 0) return Gone::kClosed;
+  return Gone::kNo;
+}
+
+void ShmTransport::blame(Peer& p, Gone gone, const std::string& doing) const {
+  if (gone == Gone::kAborted) {
     throw PeerError(rank_name(p.rank) + " gave up on the communicator (it failed) while " +
                         rank_name(rank_) + " was " + doing,
                     p.rank);
   }
-  if (dead) {
+  if (gone == Gone::kDead) {
     throw PeerError(rank_name(p.rank) + " (pid " + std::to_string(p.pid) +
                         " on this host) exited, crashed or was killed while " + rank_name(rank_) +
                         " was " + doing,

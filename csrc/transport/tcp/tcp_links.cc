@@ -126,7 +126,7 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
   while (true) {
     const Link* in = t->find_link(left, false);
     if (in != nullptr && !in->awaiting()) break;
-    Fd candidate = accept_tcp(t->listener_.get(), deadline, peer_name(left));
+    Fd candidate = accept_tcp(t->listener_.get(), deadline, peer_name(left), left);
     LinkHello theirs{};
     try {
       recv_exact(candidate.get(), &theirs, sizeof theirs, deadline, left, peer_name(left));
@@ -142,7 +142,7 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
 }
 
 TcpTransport::Link& TcpTransport::connect_to(int peer, const Deadline& deadline) {
-  auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline));
+  auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline, peer));
   const std::string count = store_->get(streams_key(prefix_, peer), deadline);
   const int streams = std::atoi(count.c_str());
   if (streams < 1 || streams > kMaxLinkStreams) {

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates the README's Performance tables and plots: all_reduce float32
-# sum, 8 B to 256 MB, 2 and 4 ranks under mpirun, ours over shared memory
+# sum, 8 B to 64 MB, 2 and 4 ranks under mpirun, ours over shared memory
 # (transport auto on one host), TCP and MPI, next to MPI_Allreduce (mpi4py) and
-# torch's Gloo timed in the same runs, with one core's memcpy as the yardstick.
+# torch's Gloo timed in the same runs, with one core's memcpy as the yardstick;
+# then Intel MPI's own C benchmark on the same host (bench/imb_allreduce.sh;
+# skipped with RINGREDUCE_NO_IMB=1 or where Intel MPI cannot be installed), and
+# the README's table from all of them (bench/readme_table.py).
 #   bash bench/perf_readme.sh [outdir]      (default docs/perf)
 set -euo pipefail
 out=${1:-docs/perf}
@@ -12,9 +15,15 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy
 here=$(cd "$(dirname "$0")" && pwd)
 for n in 2 4; do
   for t in shm tcp mpi; do
-    mpirun -np "$n" python -m ringreduce bench --transport "$t" -b 8 -e 256M -f 4 \
+    mpirun -np "$n" python -m ringreduce bench --transport "$t" -b 8 -e 64M -f 2 \
       --compare mpi,gloo --json "$out/n${n}_${t}.json" | tee "$out/n${n}_${t}.txt"
   done
   python "$here/plot_runs.py" "$out/n${n}_shm.json" "$out/n${n}_tcp.json" "$out/n${n}_mpi.json" \
     -o "$out/allreduce_n${n}.png"
 done
+if [ -z "${RINGREDUCE_NO_IMB:-}" ]; then
+  for n in 2 4; do
+    bash "$here/imb_allreduce.sh" "$n" > "$out/imb_n${n}.txt" || rm -f "$out/imb_n${n}.txt"
+  done
+fi
+python "$here/readme_table.py" "$out"

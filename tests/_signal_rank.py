@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import sys
 import time
 
 faulthandler.enable()
+# Ctrl-C as a program started from a shell has it: a process inherits its parent's
+# ignored and blocked signals, and the test process's may have been changed by what
+# ran in it before (a library that ignores or blocks SIGINT in its threads).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def main() -> None:

@@ -189,6 +189,19 @@ def test_sweep_two_ranks(tmp_path):
         assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_fast_calls_are_timed_back_to_back_for_longer(tmp_path):
+    """Without -i, a call of microseconds is timed over thousands of calls (a 5 ms window),
+    not twenty; with -i, exactly that many. Every row says how many it timed."""
+    out = tmp_path / "r.json"
+    r = run_bench(["-n", "2", "-b", "8", "-e", "8", "-w", "2", "--rounds", "1", "--json", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    ours = [row for row in json.loads(out.read_text())["rows"] if row["system"] == "ringreduce"]
+    assert ours and all(row["iters"] > 20 for row in ours), ours
+    r = run_bench(["-n", "2", "-b", "8", "-e", "8", *QUICK, "--json", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {row["iters"] for row in json.loads(out.read_text())["rows"]} == {3}
+
+
 def test_sweep_three_ranks_other_dtype(tmp_path):
     out_json = tmp_path / "r.json"
     r = run_bench(

@@ -31,6 +31,15 @@ _needs_mpi = pytest.mark.skipif(
 TRANSPORTS = ["tcp", "shm", "shm+tcp", pytest.param("mpi", marks=[pytest.mark.mpi, _needs_mpi])]
 
 
+def _signal_state(pid: int) -> str:
+    """The SigBlk and SigIgn lines of a process, for failure messages."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn")))
+    except OSError:
+        return "(gone)"
+
+
 class Ranks:
     """n rank processes (one mpirun for "mpi"), their stdout read line by line."""
 
@@ -117,6 +126,8 @@ class Ranks:
     def signal(self, rank: int, sig: int) -> None:
         if sig in (signal.SIGINT, signal.SIGSTOP):
             self.mark = time.monotonic()
+        # Shown with the ranks' output when a test fails: blocked or ignored signals.
+        self.lines.append(f"rank {rank} before {sig!r}: {_signal_state(self.pid[rank])}")
         os.kill(self.pid[rank], sig)
 
     def wait_ended(self, ranks, seconds: float) -> dict:

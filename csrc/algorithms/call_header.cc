@@ -1,16 +1,21 @@
 #include "algorithms/call_header.h"
 
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "common/error.h"
+#include "reduce/cpu_kernels.h"
 
 namespace rr {
 namespace {
 
 constexpr uint32_t kHeaderMagic = kCallHeaderMagic;
 
-CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
+}  // namespace
+
+CallHeader make_call_header(const RingContext& ctx, const CollectiveArgs& args,
+                            Algorithm algorithm) {
   CallHeader h{};
   h.magic = kHeaderMagic;
   h.kind = static_cast<uint8_t>(args.kind);
@@ -25,6 +30,8 @@ CallHeader make_header(const RingContext& ctx, const CollectiveArgs& args, Algor
   h.issuer = ctx.issuer;
   return h;
 }
+
+namespace {
 
 // Renders a header the way the user wrote the call.
 std::string describe_header(const CallHeader& h) {
@@ -96,31 +103,101 @@ void check_call_header(const CallHeader& theirs, const CallHeader& mine, int lef
   }
 }
 
-RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm,
-                                 std::unique_ptr<CallHeader>& storage) {
+HeaderExchange::HeaderExchange(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm)
+    : ctx_(ctx),
+      args_(args),
+      mine_(make_call_header(ctx, args, algorithm)),
+      bulletin_(ctx.transport.bulletin()) {
   Transport& t = ctx.transport;
   const int size = t.size();
   const int rank = t.rank();
-  const int right = (rank + 1) % size;
-  const int left = (rank + size - 1) % size;
-
-  storage = std::make_unique<CallHeader>(make_header(ctx, args, algorithm));
-  RequestPtr sent = t.isend(right, storage.get(), sizeof(CallHeader));
-
-  CallHeader theirs{};
-  RequestPtr received = t.irecv(left, &theirs, sizeof theirs);
-  try {
-    t.wait(*received, ctx.deadline());
-  } catch (const TimeoutError& e) {
-    // The left neighbour never started this call: that is the useful fact.
-    throw TimeoutError("rank " + std::to_string(left) + " did not start " + describe_call(args) +
-                           " (call #" + std::to_string(ctx.seq) + ") within " +
-                           format_seconds(ctx.timeout_seconds) + " s; rank " +
-                           std::to_string(rank) + " waited for it",
-                       left);
+  if (bulletin_ != nullptr) {
+    bulletin_->publish(ctx.seq, &mine_, sizeof mine_, false, ctx.deadline());
+    return;
   }
-  check_call_header(theirs, *storage, left, rank);
-  return sent;
+  sent_ = t.isend((rank + 1) % size, &mine_, sizeof(CallHeader));
+  received_ = t.irecv((rank + size - 1) % size, &theirs_, sizeof theirs_);
+}
+
+namespace {
+
+// The left neighbour never started this call: that is the useful fact.
+[[noreturn]] void never_started(const RingContext& ctx, const CollectiveArgs& args, int peer) {
+  const int rank = ctx.transport.rank();
+  throw TimeoutError("rank " + std::to_string(peer) + " did not start " + describe_call(args) +
+                         " (call #" + std::to_string(ctx.seq) + ") within " +
+                         format_seconds(ctx.timeout_seconds) + " s; rank " +
+                         std::to_string(rank) + " waited for it",
+                     peer);
+}
+
+}  // namespace
+
+void HeaderExchange::check() {
+  if (checked_) return;
+  checked_ = true;
+  Transport& t = ctx_.transport;
+  const int rank = t.rank();
+  const int left = (rank + t.size() - 1) % t.size();
+  try {
+    if (bulletin_ != nullptr) {
+      bulletin_->read(left, ctx_.seq, &theirs_, sizeof theirs_, ctx_.deadline());
+    } else {
+      t.wait(*received_, ctx_.deadline());
+    }
+  } catch (const TimeoutError&) {
+    never_started(ctx_, args_, left);
+  }
+  check_call_header(theirs_, mine_, left, rank);
+}
+
+void HeaderExchange::finish() {
+  if (sent_) ctx_.transport.wait(*sent_, ctx_.deadline());
+}
+
+bool runs_on_bulletin(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
+  return args.kind == CollectiveKind::kAllReduce && algorithm == Algorithm::kDirect &&
+         args.device < 0 && args.count * dtype_size(args.dtype) <= kBulletinDataBytes &&
+         ctx.transport.size() > 1 && ctx.transport.bulletin() != nullptr;
+}
+
+void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
+  struct Entry {
+    CallHeader header;
+    char data[kBulletinDataBytes];
+  };
+  static_assert(sizeof(Entry) == Bulletin::kEntryBytes, "one bulletin entry");
+  Bulletin& bulletin = *ctx.transport.bulletin();
+  const int size = ctx.transport.size();
+  const int rank = ctx.transport.rank();
+  const size_t bytes = args.count * dtype_size(args.dtype);
+  Entry mine;
+  mine.header = make_call_header(ctx, args, algorithm);
+  std::memcpy(mine.data, args.send, bytes);
+  const Deadline deadline = ctx.deadline();
+  bulletin.publish(ctx.seq, &mine, sizeof(CallHeader) + bytes, true, deadline);
+  // Every rank's data, in rank order, in the communicator's scratch.
+  if (ctx.scratch.size() < static_cast<size_t>(size) * bytes) {
+    ctx.scratch.resize(static_cast<size_t>(size) * bytes);
+  }
+  char* slots = ctx.scratch.data();
+  std::memcpy(slots + static_cast<size_t>(rank) * bytes, mine.data, bytes);
+  for (int i = 1; i < size; ++i) {
+    const int peer = (rank + size - i) % size;  // the left neighbour first: the ring's check
+    Entry theirs;
+    try {
+      bulletin.read(peer, ctx.seq, &theirs, sizeof(CallHeader) + bytes, deadline);
+    } catch (const TimeoutError&) {
+      never_started(ctx, args, peer);
+    }
+    check_call_header(theirs.header, mine.header, peer, rank);
+    std::memcpy(slots + static_cast<size_t>(peer) * bytes, theirs.data, bytes);
+  }
+  const ReduceFn reduce = cpu_reduce_fn(args.dtype, args.op);
+  char* out = static_cast<char*>(args.recv);
+  reduce(out, slots, slots + bytes, args.count);
+  for (int r = 2; r < size; ++r) reduce(out, out, slots + static_cast<size_t>(r) * bytes, args.count);
+  if (args.op == ReduceOp::kAvg) divide_by(args.dtype, out, args.count, size);
 }
 
 void exchange_block_sizes(RingContext& ctx, const CollectiveArgs& args) {

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "algorithms/collective.h"
+#include "transport/bulletin.h"
 
 namespace rr {
 
@@ -41,11 +42,43 @@ static_assert(sizeof(CallHeader) == 40, "the header is part of the wire format")
 // layer names the threads from them).
 void check_call_header(const CallHeader& theirs, const CallHeader& mine, int left, int rank);
 
-// Sends our header right, receives the left neighbour's and checks it. The
-// returned request (our header send) must be waited on before the call ends;
-// `storage` keeps our header alive until then.
-RequestPtr exchange_call_headers(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm,
-                                 std::unique_ptr<CallHeader>& storage);
+// This call's header, as check_call_header compares it.
+CallHeader make_call_header(const RingContext& ctx, const CollectiveArgs& args,
+                            Algorithm algorithm);
+
+// The header exchange of one call: sends our header right and posts the
+// receive of the left neighbour's when made; check() waits for it and
+// compares (MismatchError, or TimeoutError naming the neighbour that never
+// started the call).
+//
+// Where the transport has a bulletin (transport/bulletin.h) the header is published
+// there instead, read by the right neighbour: no message at all.
+class HeaderExchange {
+ public:
+  HeaderExchange(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm);
+  void check();
+  // Waits until our header has left (the call's end; it must outlive its send).
+  void finish();
+
+ private:
+  RingContext& ctx_;
+  const CollectiveArgs& args_;
+  CallHeader mine_;
+  CallHeader theirs_{};
+  Bulletin* bulletin_;
+  RequestPtr sent_;
+  RequestPtr received_;
+  bool checked_ = false;
+};
+
+// A tiny all_reduce runs on the bulletin alone: each rank publishes its header
+// and its data as one entry, reads every peer's, checks each header against
+// its own and reduces in rank order (the bits of the direct path). One write
+// and N - 1 reads of two cache lines, and no message. Every rank decides it
+// from the call's header fields, so all take it or the headers differ.
+constexpr size_t kBulletinDataBytes = Bulletin::kEntryBytes - sizeof(CallHeader);
+bool runs_on_bulletin(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm);
+void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm);
 
 // all_to_all: before any block, every pair of ranks compares the size of the
 // block one sends the other with the size the other expects (8 bytes each

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "algorithms/call_header.h"
 #include "algorithms/ring_schedule.h"
@@ -287,12 +288,16 @@ void check_links(const Transport& t, const CollectiveArgs& args) {
 
 void run_collective(RingContext& ctx, const CollectiveArgs& args) {
   // With one rank there is nothing to agree on and nobody to talk to.
-  std::unique_ptr<CallHeader> header;
-  RequestPtr header_sent;
+  std::optional<HeaderExchange> header;
   const Algorithm algorithm = choose_algorithm(ctx, args);
   if (ctx.transport.size() > 1) {
     check_links(ctx.transport, args);
-    header_sent = exchange_call_headers(ctx, args, algorithm, header);
+    if (runs_on_bulletin(ctx, args, algorithm)) {
+      bulletin_all_reduce(ctx, args, algorithm);
+      return;
+    }
+    header.emplace(ctx, args, algorithm);
+    header->check();
     if (args.kind == CollectiveKind::kAllToAll && !args.send_counts.empty()) {
       exchange_block_sizes(ctx, args);
     }
@@ -312,10 +317,12 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
     x.finish();
   }
-  // The header went out ahead of the data on the same link; `header` must
-  // outlive its send. (The direct algorithm needs no headers of its own from
-  // every rank: the ring of checks already makes all ranks agree.)
-  if (header_sent) ctx.transport.wait(*header_sent, ctx.deadline());
+  if (header) {
+    // The header went out ahead of the data on the same link; it must
+    // outlive its send. (The direct algorithm needs no headers of its own
+    // from every rank: the ring of checks already makes all ranks agree.)
+    header->finish();
+  }
 }
 
 }  // namespace rr

@@ -42,6 +42,10 @@ void small_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args)
 void direct_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   const size_t bytes = args.count * dtype_size(args.dtype);
   if (bytes == 0) return;
+  if (x.direct_reduce(ring, args)) {
+    if (args.op == ReduceOp::kAvg) x.divide(args.recv, args.count, ring.size);
+    return;
+  }
   char* slots = x.scratch();
   char* mine = slots + ring.rank * bytes;
   x.copy(mine, args.send, bytes);

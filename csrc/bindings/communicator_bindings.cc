@@ -1,11 +1,8 @@
 // The communicator as ringreduce._core sees it: Options, Communicator, Work.
 //
-// Two ways in. submit()/run() take raw addresses from the Python package,
-// which has checked the arrays. all_reduce_numpy() is the fast path for the
-// most common call, numpy arrays in host memory: it reads them here with the
-// numpy C API and runs the collective without a round of Python checks; any
-// case it does not take on it hands back (returns None) to the general path,
-// so errors are always raised by one code, in Python.
+// submit()/run() take raw addresses from the Python package, which has
+// checked the arrays; the fast path of the most common call is in
+// fast_path.cc.
 //
 // Blocking calls run on the calling thread with the GIL released; while they
 // wait, a PythonInterrupt takes the GIL every 100 ms to let Python handle
@@ -20,22 +17,14 @@
 #include "common/error.h"
 #include "engine/bootstrap.h"
 #include "engine/communicator.h"
+#include "python_interrupt.h"
 #include "rendezvous/store.h"
 
 namespace py = pybind11;
 
 namespace {
 
-class PythonInterrupt final : public rr::Interrupt {
- public:
-  PythonInterrupt() : Interrupt(std::chrono::milliseconds(100)) {}
-  // Runs Python's signal handlers; if one raised (KeyboardInterrupt), leaves
-  // that error set for the bindings to re-raise and abandons the wait.
-  void check() const override {
-    py::gil_scoped_acquire gil;
-    if (PyErr_CheckSignals() != 0) throw rr::Interrupted("interrupted by a signal");
-  }
-};
+using rr::PythonInterrupt;
 
 void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
@@ -73,6 +62,23 @@ class PythonStore final : public rr::Store {
   // this process, and whether its host's process is gone (rr::Store's meaning).
   bool hosted_here() const override { return ask("hosted_here"); }
   bool host_lost() const override { return ask("host_lost"); }
+  bool ends_with_attempt() const override {
+    if (Py_IsInitialized() == 0) return false;
+    {
+      py::gil_scoped_acquire gil;
+      if (!py::hasattr(impl_, "ends_with_attempt")) return hosted_here();
+    }
+    return ask("ends_with_attempt");
+  }
+  bool peer_gone(int peer) const override {
+    if (Py_IsInitialized() == 0) return false;
+    py::gil_scoped_acquire gil;
+    try {
+      return py::hasattr(impl_, "peer_gone") && impl_.attr("peer_gone")(peer).cast<bool>();
+    } catch (const py::error_already_set&) {
+      return false;
+    }
+  }
 
  private:
   bool ask(const char* name) const {
@@ -113,109 +119,6 @@ rr::CollectiveArgs make_args(rr::CollectiveKind kind, uintptr_t send, uintptr_t 
   args.device = device;
   args.stream = stream;
   return args;
-}
-
-// The engine's dtype of a numpy dtype in native byte order, or false.
-bool engine_dtype(const py::dtype& dt, rr::DataType* out) {
-  const char order = dt.byteorder();
-  if (order != '=' && order != '|') return false;
-  const char kind = dt.kind();
-  const py::ssize_t size = dt.itemsize();
-  if (kind == 'f') {
-    if (size == 2)
-      *out = rr::DataType::kFloat16;
-    else if (size == 4)
-      *out = rr::DataType::kFloat32;
-    else if (size == 8)
-      *out = rr::DataType::kFloat64;
-    else
-      return false;
-    return true;
-  }
-  if (kind == 'i') {
-    if (size == 1)
-      *out = rr::DataType::kInt8;
-    else if (size == 4)
-      *out = rr::DataType::kInt32;
-    else if (size == 8)
-      *out = rr::DataType::kInt64;
-    else
-      return false;
-    return true;
-  }
-  if (kind == 'u' && size == 1) {
-    *out = rr::DataType::kUInt8;
-    return true;
-  }
-  return false;
-}
-
-// The op named by a Python str, or false (anything else takes the general path).
-bool engine_op(py::handle op, rr::ReduceOp* out) {
-  if (!PyUnicode_Check(op.ptr())) return false;
-  const char* name = PyUnicode_AsUTF8(op.ptr());
-  if (name == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  static const struct {
-    const char* name;
-    rr::ReduceOp op;
-  } kOps[] = {{"sum", rr::ReduceOp::kSum},
-              {"prod", rr::ReduceOp::kProd},
-              {"min", rr::ReduceOp::kMin},
-              {"max", rr::ReduceOp::kMax},
-              {"avg", rr::ReduceOp::kAvg}};
-  for (const auto& o : kOps) {
-    if (std::strcmp(name, o.name) == 0) {
-      *out = o.op;
-      return true;
-    }
-  }
-  return false;
-}
-
-bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
-
-// all_reduce of numpy arrays in host memory, when nothing about them needs
-// the general path's care: returns the result, or None to decline.
-py::object all_reduce_numpy(rr::Communicator& self, py::handle x_obj, py::handle out_obj,
-                            py::handle op_obj) {
-  if (!py::isinstance<py::array>(x_obj)) return py::none();
-  auto x = py::reinterpret_borrow<py::array>(x_obj);
-  rr::DataType dtype;
-  rr::ReduceOp op;
-  if (!c_contiguous(x) || !engine_dtype(x.dtype(), &dtype) || !engine_op(op_obj, &op)) {
-    return py::none();
-  }
-  if (op == rr::ReduceOp::kAvg && !rr::is_floating(dtype)) return py::none();
-  // (A default-constructed py::array would allocate an empty array.)
-  py::array out =
-      out_obj.is_none()
-          ? py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()))
-          : py::reinterpret_borrow<py::array>(out_obj);
-  if (!out_obj.is_none()) {
-    if (!py::isinstance<py::array>(out_obj)) return py::none();
-    if (!out.dtype().is(x.dtype()) && !out.dtype().equal(x.dtype())) return py::none();
-    if (out.ndim() != x.ndim() || !std::equal(x.shape(), x.shape() + x.ndim(), out.shape())) {
-      return py::none();
-    }
-    if (!c_contiguous(out) || !out.writeable()) return py::none();
-    const char* a = static_cast<const char*>(x.data());
-    const char* b = static_cast<const char*>(out.data());
-    const auto n = static_cast<size_t>(x.nbytes());
-    if (a != b && a < b + n && b < a + n) return py::none();  // partial overlap: an error
-  }
-  const rr::CollectiveArgs args =
-      make_args(rr::CollectiveKind::kAllReduce, reinterpret_cast<uintptr_t>(x.data()),
-                reinterpret_cast<uintptr_t>(out.mutable_data()), static_cast<size_t>(x.size()),
-                dtype, op, 0, -1, 0);
-  {
-    PythonInterrupt interrupt;
-    py::gil_scoped_release release;
-    self.run(args, &interrupt);
-  }
-  return std::move(out);
 }
 
 py::dict stats(const rr::Communicator& self) {
@@ -277,6 +180,11 @@ class PyTcpStore {
     return py::bytes(out);
   }
   bool host_lost() const { return store_ && store_->host_lost(); }
+  // A served store stops taking new connections (its port is free again);
+  // clients already connected go on.
+  void seal() {
+    if (store_) store_->seal();
+  }
   void close() {
     py::gil_scoped_release release;
     store_.reset();
@@ -304,6 +212,8 @@ void register_communicator(py::module_& m) {
       .def("try_get", &PyTcpStore::try_get, py::arg("key"))
       .def("set_if_absent", &PyTcpStore::set_if_absent, py::arg("key"), py::arg("value"))
       .def("host_lost", &PyTcpStore::host_lost)
+      .def("seal", &PyTcpStore::seal,
+           "Serving: take no new connections and free the port; connected clients go on.")
       .def("close", &PyTcpStore::close);
   py::class_<rr::Options>(m, "Options", "A communicator's settings (see engine/options.h).")
       .def(py::init<>())
@@ -411,9 +321,6 @@ void register_communicator(py::module_& m) {
           py::arg("blocks") = Blocks{},
           "Runs a collective on raw addresses to completion: on this thread when nothing is "
           "queued. Ctrl-C abandons it (KeyboardInterrupt) and breaks the communicator.")
-      .def("all_reduce_numpy", &all_reduce_numpy, py::arg("x"), py::arg("out"), py::arg("op"),
-           "Fast path of all_reduce for host numpy arrays: the result, or None when the "
-           "general path must handle the call.")
       .def(
           "send",
           [](rr::Communicator& self, uintptr_t data, size_t bytes, int dst, int64_t tag) {

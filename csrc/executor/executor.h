@@ -33,6 +33,9 @@
 
 namespace rr {
 
+struct CollectiveArgs;  // algorithms/collective.h
+struct Ring;            // algorithms/schedule.h
+
 // What every executor is made with: one collective's link to its peers and
 // the shape of its data.
 struct ExecutorSetup {
@@ -80,6 +83,18 @@ class Executor {
   // default they run one after the other, which gives the same result.
   virtual void exchange(const std::vector<StepPlan>& plans) {
     for (const StepPlan& plan : plans) step(plan);
+  }
+
+  // The direct all_reduce's data movement and reduction in one (small
+  // messages, algorithms/small_all_reduce.cc): every rank's whole vector to
+  // every other at once, then args.recv = the vectors reduced in rank order
+  // (ours at ring position ring.rank; avg not yet divided). Returns false
+  // where this executor has no such route for these buffers: the schedule
+  // then gathers the vectors into scratch() and reduces there.
+  virtual bool direct_reduce(const Ring& ring, const CollectiveArgs& args) {
+    (void)ring;
+    (void)args;
+    return false;
   }
 
   // Local operations on the collective's memory, over whole elements of the

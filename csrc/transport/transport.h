@@ -29,6 +29,8 @@
 
 namespace rr {
 
+class Bulletin;  // transport/bulletin.h
+
 // A posted send or receive. It completes inside Transport::wait().
 class Request {
  public:
@@ -112,6 +114,9 @@ class Transport {
   virtual void close() noexcept { abort(); }
 
   virtual TransportStats stats() const = 0;
+  // The bulletin (transport/bulletin.h) over every rank of the communicator, or null
+  // where this transport has none.
+  virtual Bulletin* bulletin() { return nullptr; }
 };
 
 }  // namespace rr

@@ -19,6 +19,9 @@
 // `head` (written by the sender) counts the messages published, `tail`
 // (written by the receiver) those released; a slot is free once tail has
 // passed it. Both are monotonic 64-bit counters, so they never wrap.
+//
+// The header also holds the owner's bulletin (transport/bulletin.h): two
+// entries it writes and its peers read.
 #pragma once
 
 #include <atomic>
@@ -32,7 +35,7 @@ namespace shm {
 
 constexpr uint64_t kMagic = 0x3130484D53485252ull;  // "RRHSHM01"
 // The layout of Header and the inboxes: segments of another version are refused.
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 // Ranks of one host that can share memory with each other.
 constexpr int kMaxLocal = 1024;
 
@@ -40,6 +43,16 @@ enum class SlotMode : uint32_t {
   kInline = 1,  // the bytes follow the header
   kRemote = 2,  // `remote` is the address of the bytes in the sender's process
 };
+
+// One entry of the bulletin: `ready` is its number, stored after the body (and
+// set to kBulletinWriting before the body is rewritten), so that a reader that
+// finds the same number before and after copying the body has a whole one.
+constexpr uint64_t kBulletinWriting = ~0ull;
+struct alignas(64) BulletinEntry {
+  std::atomic<uint64_t> ready;
+  char body[120];
+};
+static_assert(sizeof(BulletinEntry) == 128, "two cache lines");
 
 struct alignas(64) Header {
   uint64_t magic;
@@ -66,6 +79,8 @@ struct alignas(64) Header {
   // cma_from[l] = 1: the owner can read the memory of local rank l, so l may
   // send it large messages by address.
   alignas(64) std::atomic<uint8_t> cma_from[kMaxLocal];
+  // The bulletin: entry n at bulletin[n % 2].
+  BulletinEntry bulletin[2];
 };
 
 struct alignas(64) InboxControl {

@@ -92,7 +92,7 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     p->rank = r;
     p->local = l;
     const shm::SegmentRecord record =
-        shm::SegmentRecord::decode(store.get(prefix + "shm/" + std::to_string(r), deadline), r);
+        shm::SegmentRecord::decode(store.get(prefix + "shm/" + std::to_string(r), deadline, r), r);
     p->pid = record.pid;
     // Checked before it is mapped, and its header before anything else is read.
     p->segment = shm::Segment::attach(record, bytes, r);
@@ -118,9 +118,10 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
   // done its job; from here on the memory lives as long as a mapping.
   store.set(prefix + "shm_ready/" + std::to_string(rank), "1");
   for (int r : local_ranks) {
-    if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline);
+    if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline, r);
   }
   t->home_.close_fd();
+  t->bulletin_ok_ = local_size == size;
   for (auto& p : t->peers_) {
     if (p) p->by_address = p->header->cma_from[t->local_].load(std::memory_order_acquire) != 0;
   }

@@ -41,6 +41,7 @@
 
 #include "common/socket.h"
 #include "rendezvous/store.h"
+#include "transport/bulletin.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
@@ -56,7 +57,7 @@ struct ShmSettings {
   bool oversubscribed = false;         // more ranks on the host than cores: yield, don't spin
 };
 
-class ShmTransport : public Transport {
+class ShmTransport : public Transport, public Bulletin {
  public:
   // Maps the home segments of every rank in `local_ranks` (global ranks on
   // this host, ascending, `rank` among them), meeting through `store` under
@@ -88,6 +89,13 @@ class ShmTransport : public Transport {
   // True when large messages to `peer` go by address (cross-memory attach).
   bool single_copy_to(int peer) const;
 
+  // The bulletin (transport/bulletin.h, shm_bulletin.cc), when every rank of the
+  // communicator is on this host.
+  Bulletin* bulletin() override { return bulletin_ok_ ? this : nullptr; }
+  void publish(uint64_t n, const void* body, size_t bytes, bool read_by_all,
+               const Deadline& deadline) override;
+  uint64_t read(int peer, uint64_t n, void* out, size_t bytes, const Deadline& deadline) override;
+
  private:
   struct Op;
   struct Peer;
@@ -104,6 +112,19 @@ class ShmTransport : public Transport {
   // Throws PeerError when `p` died, gave up or closed while `op` waits on it
   // (after taking what it published before, which may complete op).
   void check_peer(Peer& p, const Op& op);
+  // The number of `p`'s latest bulletin entry (0: none yet).
+  uint64_t latest_entry(const Peer& p) const;
+  // Whether `p` gave up, died or closed (in that order of precedence).
+  enum class Gone { kNo, kAborted, kDead, kClosed };
+  Gone peer_gone(Peer& p) const;
+  // Throws the PeerError naming `p` for `gone`; `doing`: what this rank was
+  // doing meanwhile.
+  [[noreturn]] void blame(Peer& p, Gone gone, const std::string& doing) const;
+  // Waits, as wait() does, until ready() holds, blaming `awaited`; `what`
+  // names what we wait for ("entry 7 of its bulletin").
+  template <class Ready>
+  void bulletin_wait(Peer& awaited, const Ready& ready, const std::string& what,
+                 const Deadline& deadline);
   [[noreturn]] void fail_timeout(const Op& op, const Deadline& deadline);
 
   int rank_;
@@ -119,6 +140,8 @@ class ShmTransport : public Transport {
   TransportStats stats_;
   bool eager_ = true;
   bool aborted_ = false;
+  bool bulletin_ok_ = false;         // every rank of the communicator is local
+  bool bulletin_all_[2] = {false, false};  // whether every peer reads our bulletin[i]
 };
 
 }  // namespace rr

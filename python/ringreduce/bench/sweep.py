@@ -70,7 +70,11 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
         "-w", "--warmup", type=int, help="warm-up calls incl. the checked one (default: 5..1)"
     )
     p.add_argument(
-        "-i", "--iters", type=int, help="timed iterations (default: 20, fewer above 16 MB)"
+        "-i",
+        "--iters",
+        type=int,
+        help="timed iterations (default: 20, fewer above 16 MB, and more for fast calls, "
+        "to fill 5 ms back to back)",
     )
     p.add_argument(
         "-r",
@@ -183,15 +187,31 @@ class _Progress:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
-def _timed(comm: Any, fn: Callable[[], Any], warmup: int, iters: int) -> float:
-    """Mean seconds per call of fn on this rank, after warm-up, started together."""
-    for _ in range(warmup):
+# Without -i, calls are timed back to back (OSU-style) for at least this long: twenty
+# calls of a microsecond make a 20 us window, which one preemption of a rank (a
+# scheduler tick, milliseconds) turns into a time a hundred times too long.
+_WINDOW_SECONDS = 0.005
+_MAX_ITERS = 100_000
+
+
+def _timed(
+    comm: Any, fn: Callable[[], Any], warmup: int, iters: int, adapt: bool
+) -> tuple[float, int]:
+    """(Mean seconds per call of fn on this rank, after warm-up, started together; the
+    number of calls timed). ``adapt``: at least ``iters`` calls, and enough to fill
+    _WINDOW_SECONDS on the slowest rank (every rank runs the same number)."""
+    probe = time.perf_counter()
+    for _ in range(max(warmup, 1)):
         fn()
+    if adapt:
+        per_call = (time.perf_counter() - probe) / max(warmup, 1)
+        want = min(_MAX_ITERS, max(iters, math.ceil(_WINDOW_SECONDS / max(per_call, 1e-9))))
+        iters = int(comm.all_reduce(np.array([want], dtype=np.int64), "max")[0])
     comm.barrier()
     start = time.perf_counter()
     for _ in range(iters):
         fn()
-    return (time.perf_counter() - start) / iters
+    return (time.perf_counter() - start) / iters, iters
 
 
 def _run(args: argparse.Namespace, dtype: np.dtype) -> int:
@@ -230,7 +250,9 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
         if args.nprocs is not None and args.nprocs != world:
             notes.append(f"-n {args.nprocs} ignored: already running as {world} ranks")
         iters_text = (
-            f"{args.iters}" if args.iters else "20, fewer above 16 MB (256 MiB/size, min 5)"
+            f"{args.iters}"
+            if args.iters
+            else "20, fewer above 16 MB (256 MiB/size, min 5), more to fill 5 ms back to back"
         )
         print(f"# ringreduce bench: all_reduce  version {_VERSION}")
         print(f"# ranks {world}  transport {comm.transport}  dtype {dtype.name}  op {args.op}")
@@ -327,6 +349,7 @@ def _measure(
     # round, the cases interleaved round by round, so that drift of the machine hits
     # them alike; each case's time is its median round.
     rounds: list[list[float]] = [[] for _ in cases]
+    counts = [iters] * len(cases)  # calls timed per round, by case
     for i, (system, _placement, fn, buf) in enumerate(cases):
         if system in disabled:
             continue
@@ -344,7 +367,10 @@ def _measure(
             if system in disabled or failed[i]:
                 continue
             try:
-                rounds[i].append(_timed(comm, fn, max(warmup - 1, 0), iters))
+                seconds, counts[i] = _timed(
+                    comm, fn, max(warmup - 1, 0), iters, adapt=not args.iters
+                )
+                rounds[i].append(seconds)
             except Exception as exc:
                 if system == "ringreduce":
                     raise
@@ -381,6 +407,7 @@ def _measure(
         algbw = size / t / 1e9 if t > 0 else math.nan
         row = dict(
             base,
+            iters=counts[i],
             system=system,
             placement=placement,
             time_us=t * 1e6,

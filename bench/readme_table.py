@@ -1,0 +1,96 @@
+"""The README's performance table, from bench/perf_readme.sh's results.
+
+    python bench/readme_table.py docs/perf
+
+Reads n{2,4}_shm.json and n{2,4}_tcp.json (ringreduce bench --json) and, where
+present, imb_n{2,4}.txt (bench/imb_allreduce.sh); prints a markdown table of busbw
+(GB/s) and times side by side. Intel MPI's times come from its own C benchmark, run
+after ours on the same host: a comparison across runs, not interleaved like the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SIZES = [8, 2048, 65536, 1 << 20, 16 << 20, 64 << 20]
+
+
+def rows(path: Path) -> dict:
+    """(system, placement, size) -> row."""
+    if not path.exists():
+        return {}
+    return {
+        (r["system"], r["placement"], r["size"]): r for r in json.loads(path.read_text())["rows"]
+    }
+
+
+def imb(path: Path) -> dict:
+    """size -> t_avg in us."""
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            size, t = line.split()
+            out[int(size)] = float(t)
+    return out
+
+
+def label(size: int) -> str:
+    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= scale:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def fmt(t: float) -> str:
+    return f"{t:.3g}" if t < 1000 else f"{t:,.0f}"
+
+
+def main(argv: list) -> int:
+    out = Path(argv[1] if len(argv) > 1 else "docs/perf")
+    print(
+        "| size | ranks | ours, shm (us) | MPI_Allreduce | Gloo | Intel MPI (C) "
+        "| ours/Intel | ours busbw | ours/memcpy | ours, TCP/Gloo |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in (2, 4):
+        shm, tcp, intel = (
+            rows(out / f"n{n}_shm.json"),
+            rows(out / f"n{n}_tcp.json"),
+            imb(out / f"imb_n{n}.txt"),
+        )
+        for size in SIZES:
+            ours = shm.get(("ringreduce", "out-of-place", size))
+            if ours is None:
+                continue
+            mpi = shm.get(("mpi", "in-place", size))
+            gloo = shm.get(("gloo", "in-place", size))
+            memcpy = shm.get(("memcpy", "copy", size))
+            tcp_ours, tcp_gloo = (
+                tcp.get((s, p, size))
+                for s, p in (("ringreduce", "out-of-place"), ("gloo", "in-place"))
+            )
+            t = ours["time_us"]
+            cells = [
+                label(size),
+                str(n),
+                fmt(t),
+                fmt(mpi["time_us"]) if mpi else "-",
+                fmt(gloo["time_us"]) if gloo else "-",
+                fmt(intel[size]) if size in intel else "-",
+                f"{t / intel[size]:.2f}" if size in intel else "-",
+                f"{ours['busbw_gbs']:.3g}",
+                f"{ours['algbw_gbs'] / memcpy['algbw_gbs']:.2f}" if memcpy else "-",
+                f"{tcp_gloo['time_us'] / tcp_ours['time_us']:.2f}x"
+                if tcp_ours and tcp_gloo
+                else "-",
+            ]
+            print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

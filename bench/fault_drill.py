@@ -3,9 +3,15 @@ get back to work with ``Communicator.shrink()``.
 
     python bench/fault_drill.py                       # N = 2, 4, 8 on shm and tcp, each failure
     python bench/fault_drill.py --sizes 4 --transports tcp --failures kill --trials 10
+    python bench/fault_drill.py --hosts 4 --sizes 4,8 --transports auto   # 4 emulated hosts (root)
 
 For every case (transport, N, how the victim fails, where), N ranks loop a collective
-on 1 MiB of float32; after a random 0.2-0.6 s the victim(s) fail:
+on 1 MiB of float32 (``--where all_reduce`` or ``broadcast``); after a random 0.2-0.6 s
+the victim(s) fail. ``--where init``: a rank fails before it joins, and the others'
+``init`` must fail naming it; ``shrink``: a second rank dies during the survivors'
+shrink, which must still end with both excluded; ``join``: the N ranks grow by one and
+the newcomer fails once it has its seat: the grow must fail naming it and the members'
+communicator must still compute right. How the victims fail:
 
 - ``kill``: SIGKILL (no goodbye); ``exit``: ``os._exit(3)`` without closing anything;
 - ``stop``: SIGSTOP (alive but silent: the survivors notice at their timeout,
@@ -41,27 +47,39 @@ def rank_main(argv: List[str]) -> None:
 
     import ringreduce as rr
 
-    rank, n, port, transport, victims, how, where, delay, timeout = argv
+    rank, n, port, transport, victims, how, where, delay, timeout, master = argv
     rank, n = int(rank), int(n)
     victims = [int(v) for v in victims.split(",")]
-    comm = rr.init(transport, rank=rank, world_size=n, master_addr="127.0.0.1",
-                   master_port=int(port), timeout=float(timeout))  # fmt: skip
+    if where == "init" and rank in victims:
+        fail(rank, how)  # before it joins: the others' init must fail, naming it
+    if where == "join" and rank == n:
+        newcomer(port, how, master)
+    started = time.monotonic()
+    try:
+        comm = rr.init(transport, rank=rank, world_size=n, master_addr=master,
+                       master_port=int(port), timeout=float(timeout))  # fmt: skip
+    except rr.RingReduceError as exc:
+        named = [v for v in victims if f"rank {v} " in str(exc)]
+        report = {"rank": rank, "detected": time.time(), "kind": type(exc).__name__,
+                  "shrink_s": 0.0, "calls": 0, "failed_ranks": named, "new_size": 0,
+                  "ok": True, "init_s": time.monotonic() - started}  # fmt: skip
+        print(json.dumps(report), flush=True)
+        return
     x = np.ones(1 << 18, dtype=np.float32)  # 1 MiB
     comm.all_reduce(x, out=x)
     x[:] = 1
     print(json.dumps({"rank": rank, "ready": time.time()}), flush=True)
+    if where == "join":
+        grow_with_a_dying_newcomer(comm, rank, n)
+        return
     start = time.monotonic()
     calls = 0
+    # "shrink": the first victim dies in the loop, the second during the shrink that follows.
+    dying = victims[:1] if where == "shrink" else victims
     try:
         while True:
-            if rank in victims and time.monotonic() - start > float(delay):
-                print(json.dumps({"rank": rank, "failed_at": time.time()}), flush=True)
-                if how == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                elif how == "stop":
-                    os.kill(os.getpid(), signal.SIGSTOP)
-                    time.sleep(3600)  # the driver kills it
-                os._exit(3)
+            if rank in dying and time.monotonic() - start > float(delay):
+                fail(rank, how)
             if where == "broadcast":
                 comm.broadcast(x, root=calls % n)
             else:
@@ -71,6 +89,8 @@ def rank_main(argv: List[str]) -> None:
     except (rr.PeerError, rr.TimeoutError) as exc:
         detected = time.time()
         kind = type(exc).__name__
+    if where == "shrink" and rank in victims[1:]:
+        die_during_shrink(rank, how, random.choice(("agree", "make", "arm")))
     t0 = time.monotonic()
     new = comm.shrink()
     shrink_s = time.monotonic() - t0
@@ -91,6 +111,76 @@ def rank_main(argv: List[str]) -> None:
     comm.close()
 
 
+def die_during_shrink(rank: int, how: str, phase: str) -> None:
+    """Makes this rank fail inside its next shrink: as it enters the agreement ("agree"),
+    once the agreement has counted it in ("make": the others then make a communicator
+    with it), or once that communicator's links are up ("arm"). A shrink takes tens of
+    milliseconds, so a timer would often fire after it, a failure of another kind."""
+    from ringreduce._comm import membership
+
+    agree = membership.Membership.agree
+    if phase == "arm":
+        membership.arm = lambda *args, **kwargs: fail(rank, how)
+        return
+
+    def agree_then_fail(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if phase == "agree":
+            fail(rank, how)
+        decision = agree(self, *args, **kwargs)
+        fail(rank, how)
+        return decision
+
+    membership.Membership.agree = agree_then_fail
+
+
+def fail(rank: int, how: str) -> None:
+    print(json.dumps({"rank": rank, "failed_at": time.time()}), flush=True)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(3600)  # the driver kills it
+    os._exit(3)
+
+
+def newcomer(port: str, how: str, master: str) -> None:
+    """A newcomer that takes its seat in the members' grow, then fails."""
+    import ringreduce as rr
+    from ringreduce._comm import growth
+
+    take = growth._take_seat
+
+    def take_and_fail(store: Any, info: Any) -> Any:
+        seat = take(store, info)
+        fail(seat, how)
+
+    growth._take_seat = take_and_fail
+    rr.join(timeout=60, master_addr=master, master_port=int(port))
+    os._exit(4)  # not reached: it fails once seated
+
+
+def grow_with_a_dying_newcomer(comm: Any, rank: int, n: int) -> None:
+    """The members grow by one; the newcomer dies while joining. The grow fails naming
+    it, and the members' communicator must still compute right."""
+    import numpy as np
+
+    import ringreduce as rr
+
+    t0 = time.monotonic()
+    try:
+        comm.grow(n + 1)
+        named, kind = [], "grew"
+    except rr.RingReduceError as exc:
+        named, kind = ([n] if f"rank {n} " in str(exc) else []), type(exc).__name__
+    detected = time.time()
+    got = comm.all_reduce(np.full(1000, comm.rank + 1.0))
+    ok = bool(np.all(got == n * (n + 1) / 2))
+    print(json.dumps({"rank": rank, "detected": detected, "kind": kind, "shrink_s": 0.0,
+                      "calls": 0, "failed_ranks": named, "new_size": n, "ok": ok,
+                      "grow_s": time.monotonic() - t0}), flush=True)  # fmt: skip
+    comm.close()
+
+
 # -- the driver ----------------------------------------------------------------------------
 def free_port() -> int:
     from ringreduce.launch import free_port as pick
@@ -103,9 +193,23 @@ def run_case(
 ) -> Dict[str, Any]:
     port = free_port()
     delay = f"{random.uniform(0.2, 0.6):.3f}"
+    count = n + 1 if where == "join" else n  # "join": rank n is the newcomer
+    hosts = args.hosts
+    master = f"{_SUBNET}.1" if hosts else "127.0.0.1"
+
+    def host_of(r: int) -> int:  # contiguous ranks per host; the newcomer on the last
+        return min(r, n - 1) * hosts // n
+
+    def wrap(r: int) -> List[str]:
+        return ["ip", "netns", "exec", f"{_NS}{host_of(r)}"] if hosts else []
+
+    def env_of(r: int) -> Dict[str, str]:
+        return dict(os.environ, RINGREDUCE_HOST_ID=f"drill-host-{host_of(r)}") if hosts else None
+
     procs = [
         subprocess.Popen(
             [
+                *wrap(r),
                 sys.executable,
                 HERE,
                 "--rank-main",
@@ -118,12 +222,14 @@ def run_case(
                 where,
                 delay,
                 str(args.timeout),
+                master,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env_of(r),
         )  # fmt: skip
-        for r in range(n)
+        for r in range(count)
     ]
     deadline = time.monotonic() + args.case_timeout
     reports: Dict[int, Dict[str, Any]] = {}
@@ -156,7 +262,7 @@ def run_case(
                 if '"failed_at"' in line:
                     at = json.loads(line)["failed_at"]
                     failed_at = at if failed_at is None else min(failed_at, at)
-    survivors = [r for r in range(n) if r not in victims]
+    survivors = [r for r in range(count) if r not in victims]
     row: Dict[str, Any] = {
         "transport": transport, "n": n, "how": how, "where": where, "victims": victims,
         "survivors": len(survivors), "reported": len(reports), "hung": hung, "errors": errors,
@@ -185,16 +291,45 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sizes", default="2,4,8", help="world sizes (default 2,4,8)")
     p.add_argument("--transports", default="shm,tcp", help="default shm,tcp")
     p.add_argument("--failures", default="kill,exit,stop", help="default kill,exit,stop")
-    p.add_argument("--where", default="all_reduce", help="all_reduce and/or broadcast")
+    p.add_argument("--where", default="all_reduce",
+                   help="all_reduce, broadcast, init, shrink (a second rank dies during the "
+                        "shrink), join (a newcomer dies while joining a grow)")  # fmt: skip
     p.add_argument("--victims", type=int, default=1, help="ranks failing at once (default 1)")
     p.add_argument("--at", help="these ranks fail (default: --victims ranks at random)")
     p.add_argument("--trials", type=int, default=3, help="per case (default 3)")
     p.add_argument("--timeout", type=float, default=3.0, help="communicator timeout, s")
     p.add_argument("--case-timeout", type=float, default=60.0, help="a hang after this, s")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="emulated hosts: network namespaces on a bridge, links shaped to "
+                        "--link (root; 0: every rank on loopback)")  # fmt: skip
+    p.add_argument("--link", default="10gbit", help="with --hosts: tc tbf rate (10gbit)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write every row here")
     args = p.parse_args(argv)
     random.seed(args.seed)
+    if args.hosts:
+        bench = _emulated_hosts()
+        bench.hosts_down(args.hosts, _NS, _SWITCH)
+        bench.hosts_up(args.hosts, args.link, _NS, _SWITCH, _SUBNET, dev="d")
+        try:
+            return _drill(args)
+        finally:
+            bench.hosts_down(args.hosts, _NS, _SWITCH)
+    return _drill(args)
+
+
+_NS, _SWITCH, _SUBNET = "rrdrill", "rrdrillsw", "10.234.0"
+
+
+def _emulated_hosts() -> Any:
+    """bench/compression.py's hosts_up/hosts_down (namespaces on a bridge, tc tbf)."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import compression
+
+    return compression
+
+
+def _drill(args: argparse.Namespace) -> int:
     rows = []
     print("| transport | N | failure | where | victims | detection | shrink (worst / median) "
           "| detection to usable | agreed | wrong | hangs |")  # fmt: skip
@@ -205,16 +340,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for where in args.where.split(","):
                     for _ in range(args.trials):
                         victims = random.sample(range(n), min(args.victims, n - 1))
+                        if where == "shrink":
+                            if n < 3:
+                                continue  # two must die and one survive
+                            victims = random.sample(range(n), 2)
                         if args.at:
                             victims = [int(v) for v in args.at.split(",")]
+                        if where == "join":
+                            victims = [n]  # the newcomer
                         row = run_case(n, transport, how, where, sorted(victims), args)
                         rows.append(row)
                         if "detect_s" in row:
                             ms = {k: f"{row[k] * 1e3:.0f} ms" for k in row if k.endswith("_s")}
-                            print(f"| {transport} | {n} | {how} | {where} | {row['victims']} "
-                                  f"| {ms['detect_s']} | {ms['shrink_s']} / {ms['shrink_median_s']} "
-                                  f"| {ms['usable_s']} | {row['agreed']} "
-                                  f"| {row['wrong']} | {len(row['hung'])} |", flush=True)  # fmt: skip
+                            cells = [transport, n, how, where, row["victims"], ms["detect_s"],
+                                     f"{ms['shrink_s']} / {ms['shrink_median_s']}",
+                                     ms["usable_s"], row["agreed"], row["wrong"],
+                                     len(row["hung"])]  # fmt: skip
+                            print("| " + " | ".join(map(str, cells)) + " |", flush=True)
                         else:
                             print(f"| {transport} | {n} | {how} | {where} | {row['victims']} "
                                   f"| no report | | | | | {len(row['hung'])} | {row['errors']}",

@@ -1,14 +1,18 @@
 """Data-parallel training that survives a dead rank: a numpy MLP on N ranks; when a rank
 dies mid-step, the survivors shrink the communicator, average the step's gradients
 among themselves (only the dead rank's micro-batch is lost) and go on, with no restart.
+With ``--grow-step``, a newcomer then joins, receives the weights and the lost data
+shard, and the run finishes on N ranks again.
 
     ringreduce launch -n 4 --keep-going -- \
-        python examples/elastic_training.py --kill-rank 2 --kill-step 7
+        python examples/elastic_training.py --kill-rank 2 --kill-step 7 --grow-step 12
 
-Every survivor prints its loss per step and, at the end, a hash of its weights: the
-survivors' weights are bitwise identical. ``--kill-rank`` kills that rank (SIGKILL, as
+Every rank prints its loss per step and, at the end, a hash of its weights: the
+replicas' weights are bitwise identical. ``--kill-rank`` kills that rank (SIGKILL, as
 an out-of-memory kill or a lost node would) while the others are in step
-``--kill-step``'s all_reduce; without it nothing fails.
+``--kill-step``'s all_reduce; without it nothing fails. ``--grow-step``: at the start
+of that step the lowest survivor starts a new process (``--join``, as a scheduler would
+start a replacement), the survivors ``grow`` back to N and hand it their state.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import argparse
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 
@@ -74,22 +80,61 @@ def average(comm: rr.Communicator, g: np.ndarray) -> tuple:
             comm = survivors
 
 
+def grow_back(comm: rr.Communicator, size: int, lost: list, w: list, step: int, argv: list):
+    """The survivors start newcomers for the lost shards, grow back to ``size`` ranks and
+    hand them the weights: (the grown communicator, the newcomers' processes)."""
+    started = []
+    if comm.rank == 0:
+        for _ in lost:
+            started.append(subprocess.Popen([sys.executable, __file__, "--join", *argv]))
+    grown = comm.grow(size, timeout=60)
+    grown.share_state(state_of(w, step, lost))
+    if grown.rank == 0:
+        print(f"step {step:3d}  shard(s) {lost} back on newcomers", flush=True)
+    comm.close()
+    return grown, started
+
+
+def state_of(w: list, step: int, lost: list) -> dict:
+    return {"w0": w[0], "w1": w[1], "w2": w[2], "step": np.array([step]), "lost": np.array(lost)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-step", type=int, default=7)
+    p.add_argument("--grow-step", type=int, default=-1)
     p.add_argument("--save", help="write each rank's weights into this folder (shard<N>.npz)")
+    p.add_argument("--join", action="store_true", help="a newcomer: join the running job")
     args = p.parse_args()
-    comm = rr.init(timeout=20)
-    shard = comm.rank  # the data this process trains on, for the whole run
-    w = init_weights()
-    for step in range(args.steps):
+    argv = [a for a in sys.argv[1:] if a != "--join"]
+    started: list = []
+    if args.join:
+        comm = rr.join(timeout=60)
+        state = comm.share_state(None)
+        w = [state["w0"], state["w1"], state["w2"]]
+        lost = [int(s) for s in state["lost"]]
+        shard = lost[comm.rank - (comm.world_size - len(lost))]
+        first = int(state["step"][0])
+    else:
+        comm = rr.init(timeout=20)
+        shard = comm.rank  # the data this process trains on, for the whole run
+        w, first = init_weights(), 0
+    size, lost = comm.world_size, []
+    for step in range(first, args.steps):
+        if step == args.grow_step and lost and not args.join:
+            comm, started = grow_back(comm, size, lost, w, step, argv)
+            lost = []
         loss, grads = loss_and_grads(w, *micro_batch(shard, step))
-        if shard == args.kill_rank and step == args.kill_step:
+        if shard == args.kill_rank and step == args.kill_step and not args.join:
             os.kill(os.getpid(), signal.SIGKILL)  # the others are in this step's all_reduce
+        before = comm.world_size
         mean, comm = average(comm, flat(grads))
+        if comm.world_size < before:  # which shards died with their ranks
+            alive = comm.all_gather(np.array([shard])).ravel()
+            lost = sorted(set(range(size)) - set(int(s) for s in alive))
         w = [wi - args.lr * gi for wi, gi in zip(w, unflat(mean, grads))]
         mean_loss, comm = average(comm, np.array([loss]))
         if comm.rank == 0:
@@ -99,6 +144,9 @@ def main() -> None:
     if args.save:
         np.savez(os.path.join(args.save, f"shard{shard}.npz"), *w)
     comm.close()
+    for proc in started:
+        if proc.wait(timeout=120) != 0:
+            sys.exit(f"a newcomer exited with {proc.returncode}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ SCENARIO "die=A,B,...": the ranks listed (old numbering) kill themselves (SIGKIL
 per round, in the middle of an all_reduce loop; the survivors of each round catch the
 PeerError, check that the communicator is revoked, shrink, and check an all_reduce on
 the new one. "agree": no failure; agree() with rank 1 voting False, then True, then a
-shrink of the whole, healthy world. Prints one JSON line per rank at the end.
+shrink of the whole, healthy world. "shrinkdie=A,B": A dies in the loop, B while the
+others shrink. Prints one JSON line per rank at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 
@@ -51,12 +53,24 @@ def main() -> None:
     if hosts:
         os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank * hosts // size}"
     comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=int(port), timeout=20)  # fmt: skip
+                   master_port=int(port),
+                   # shrinkdie: the survivors wait out the timeout for the second victim.
+                   timeout=4 if scenario.startswith("shrinkdie") else 20)  # fmt: skip
     report = {"rank": rank, "rounds": []}
     if scenario == "agree":
         report["votes"] = [comm.agree(rank != 1), comm.agree(True)]
         new = comm.shrink()
         report["rounds"].append({"new_rank": new.rank, "size": new.world_size, "ok": check(new)})
+        new.close()
+    elif scenario.startswith("shrinkdie="):
+        first, second = (int(v) for v in scenario.split("=")[1].split(","))
+        seen = loop_until_failure(comm, rank, first)
+        if rank == second:  # dies while the others shrink
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        new = comm.shrink()
+        seen.update(new_rank=new.rank, size=new.world_size, ok=check(new))
+        seen["failed_ranks"] = sorted(comm.failed_ranks)
+        report["rounds"].append(seen)
         new.close()
     else:
         olds = list(range(size))  # old rank of each rank of the current communicator

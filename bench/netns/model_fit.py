@@ -32,8 +32,8 @@ def model_params(args: argparse.Namespace, local_ranks: int) -> dict[str, Any]:
         "wire_efficiency": args.wire_efficiency,
     }
     if args.calibrate:
-        from ringreduce.model.probe import probe
         from ringreduce.model import fit
+        from ringreduce.model.probe import probe
 
         nprocs = max(2, local_ranks)
         print(f"# calibrating: the model's probe on {nprocs} local ranks over shm ...", flush=True)

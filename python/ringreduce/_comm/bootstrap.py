@@ -8,12 +8,13 @@ values.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import Callable, Optional
 
 from .. import _core, _env
 from .._env import engine_options, launched_by_mpirun, master_address, rank_and_size
-from . import membership, mpi
+from . import growth, membership, mpi
 from .communicator import Communicator
 from .membership import Membership
 
@@ -86,7 +87,8 @@ def init(
     if over_mpi:
         # MPI knows every rank: no rendezvous. rank/world_size, if given, must agree.
         # MPI authenticates its own ranks; a token (if any) is not needed there.
-        comm = Communicator(mpi.create_world(engine_options(transport, timeout)))
+        core = mpi.create_world(engine_options(transport, timeout))
+        comm = Communicator(core, membership=_arm_over_mpi(core, timeout))
         mpi.track(comm)
         mine = (comm.rank, comm.world_size)
         if any(v is not None and int(v) != m for v, m in zip((rank, world_size), mine)):
@@ -120,19 +122,63 @@ def init(
         return Communicator(core, membership=_arm(core, here, options))
     report = port_ready if r == 0 and not store_dir else None
     host, port = master_address(master_addr, master_port, any_port=report is not None)
+    chosen = [port]
+
+    def ready(p: int) -> None:
+        chosen[0] = p  # where newcomers will look (grow)
+        if report is not None:
+            report(p)
+
     core = _core.Communicator.create_tcp(
-        r, n, host, port, store_dir or "", options, report if port == 0 else None
+        r, n, host, port, store_dir or "", options, ready if port == 0 else None
     )
-    return Communicator(core, membership=_arm(core, "" if store_dir else host, options))
+    lobby = None if store_dir else (host, chosen[0])
+    return Communicator(core, membership=_arm(core, "" if store_dir else host, options, lobby))
 
 
-def _arm(core: object, host: str, options: object) -> Membership:
+def join(
+    timeout: Optional[float] = None,
+    *,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    token: Optional[str] = None,
+) -> Communicator:
+    """Joins a running job as a newcomer: waits up to ``timeout`` (default 60 s) for its
+    members to call ``comm.grow(world_size)``, then returns the grown communicator, in
+    which this process has one of the new ranks (``comm.rank``).
+
+    The job is found as ``init`` finds it: MASTER_ADDR/MASTER_PORT (or the arguments),
+    and the token (``token``, else RINGREDUCE_TOKEN). A wrong token raises
+    AuthenticationError here and leaves the job undisturbed.
+    """
+    core, joined = growth.join(
+        timeout, master_addr=master_addr, master_port=master_port, token=_token(token)
+    )
+    return Communicator(core, membership=joined)
+
+
+def _arm(core: object, host: str, options: object, lobby: object = None) -> Membership:
     """The communicator's standby stores (see `membership`); closes core if that fails."""
     try:
-        return membership.arm(core, host, options.token, options)
+        return membership.arm(core, host, options.token, options, lobby=lobby)
     except BaseException:
         core.close()
         raise
+
+
+def _arm_over_mpi(core: object, timeout: float) -> Optional[Membership]:
+    """Standby stores for a communicator over MPI, so that survivors of a dead rank can
+    shrink onto the job's own shared-memory and TCP links (MPI itself cannot go on with
+    a dead rank without ULFM). Their token is a random one rank 0 draws and sends over
+    MPI; they listen on this host's address when the job spans hosts."""
+    here = _env.master_addr() or "127.0.0.1"
+    if core.local_world_size != core.world_size and here.startswith("127."):
+        here = socket.gethostbyname(socket.gethostname())
+    options = engine_options("auto", timeout)
+    if core.rank == 0:
+        core.publish("standby-token", os.urandom(16).hex().encode())
+    options.token = core.fetch("standby-token", timeout).decode()
+    return _arm(core, here, options)
 
 
 def _token(token: Optional[str]) -> str:

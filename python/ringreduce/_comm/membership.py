@@ -17,9 +17,10 @@ one that died:
 - ``shrink``: an agreement, then a new communicator of the members, ranks renumbered in
   the old order, meeting through the host's standby store (same transport and token).
 
-What it is not (yet): links to live ranks are rebuilt too, not only those that touched
-the dead; a newcomer cannot join (grow); communicators over MPI, and the torch backend's
-process groups, are not armed.
+Newcomers join through ``growth`` (grow/join). Communicators that ``init`` makes over
+MPI are armed too, and shrink onto shared memory and TCP (`bootstrap`). What it is not
+(yet): links to live ranks are rebuilt too, not only those that touched the dead;
+``Communicator.from_mpi`` communicators are not armed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import random
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
@@ -39,7 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["Membership", "arm"]
 
 _POLL = 0.002  # seconds between looks at the host's store
+_LOOK = 0.05  # seconds between looks at whether a member being awaited is still there
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
+_SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
 
 
@@ -54,6 +57,7 @@ class Membership:
         token: str,
         options: Any,
         hold: tuple = (),
+        lobby: Optional[Tuple[str, int]] = None,
     ):
         self.rank = int(core.rank)
         self.size = int(core.world_size)
@@ -67,6 +71,7 @@ class Membership:
         self.rounds = 0  # agreements completed on this communicator
         self._connect_seconds = _CONNECT_SECONDS
         self._hold = hold  # stores a communicator made by shrink meets through
+        self.lobby = lobby  # the job's rendezvous address, where newcomers look (growth)
 
     # -- revocation -----------------------------------------------------------------
     def note(self, exc: BaseException) -> None:
@@ -201,18 +206,47 @@ class Membership:
 
     # -- shrink ----------------------------------------------------------------------
     def shrink(self, timeout: float) -> Tuple[Any, Membership]:
-        """(the engine's communicator of the members, its Membership)."""
-        decision = self.agree(True, timeout)
-        members, store, host = decision["members"], decision["store"], decision["host"]
-        meeting = f"{self.id}shrink/{self.rounds}/{host}"
-        addr = self.addresses[host][0]
-        advertise = _core.local_ip_towards(addr) if addr not in ("127.0.0.1", "localhost") else ""
-        meeting_store = _MeetingStore(store, hosted_here=host == self.rank)
-        core = _core.Communicator.create_with_store(
-            meeting_store, members.index(self.rank), len(members), advertise, meeting, self.options
-        )
-        hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
-        return core, arm(core, addr, self.token, self.options, hold)
+        """(the engine's communicator of the members, its Membership).
+
+        A member that dies after the agreement, while the new communicator is being
+        made, fails that making on every member (the one waiting for it names it; the
+        others may name the host they were waiting for): they all count the rank named
+        dead, agree again (which keeps a live rank named wrongly, since it checks in)
+        and make the communicator of the new members: up to three attempts, each
+        bounded by ``timeout`` (the agreement) and the communicator's timeout (the
+        making)."""
+        for attempt in range(_SHRINK_ATTEMPTS):
+            decision = self.agree(True, timeout)
+            members, store, host = decision["members"], decision["store"], decision["host"]
+            meeting = f"{self.id}shrink/{self.rounds}/{host}"
+            addr = self.addresses[host][0]
+            local = addr in ("127.0.0.1", "localhost")
+            advertise = "" if local else _core.local_ip_towards(addr)
+            # A member that dies while the communicator is made fails the making at
+            # once, named: its standby store no longer accepts connections.
+            olds = [self.addresses[m] for m in members]
+            meeting_store = _MeetingStore(store, host == self.rank, olds)
+            hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
+            core = None
+            try:
+                core = _core.Communicator.create_with_store(
+                    meeting_store, members.index(self.rank), len(members), advertise, meeting,
+                    self.options,
+                )  # fmt: skip
+                return core, arm(core, addr, self.token, self.options, hold, lobby=self.lobby,
+                                 alive=_alive(meeting_store))  # fmt: skip
+            except (PeerError, TimeoutError) as exc:
+                if core is not None:
+                    core.abort()
+                    core.close()
+                peer = getattr(exc, "peer", None)
+                if peer is None or not 0 <= peer < len(members) or attempt + 1 == _SHRINK_ATTEMPTS:
+                    raise
+                if members[peer] == self.rank:
+                    raise
+                self.failed.add(members[peer])  # suspected: the next agreement decides
+                continue
+        raise AssertionError("unreachable: the last attempt raises")
 
 
 class _MeetingStore:
@@ -221,9 +255,12 @@ class _MeetingStore:
     whether its host died (so that the engine names the host, its rank 0, when the
     store goes away with it)."""
 
-    def __init__(self, store: Any, hosted_here: bool):
+    def __init__(
+        self, store: Any, hosted_here: bool, members: Optional[List[Tuple[str, int]]] = None
+    ):
         self._store = store
         self._hosted_here = hosted_here
+        self._members = members or []  # each new rank's standby address, where known
 
     def set(self, key: str, value: bytes) -> None:
         self._store.set(key, value)
@@ -239,6 +276,19 @@ class _MeetingStore:
 
     def host_lost(self) -> bool:
         return bool(self._store.host_lost())
+
+    def ends_with_attempt(self) -> bool:
+        """False: the host's standby store outlives a failed making (the members agree
+        again on it), so the host need not linger for the others to read the error."""
+        return False
+
+    def peer_gone(self, rank: int) -> bool:
+        """True when rank ``rank``'s process is gone: its standby store refuses."""
+        return 0 <= rank < len(self._members) and _refused(self._members[rank])
+
+
+def _alive(store: _MeetingStore) -> Callable[[int], bool]:
+    return lambda rank: not store.peer_gone(rank)
 
 
 def _refused(address: Tuple[str, int]) -> bool:
@@ -274,17 +324,63 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def arm(core: Any, host: str, token: str, options: Any, hold: tuple = ()) -> Membership:
+def arm(
+    core: Any,
+    host: str,
+    token: str,
+    options: Any,
+    hold: tuple = (),
+    lobby: Optional[Tuple[str, int]] = None,
+    alive: Optional[Callable[[int], bool]] = None,
+) -> Membership:
     """Starts this rank's standby store and reads every rank's address of theirs (a
-    collective over the rendezvous store: every rank calls it)."""
+    collective over the rendezvous store: every rank calls it). ``lobby``: the job's
+    rendezvous address, where newcomers look for a grow (None: they cannot).
+    ``alive(r)``: whether rank r's process is still there (False: proven gone), asked
+    while its keys are awaited, so that a death is a PeerError naming it at once, not a
+    TimeoutError at the timeout (None: the timeout)."""
     loopback = host in ("127.0.0.1", "localhost", "") or host.startswith("127.")
     advertise = "127.0.0.1" if loopback else _core.local_ip_towards(host)
     timeout = float(core.timeout)
     server = _standby_server("127.0.0.1" if loopback else advertise, timeout, token)
-    rank, size = int(core.rank), int(core.world_size)
-    core.publish(f"standby/{rank}", f"{advertise} {server.port}".encode())
-    addresses = []
-    for r in range(size):
-        name, port = core.fetch(f"standby/{r}", timeout).decode().split()
-        addresses.append((name, int(port)))
-    return Membership(core, server, addresses, token, options, hold)
+    try:
+        rank, size = int(core.rank), int(core.world_size)
+        core.publish(f"standby/{rank}", f"{advertise} {server.port}".encode())
+        addresses = []
+        for r in range(size):
+            name, port = _fetch(core, f"standby/{r}", r, timeout, alive).decode().split()
+            addresses.append((name, int(port)))
+        # Rank 0 serves the rendezvous store (or, after a shrink, the meeting store) and
+        # takes it away when it closes: it returns only once every rank has read what it
+        # needs here, so that a communicator closed as soon as it is made does not fail
+        # another rank's init.
+        core.publish(f"armed/{rank}", b"1")
+        if rank == 0:
+            for r in range(1, size):
+                _fetch(core, f"armed/{r}", r, timeout, alive)
+    except BaseException:
+        server.close()
+        raise
+    return Membership(core, server, addresses, token, options, hold, lobby)
+
+
+def _fetch(
+    core: Any, key: str, peer: int, timeout: float, alive: Optional[Callable[[int], bool]]
+) -> bytes:
+    """core.fetch(key) of a key rank ``peer`` sets; its errors name that rank."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return core.fetch(key, max(0.0, left if alive is None else min(left, _LOOK)))
+        except TimeoutError:
+            if time.monotonic() < deadline and (alive is None or alive(peer)):
+                continue
+            gone = time.monotonic() < deadline
+            why = "its process is gone" if gone else f"not within {timeout:g} s"
+            err: RingReduceError = (PeerError if gone else TimeoutError)(
+                f"rank {int(core.rank)}: rank {peer} did not set {key!r} while the "
+                f"communicator was being made: {why}"
+            )
+            err.peer = peer
+            raise err from None

@@ -173,9 +173,9 @@ def _address_towards(host: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    from ..launch.ports import free_port
+
+    return free_port("", span=1)
 
 
 def create_tcp(comm: Any, options: Any, port: Any = None) -> Any:

@@ -28,7 +28,7 @@ def collective(method: F) -> F:
     """Wraps a public collective of Communicator (see the module's docstring). The
     communicator counts the calls it hands to the engine (``_issued_here``): a refusal
     raised before any is one the other ranks do not know of yet."""
-    name = method.__name__
+    name = method.__name__.removeprefix("_")  # _all_reduce: all_reduce's general path
 
     @functools.wraps(method)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:

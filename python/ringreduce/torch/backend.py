@@ -6,7 +6,8 @@ which meets through the c10d store torch hands the backend (``env://``, ``tcp://
 ``file://``, torchrun: whatever init method made it), so the backend opens no port of
 its own to meet. Every operation torch calls runs on the engine: collectives on the
 communicator's ordered worker, point-to-point messages on links of their own. Work
-objects and futures: `work`; the store: `store`; registration: `registration`.
+objects and futures: `work`; the store: `store`; registration: `registration`;
+``dist.shrink_group``: `shrink`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from .. import _core
 from .._comm.communicator import Communicator
-from .._env import engine_options
 from ..errors import RingReduceError
-from .store import _advertise, _StoreAdapter
+from .shrink import Shrinking
+from .store import meet
 from .tensors import (
     _R,
     _bytes,
@@ -41,29 +41,30 @@ BACKEND = "ringreduce"
 # ---- the process group ---------------------------------------------------------------
 
 
-class ProcessGroupRingReduce(dist.ProcessGroup):
-    """A torch.distributed process group whose operations run on a ringreduce
-    communicator. Made by ``init_process_group("ringreduce")`` and ``new_group``."""
+class _FailingWork(_Work):
+    """A Work whose future fails where C++ sees it: ``set_exception`` makes the exception
+    the future's *value* (raised by Python's wait() only), which DDP's reducer took for a
+    result and crashed on; an error raised in a ``then`` callback is a C++ error."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta):
+    _seen: Any = None
+
+    def get_future(self) -> Any:
+        if self._seen is None:
+            self._seen = super().get_future().then(lambda f: f.value())
+        return self._seen
+
+
+class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
+    """A torch.distributed process group whose operations run on a ringreduce
+    communicator. Made by ``init_process_group("ringreduce")`` and ``new_group``; after a
+    rank died, ``dist.shrink_group`` makes one of the survivors (`shrink`)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 comm: Optional[Communicator] = None):  # fmt: skip
+        """``comm``: the group's communicator when it exists already (made by `shrink`);
+        else it is made here, met through ``store`` (`store.meet`)."""
         super().__init__(rank, size)
-        seconds = timeout.total_seconds() if timeout else 1800.0
-        options = engine_options("auto", seconds)
-        core = _core.Communicator.create_with_store(
-            _StoreAdapter(store), rank, size, _advertise(store), "the torch.distributed store",
-            options,
-        )  # fmt: skip
-        # torch leaves the order of calls from several threads to the program (DDP hooks,
-        # future callbacks): they take turns here rather than raise ConcurrentUseError.
-        self.comm = Communicator(core, queue_threads=True)
-        # Rank 0 returns only once every rank has finished meeting through the store:
-        # rank 0 hosts it (env://, rr.torch.init_process_group), and returning and
-        # exiting at once (a short script) would take it away from ranks still reading
-        # it. Through the store rather than a collective, so that the program's first
-        # collective is the group's call #1 in every message that numbers calls.
-        store.set(f"ringreduce/met/{rank}", b"1")
-        if rank == 0:
-            store.wait([f"ringreduce/met/{r}" for r in range(size)], timeout)
+        self.comm = comm if comm is not None else meet(store, rank, size, timeout)
         self._watcher = _Watcher()
         self._name = ""
         self._desc = ""
@@ -112,7 +113,7 @@ class ProcessGroupRingReduce(dist.ProcessGroup):
             return _done_work(self, outputs)
         works = call(True)
         works = works if isinstance(works, list) else [works]
-        return _Work(self, [w for w in works if w is not None], outputs, finish)
+        return _FailingWork(self, [w for w in works if w is not None], outputs, finish)
 
     # -- all_reduce ---------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:

@@ -1,4 +1,5 @@
-"""The backend's name in torch.distributed: ``init_process_group("ringreduce")``."""
+"""The backend's name in torch.distributed: ``init_process_group("ringreduce")``; and
+``dist.shrink_group`` taught to shrink its groups (`shrink.install`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import shrink
 from .backend import BACKEND, ProcessGroupRingReduce
 
 __all__ = ["register"]
@@ -18,6 +20,7 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> An
 
 def register() -> None:
     """Registers backend "ringreduce" with torch.distributed (idempotent)."""
+    shrink.install()
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])

@@ -18,8 +18,8 @@ import pytest
 from _grads import MEMORY, SHAPES, handing_over, int_grad
 
 import ringreduce as rr
-from ringreduce.bucketing.plan import first_difference, plan_buckets
 from ringreduce.bucketing import GradientBucketer
+from ringreduce.bucketing.plan import first_difference, plan_buckets
 
 
 def double_ready_rank(comm):

@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"_core", "_core_mpi", "errors"},  # the engine (C++) and the exceptions
     {"_env", "launch"},  # every setting read in one place; the process launcher
     {"_arrays"},  # any array as the engine sees it
+    {"compression"},  # codecs, error feedback and the compression policy
     {"_comm"},  # Communicator, Work, init
     {"bucketing", "bench"},  # gradient buckets; the benchmark sweep
     {"model"},  # the cost model (reads the benchmark's size parser)

@@ -6,12 +6,13 @@ y = comm.all_reduce(x, op="avg")      # numpy, torch (CPU or CUDA), cupy, DLPack
 """
 
 from ._arrays.cuda import cuda_available
-from ._comm.bootstrap import init
+from ._comm.bootstrap import init, join
 from ._comm.communicator import Communicator, build_info
 from ._comm.ops import ReduceOp
 from ._comm.shaping import chunk_bounds
 from ._comm.work import Work
 from .bucketing import GradientBucketer
+from .compression import Codec, CompressionWarning, ErrorFeedback, register_codec
 from .errors import (
     AuthenticationError,
     ConcurrentUseError,
@@ -26,11 +27,16 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "init",
+    "join",
     "Communicator",
     "Work",
     "ReduceOp",
     "chunk_bounds",
     "GradientBucketer",
+    "ErrorFeedback",
+    "Codec",
+    "register_codec",
+    "CompressionWarning",
     "build_info",
     "cuda_available",
     "RingReduceError",

@@ -8,19 +8,18 @@ pointers through `_issue`, the one way in, as one thread at a time (`issuer`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, FrozenSet, List, Optional, Tuple, Union
-
-import numpy as np
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 from .. import _core
 from .._arrays.buffer import dtype_code
 from .._env import engine_options
-from ..errors import ConcurrentUseError, MismatchError, PeerError, RingReduceError
-from . import composite, shaping
+from ..errors import ConcurrentUseError, MismatchError, RingReduceError
+from . import composite, compressed, shaping
 from .issuer import Issuer
 from .membership import Membership
 from .ops import ReduceOp
 from .refusal import collective
+from .resilience import Resilience
 from .shaping import Call
 from .work import Deferred, Work
 
@@ -34,7 +33,7 @@ def build_info() -> dict:
     return dict(_core.build_info())
 
 
-class Communicator:
+class Communicator(Resilience):
     """A group of ranks that run collectives together. Create with ``ringreduce.init()``.
 
     Threads: ranks pair collectives in the order each rank issues them, so a
@@ -67,6 +66,13 @@ class Communicator:
         self._core = core
         self._membership = membership
         self._issuer = Issuer(core, queue_threads)
+        self._fast_all_reduce = self._issuer.gate.all_reduce
+        if type(self).all_reduce is Communicator.all_reduce:
+            # comm.all_reduce without a Python frame in the common case: a builtin that
+            # hands every other call to the method below (fast_path.cc).
+            self.all_reduce = _core.bind_all_reduce(
+                self, self._issuer.gate, Communicator.all_reduce
+            )
         # Arrays of async calls whose Work the caller may have dropped: the
         # engine still writes into them, so they must stay alive until done.
         self._inflight: List[Tuple[Any, tuple]] = []
@@ -131,70 +137,13 @@ class Communicator:
         return float(self._core.timeout)
 
     def stats(self) -> dict:
-        """Counters: bytes_sent, bytes_received (payload and headers), ops (collectives
-        done), small_message_ops (all_reduce calls that took the small-message path)."""
-        return dict(self._core.stats())
-
-    # -- surviving a dead rank ------------------------------------------------
-    @property
-    def revoked(self) -> bool:
-        """True once the communicator failed (a peer died, left or timed out, calls
-        disagreed) or was aborted: every later collective raises PeerError; agree,
-        shrink and close still work."""
-        return bool(self._core.failure)
-
-    @property
-    def failed_ranks(self) -> FrozenSet[int]:
-        """The set of ranks known to be dead (the same on every survivor after ``agree``
-        or ``shrink``)."""
-        return frozenset() if self._membership is None else frozenset(self._membership.failed)
-
-    def agree(self, flag: bool = True, timeout: Optional[float] = None) -> bool:
-        """A fault-tolerant AND of ``flag`` over the live members; every survivor calls it
-        and gets the same answer and the same ``failed_ranks``. Works on a revoked
-        communicator; a rank counted dead (silent until ``timeout``, default the
-        communicator's) gets PeerError."""
-        return bool(self._live_membership("agree").agree(flag, self._timeout(timeout))["flag"])
-
-    def shrink(self, timeout: Optional[float] = None) -> Communicator:
-        """A new communicator of the survivors (every survivor calls it): ranks renumbered
-        in the old order, the same transport and token, meeting on the standby store of
-        the lowest survivor, so it works when rank 0 is the one that died."""
-        core, membership = self._live_membership("shrink").shrink(self._timeout(timeout))
-        return Communicator(core, membership=membership)
-
-    def _live_membership(self, what: str) -> Membership:
-        if self._membership is None:
-            raise RingReduceError(
-                f"rank {self.rank}: {what}() needs a communicator made by ringreduce.init() "
-                f"over sockets or shared memory; this one ({self.transport}) has no standby "
-                "stores to meet on"
-            )
-        return self._membership
-
-    def _timeout(self, timeout: Optional[float]) -> float:
-        if timeout is None:
-            return self.timeout
-        if timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        return float(timeout)
-
-    def _revoke(self, exc: RingReduceError) -> RingReduceError:
-        """A call failed with exc. If that broke the communicator (it is revoked), the
-        peer it blames is known dead, and a refusal of a later call is a PeerError with
-        the dead (``failed``); returns the error to raise."""
-        if self._membership is None or not self.revoked:
-            return exc
-        self._membership.note(exc)
-        if type(exc) is RingReduceError:  # "failed earlier": a call after the failure
-            revoked = PeerError(str(exc))
-            failed = sorted(self._membership.failed)
-            revoked.peer = failed[0] if failed else None
-            revoked.__cause__ = exc
-            exc = revoked
-        if isinstance(exc, PeerError):
-            exc.failed = self.failed_ranks
-        return exc
+        """Counters: bytes_sent, bytes_received (payload, and call headers where they are
+        messages: not over shared memory), ops (collectives done), small_message_ops
+        (all_reduce calls that took the small-message path); with compression, per
+        codec: wire_bytes, codec_seconds, compression_error."""
+        counters = dict(self._core.stats())
+        counters.update(compressed.stats(self))
+        return counters
 
     # -- the way in ----------------------------------------------------------
     def _issue(self, kind: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -250,30 +199,110 @@ class Communicator:
         return work if async_op else work.wait()
 
     # -- collectives ------------------------------------------------------
-    @collective
     def all_reduce(
-        self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
+        self,
+        x: Any,
+        op: Union[str, ReduceOp] = "sum",
+        *,
+        out: Any = None,
+        async_op: bool = False,
+        compression: Optional[str] = None,
+        error_feedback: Any = None,
     ) -> Any:
         """Reduces x over all ranks; every rank gets the result (new array, or ``out``).
 
         ``out=x`` reduces in place. Non-contiguous x is copied first; ``out`` must be
         C-contiguous and writable, and in the same memory (host or GPU) as x.
+        ``compression`` ("bf16", "fp16", "int8", "int4", "auto") sends fewer bytes and
+        sums in float32; ``error_feedback`` (an `ErrorFeedback`) carries what the codec
+        dropped into the next call (docs/compression.md).
         """
-        if not async_op and type(x) is np.ndarray and (out is None or type(out) is np.ndarray):
-            # The common case, checked and run in C++; None when it needs the general path.
-            result = self._issue(_Collective.ALL_REDUCE, self._core.all_reduce_numpy, x, out, op)
+        if not async_op and compression is None and error_feedback is None:
+            # The common case (host numpy arrays, blocking) is checked and run in C++,
+            # through the same thread gate; None when the call needs the general path,
+            # and then nothing was issued.
+            try:
+                result = self._fast_all_reduce(x, out, op)
+            except RingReduceError as exc:
+                raise self._fast_failed(exc).with_traceback(None)  # noqa: B904
             if result is not None:
                 return result
+        try:
+            return self._all_reduce(
+                x,
+                op,
+                out=out,
+                async_op=async_op,
+                compression=compression,
+                error_feedback=error_feedback,
+            )
+        except (ValueError, TypeError, RingReduceError) as exc:
+            # One frame of ours in the traceback, as every collective shows (refusal.py).
+            raise exc.with_traceback(None)  # noqa: B904
+
+    def _fast_failed(self, exc: RingReduceError) -> RingReduceError:
+        """The error to raise when the engine failed a fast-path call: as the general
+        path raises it (threads named by the issuer, a revoked communicator's PeerError)."""
+        explained = self._issuer.explain(exc)
+        if explained is not None:
+            explained.__cause__ = exc
+            exc = explained
+        return self._revoke(exc)
+
+    @collective
+    def _all_reduce(
+        self,
+        x: Any,
+        op: Union[str, ReduceOp],
+        *,
+        out: Any,
+        async_op: bool,
+        compression: Optional[str],
+        error_feedback: Any,
+    ) -> Any:
+        """all_reduce's general path: any array, async, compressed."""
+        if (compression is not None or error_feedback is not None) and not (
+            compression == "auto" and error_feedback is None and compressed.auto_exact(self, x, op)
+        ):
+            return compressed.all_reduce(
+                self,
+                x,
+                op,
+                out=out,
+                async_op=async_op,
+                compression=compression,
+                error_feedback=error_feedback,
+            )
         return self._run(shaping.all_reduce(x, op, out), async_op)
 
     @collective
     def reduce_scatter(
-        self, x: Any, op: Union[str, ReduceOp] = "sum", *, out: Any = None, async_op: bool = False
+        self,
+        x: Any,
+        op: Union[str, ReduceOp] = "sum",
+        *,
+        out: Any = None,
+        async_op: bool = False,
+        compression: Optional[str] = None,
+        error_feedback: Any = None,
     ) -> Any:
         """Reduces x over all ranks; returns this rank's block of the flattened result.
 
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
+        ``compression`` and ``error_feedback`` as in `all_reduce`.
         """
+        if (compression is not None or error_feedback is not None) and not (
+            compression == "auto" and error_feedback is None and compressed.auto_exact(self, x, op)
+        ):
+            return compressed.reduce_scatter(
+                self,
+                x,
+                op,
+                out=out,
+                async_op=async_op,
+                compression=compression,
+                error_feedback=error_feedback,
+            )
         return self._run(shaping.reduce_scatter(self.rank, self.world_size, x, op, out), async_op)
 
     @collective
@@ -357,6 +386,13 @@ class Communicator:
         call = shaping.all_to_all(self.world_size, x, out, send_counts, recv_counts)
         return self._run(call, async_op)
 
+    def share_state(self, state: Optional[dict] = None) -> dict:
+        """Hands a state (a dict of name -> numpy array: parameters, optimizer state) to
+        the ranks that lack it, typically newcomers after ``grow``: holders pass it,
+        the others pass None; every rank returns the dict (holders their own arrays).
+        Striped over the holders, in one collective (see `composite.share_state`)."""
+        return composite.share_state(self, state)
+
     def all_gather_object(self, obj: Any) -> list:
         """Every rank's ``obj`` (anything picklable), as a list in rank order."""
         return composite.all_gather_object(self, obj)
@@ -393,6 +429,7 @@ class Communicator:
         """Finishes queued collectives, then closes every connection. Idempotent."""
         self._core.close()
         self._inflight.clear()
+        compressed.release(self)
 
     def abort(self) -> None:
         """Stops this rank's work now, from any thread, without waiting for anything.

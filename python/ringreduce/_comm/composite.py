@@ -1,17 +1,17 @@
-"""Collectives built from the engine's own: Python objects (pickled) and gathers of
-arrays whose first dimension differs between ranks."""
+"""Collectives built from the engine's own: Python objects (pickled), gathers of
+arrays whose first dimension differs between ranks, and state handed to newcomers."""
 
 from __future__ import annotations
 
 import pickle
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from .._arrays.buffer import describe
 from .._arrays.kinds import array_for
 
-__all__ = ["all_gather_object", "all_gather_uneven", "broadcast_object"]
+__all__ = ["all_gather_object", "all_gather_uneven", "broadcast_object", "share_state"]
 
 
 def _lengths(comm: Any, n: int) -> List[int]:
@@ -72,3 +72,51 @@ def all_gather_uneven(comm: Any, x: Any) -> Any:
 
         return torch.cat(pieces)
     return np.concatenate(pieces)
+
+
+def share_state(comm: Any, state: Optional[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+    """Every rank ends with the holders' state: ranks that hold it pass a dict of name ->
+    numpy array (the same names, shapes and dtypes on every holder), newcomers pass None
+    and get new arrays. Striped: the state is packed into one buffer and each holder
+    sends only its 1/H share of it, in one all_gather, so a newcomer receives every byte
+    once, from every holder at the same time, in one collective whatever the number of
+    arrays (rather than one broadcast per array from one root)."""
+    layout = None
+    if state is not None:
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"share_state: state must be a dict or None, got {type(state).__name__}"
+            )
+        arrays = {str(k): np.ascontiguousarray(v) for k, v in state.items()}
+        layout = [(k, a.dtype.name, tuple(a.shape)) for k, a in arrays.items()]
+    layouts = comm.all_gather_object(layout)
+    holders = [r for r, theirs in enumerate(layouts) if theirs is not None]
+    if not holders:
+        raise ValueError("share_state: no rank passed a state (holders pass a dict)")
+    for r in holders[1:]:
+        if layouts[r] != layouts[holders[0]]:
+            raise ValueError(
+                f"share_state: rank {r}'s state differs from rank {holders[0]}'s in names, "
+                "shapes or dtypes; every holder must pass the same layout"
+            )
+    layout = layouts[holders[0]]
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for _, dt, shape in layout]
+    total = sum(sizes)
+    stripe = -(-total // len(holders)) if total else 0
+    mine = np.zeros(stripe, dtype=np.uint8)
+    if comm.rank in holders and stripe:
+        packed = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays.values()])
+        share = packed[holders.index(comm.rank) * stripe :][:stripe]
+        mine[: share.size] = share
+    if comm.rank in holders:
+        if stripe:
+            comm.all_gather(mine)
+        return arrays
+    rows = comm.all_gather(mine) if stripe else np.zeros((comm.world_size, 0), np.uint8)
+    packed = rows[holders].reshape(-1)[:total]
+    out: Dict[str, np.ndarray] = {}
+    offset = 0
+    for (name, dt, shape), size in zip(layout, sizes):
+        out[name] = packed[offset : offset + size].view(np.dtype(dt)).reshape(shape).copy()
+        offset += size
+    return out

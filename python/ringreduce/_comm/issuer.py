@@ -10,17 +10,22 @@ import re
 import threading
 from typing import Any, Optional
 
+from .. import _core
 from ..errors import ConcurrentUseError, MismatchError
 
 
 class Issuer:
     """Which thread is issuing a collective on one communicator, to catch two at once.
 
+    The gate itself is the engine's (``_core.IssueGate``), so that the fast path of
+    ``all_reduce`` passes it without a round trip through Python; this keeps the
+    threads' names and writes the messages.
+
     ``wait``: a second thread waits for its turn instead (for callers that order their
     calls themselves, as torch.distributed's contract has them do)."""
 
     def __init__(self, core: Any, wait: bool):
-        self._lock = threading.Lock()
+        self.gate = _core.IssueGate(core, wait)
         self._core = core
         self._rank = int(core.rank)
         self._wait = wait
@@ -28,12 +33,25 @@ class Issuer:
         self._kind: Any = None
         self._tagged: Any = None  # (thread, name) whose tag the engine has
         self._names: dict = {}  # tag -> name, of the threads that issued calls here
-        self.conflict: Optional[str] = None  # once set, never cleared
+        self._conflict: Optional[str] = None
+
+    @property
+    def conflict(self) -> Optional[str]:
+        """Why this communicator refuses every collective; None until it does (then it
+        is never cleared)."""
+        return self._conflict
+
+    @conflict.setter
+    def conflict(self, why: str) -> None:
+        self._conflict = why
+        self.gate.set_conflict(self.message())
 
     def enter(self, kind: Any) -> None:
         me = threading.current_thread()
-        if self.conflict is None:
-            if self._thread is not me and self._lock.acquire(self._wait):
+        if self._conflict is None:
+            code = -1 if kind is None else int(kind)
+            got = self.gate.enter_wait(code) if self._wait else self.gate.try_enter(code)
+            if got == 0:
                 self._thread, self._kind = me, kind
                 if not self._wait and self._tagged != (me, me.name):
                     # Every call's header carries its thread's tag, so that threads
@@ -46,10 +64,15 @@ class Issuer:
                         self.leave()
                         raise
                     self._tagged = (me, me.name)
+                    # The fast path runs on this thread only while its name is the
+                    # one tagged: a renamed thread comes back here first.
+                    self.gate.tagged = 0
                     if len(self._names) < 256:
                         self._names[tag] = me.name
+                if self._tagged == (me, me.name):
+                    self.gate.tagged = me.ident or 0
                 return
-            other, other_kind = self._thread, self._kind
+            other, other_kind = self._holder()
             self.conflict = (
                 "two threads used this communicator at once: "
                 + (f"thread {_name(me)} called {_call(kind)} while ")
@@ -60,6 +83,16 @@ class Issuer:
                 )
             )
         raise ConcurrentUseError(self.message())
+
+    def _holder(self) -> tuple:
+        """The thread in the gate and its call's kind (the fast path records only the
+        thread's ident and the kind's number)."""
+        ident, code = self.gate.owner, self.gate.owner_kind
+        thread = next((t for t in threading.enumerate() if t.ident == ident), None)
+        if thread is None and self._thread is not None and self._thread.ident == ident:
+            thread = self._thread
+        kind = None if code < 0 else _core.Collective(code)
+        return thread, kind
 
     def explain(self, error: BaseException) -> Optional[ConcurrentUseError]:
         """A ConcurrentUseError naming both threads, if ``error`` is the engine's report
@@ -89,7 +122,7 @@ class Issuer:
 
     def leave(self) -> None:
         self._thread = self._kind = None
-        self._lock.release()
+        self.gate.leave()
 
     def message(self) -> str:
         return (

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import MismatchError, PeerError
 from .bucket import _Bucket
+from .compress import CompressionState, compressed_buckets
 from .memory import BucketMemory
 from .plan import (
     MIB,
@@ -23,8 +24,8 @@ from .plan import (
     make_spec,
     plan_buckets,
 )
-from .recovery import FailedLaunch, replay
-from .trace import Timeline
+from .recovery import launch_fault_tolerant, replay
+from .trace import Observability, Timeline
 from .tree import Tree, reduce_tree
 
 __all__ = ["GradientBucketer", "Handle"]
@@ -33,7 +34,7 @@ Handle = int
 """What `GradientBucketer.register` returns: the parameter's registration index."""
 
 
-class GradientBucketer:
+class GradientBucketer(CompressionState, Observability):
     """Buckets gradients and all-reduces each bucket as soon as it is full.
 
     Args:
@@ -56,6 +57,14 @@ class GradientBucketer:
             contribution while it is reduced. The communicator in use is `comm`.
         on_membership_change: called with the new communicator after a shrink (to
             re-shard the data, say).
+        compression: each bucket's all-reduce through a codec ("bf16", "fp16", "int8",
+            "int4", "auto" or a Codec; docs/compression.md), float64 gradients in float32
+            buckets. Blocking: a bucket is compressed when it is launched, in `ready`.
+        error_feedback: with compression, keep what the codec drops, per parameter name,
+            and add it to the next synchronised step (True, or an `ErrorFeedback` to keep
+            it in). Saved by `state_dict`; read it through `error_feedback`.
+        powersgd_rank: reduce buckets by rank-r PowerSGD instead (matrices low-rank,
+            vectors exact, residuals and warm-start factors by name, in `state_dict`).
 
     The plan is fixed when registration completes, i.e. at the first `ready`, `wait` or
     `all_reduce_tree`: buckets follow registration order reversed (backward produces the
@@ -89,6 +98,9 @@ class GradientBucketer:
         max_trace_steps: int = 1000,
         fault_tolerant: bool = False,
         on_membership_change: Callable[[Any], None] | None = None,
+        compression: Any = None,
+        error_feedback: Any = False,
+        powersgd_rank: int | None = None,
     ) -> None:
         if not bucket_mb > 0 or not first_bucket_mb > 0:
             raise ValueError(
@@ -97,6 +109,8 @@ class GradientBucketer:
             )
         if max_trace_steps < 1:
             raise ValueError(f"max_trace_steps must be >= 1, got {max_trace_steps}")
+        self._compress = compressed_buckets(comm, compression, error_feedback, powersgd_rank,
+                                            average, fault_tolerant, comm_dtype)  # fmt: skip
         self._comm = comm
         self._fault_tolerant = bool(fault_tolerant)
         self._on_membership_change = on_membership_change
@@ -159,7 +173,7 @@ class GradientBucketer:
     def _wire_dtype(self, spec: ParamSpec) -> np.dtype:
         if self._comm_dtype is not None and is_floating(spec.dtype):
             return self._comm_dtype
-        return spec.dtype
+        return spec.dtype if self._compress is None else self._compress.wire_dtype(spec.dtype)
 
     def _plan_indices(self) -> list[list[int]]:
         wire = [self._wire_dtype(s) for s in self._specs]
@@ -181,6 +195,8 @@ class GradientBucketer:
                 "average": self._average,
                 "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
             }
+            if self._compress is not None:
+                settings.update(self._compress.settings())
             check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
         buckets: list[_Bucket] = []
         self._slots = [(0, 0)] * len(self._specs)
@@ -192,9 +208,13 @@ class GradientBucketer:
                 offsets.append(total)
                 total += self._specs[i].numel
             dtype = self._wire_dtype(self._specs[params[0]])
-            average = self._world_size if self._average else 1
+            # PowerSGD averages by itself: nothing divided before, nothing after.
+            powersgd = self._compress is not None and self._compress.powersgd is not None
+            average = self._world_size if self._average and not powersgd else 1
             buckets.append(_Bucket(b, params, offsets, self._memory.bucket(total, dtype), average))
         self._buckets = buckets
+        if self._compress is not None:
+            self._compress.setup(buckets, self._specs)
         self._reset_step_state()
         return buckets
 
@@ -308,19 +328,18 @@ class GradientBucketer:
 
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launch = time.perf_counter()
-        if not self._fault_tolerant:
-            bucket.work = self._comm.all_reduce(
-                bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
-            )
-            return
-        bucket.local = self._memory.snapshot(bucket.buffer)
-        bucket.local_divisor = bucket.divisor
-        try:
-            bucket.work = self._comm.all_reduce(
-                bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True
-            )
-        except PeerError as exc:  # failed already: wait() replays the step
-            bucket.work = FailedLaunch(exc)
+        if self._fault_tolerant:
+            launch_fault_tolerant(self, bucket)
+        else:
+            bucket.work = self._issue(bucket)
+
+    def _issue(self, bucket: _Bucket) -> Any:
+        """Starts the bucket's reduction over the communicator in use; its Work."""
+        if self._compress is not None:
+            views = [self._view(i) for i in bucket.params]
+            return self._compress.issue(self._comm, bucket, views)
+        return self._comm.all_reduce(bucket.buffer, op=bucket.op, out=bucket.buffer,
+                                     async_op=True)  # fmt: skip
 
     def _launch_ready_buckets(self, buckets: list[_Bucket]) -> None:
         # Strictly in plan order, so that every rank issues the same sequence of
@@ -360,9 +379,11 @@ class GradientBucketer:
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
             try:
-                for bucket in buckets[self._next_done :]:
+                # Every bucket, the polled ones too: a Work is done when it failed as well,
+                # and only its wait() raises (a blocking compressed call fails at launch).
+                for bucket in buckets:
                     bucket.work.wait()
-                    bucket.done = time.perf_counter()
+                    bucket.done = bucket.done or time.perf_counter()
             except PeerError:
                 if not self._fault_tolerant:
                     raise
@@ -399,26 +420,6 @@ class GradientBucketer:
             yield
         finally:
             self._no_sync_depth -= 1
-
-    # ----------------------------------------------------------------- observability
-
-    def summary(self) -> dict[str, Any]:
-        """Communication time per step, and how much of it was exposed.
-
-        Keys: ``steps``; ``buckets`` and ``bytes_per_step``; ``comm_s`` (total time some
-        bucket's all-reduce was in flight, over all steps); ``exposed_s`` (time `wait` was
-        blocked launching or waiting for all-reduces: communication not hidden behind
-        backward); ``hidden_s``; ``exposed_fraction`` = exposed_s / comm_s; ``writeback_s``
-        (copying results out in `wait`); ``per_bucket`` (params, bytes, mean_comm_s).
-        Completion is observed by polling, so comm_s can be slightly high.
-        """
-        return self._timeline.summary()
-
-    def save_trace(self, path: str | Any) -> None:
-        """Writes the recent steps as chrome-trace JSON (open in Perfetto or
-        chrome://tracing): one complete event per bucket per step, from launch to done,
-        with pid = rank, and the ready times and byte count in its args."""
-        self._timeline.save(path)
 
     # ----------------------------------------------------------------- trees
 

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["BucketEvent", "Timeline"]
+__all__ = ["BucketEvent", "Observability", "Timeline"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +160,27 @@ class Timeline:
         """Writes chrome_trace() as JSON to ``path``."""
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.chrome_trace(), f)
+
+
+class Observability:
+    """GradientBucketer's summary and trace (a mixin: they read its ``_timeline``)."""
+
+    _timeline: Timeline
+
+    def summary(self) -> dict[str, Any]:
+        """Communication time per step, and how much of it was exposed.
+
+        Keys: ``steps``; ``buckets`` and ``bytes_per_step``; ``comm_s`` (total time some
+        bucket's all-reduce was in flight, over all steps); ``exposed_s`` (time `wait` was
+        blocked launching or waiting for all-reduces: communication not hidden behind
+        backward); ``hidden_s``; ``exposed_fraction`` = exposed_s / comm_s; ``writeback_s``
+        (copying results out in `wait`); ``per_bucket`` (params, bytes, mean_comm_s).
+        Completion is observed by polling, so comm_s can be slightly high.
+        """
+        return self._timeline.summary()
+
+    def save_trace(self, path: str | Any) -> None:
+        """Writes the recent steps as chrome-trace JSON (open in Perfetto or
+        chrome://tracing): one complete event per bucket per step, from launch to done,
+        with pid = rank, and the ready times and byte count in its args."""
+        self._timeline.save(path)

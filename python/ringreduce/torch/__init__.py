@@ -19,6 +19,7 @@ Example::
         opt.step(); opt.zero_grad()
 """
 
+from . import hooks
 from .backend import ProcessGroupRingReduce
 from .gradsync import GradSync, broadcast_optimizer_state, broadcast_parameters
 from .init import init_process_group
@@ -29,6 +30,7 @@ __all__ = [
     "ProcessGroupRingReduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "hooks",
     "init_process_group",
 ]
 

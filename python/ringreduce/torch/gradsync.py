@@ -70,6 +70,10 @@ class GradSync:
         fault_tolerant, on_membership_change: as for `GradientBucketer`: a rank that dies
             during a step's all-reduces costs only its micro-batch; `comm` is then the
             survivors' communicator.
+        compression, error_feedback, powersgd_rank: as for `GradientBucketer`: each
+            bucket through a codec ("bf16", "int8", ..., "auto"), with error feedback kept
+            per parameter name, or through rank-r PowerSGD; CPU parameters only. What
+            outlives a step is in `state_dict`, to save with the model's.
     """
 
     def __init__(
@@ -83,6 +87,9 @@ class GradSync:
         gradient_as_bucket_view: bool = False,
         fault_tolerant: bool = False,
         on_membership_change: Any = None,
+        compression: Any = None,
+        error_feedback: Any = False,
+        powersgd_rank: int | None = None,
     ) -> None:
         if gradient_as_bucket_view and comm_dtype is not None:
             raise ValueError(
@@ -99,6 +106,9 @@ class GradSync:
             comm_dtype=comm_dtype,
             fault_tolerant=fault_tolerant,
             on_membership_change=on_membership_change,
+            compression=compression,
+            error_feedback=error_feedback,
+            powersgd_rank=powersgd_rank,
         )
         self._params: list[tuple[Handle, torch.nn.Parameter]] = []
         for name, param in module.named_parameters():
@@ -108,6 +118,11 @@ class GradSync:
                 raise ValueError(
                     f"parameter {name!r} is on {param.device}; CPU and CUDA parameters are "
                     "supported"
+                )
+            if self._as_view and compression is not None and param.dtype == torch.float64:
+                raise ValueError(
+                    f"parameter {name!r}: gradient_as_bucket_view with compression needs "
+                    "float32/16-bit parameters: compressed buckets of float64 are float32"
                 )
             handle = self._bucketer.register(name, tuple(param.shape), as_dtype(param.dtype))
             self._params.append((handle, param))
@@ -198,6 +213,15 @@ class GradSync:
             yield
         finally:
             self._no_sync = previous
+
+    def state_dict(self) -> dict[str, Any]:
+        """The bucketer's state that outlives a step (error-feedback residuals, PowerSGD's
+        factors), by parameter name: this rank's own, so save one per rank."""
+        return self._bucketer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` saved."""
+        self._bucketer.load_state_dict(state)
 
     def summary(self) -> dict[str, Any]:
         """The bucketer's exposed-vs-total communication summary."""

@@ -1,0 +1,290 @@
+"""Compressed all_reduce, measured: effective bandwidth per codec against the fp32 ring,
+wire bytes from the interfaces' counters, and the error the codecs inject into real
+gradients (issue 22's "Measure"; results and commands in docs/perf/compression.txt).
+
+    python bench/compression.py collective --link shm -n 4
+    python bench/compression.py collective --link 1gbit -n 4     # 4 emulated hosts (root)
+    python bench/compression.py collective --link 10gbit -n 4
+    python bench/compression.py fidelity -n 4
+
+*collective*: N ranks all_reduce float32 arrays of each size through each codec (None is
+the engine's fp32 ring). Effective bandwidth = fp32 bytes / seconds per call (the
+slowest rank's best of ``--reps`` after two warm-up calls, which are also auto's two
+calibration calls). ``--link shm`` runs on this host over shared memory; ``--link RATE``
+puts rank i in network namespace rrcmp<i> (made here, with a veth into a bridge in
+namespace rrcmpsw, both directions shaped by ``tc tbf`` at RATE, taken down at the end),
+and the wire bytes are the veth's tx_bytes counter per rank and call, headers and
+retransmissions included.
+
+*fidelity*: the ranks train a small numpy MLP with exact all-reduces and keep every
+step's float32 gradients (a real run's snapshots); each codec then reduces that sequence,
+with and without error feedback, against the float64 sum of the same inputs: per call
+the relative L2 error and the bias (mean signed error / RMS of the exact sum), over the
+run the relative error of the summed results (what SGD integrates, where error feedback
+pays), and whether every rank got the same bits.
+
+Only the public API is used (``comm.all_reduce(x, compression=..., error_feedback=...)``),
+so faster codec kernels are picked up by re-running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CODECS = ["fp32", "bf16", "fp16", "int8", "int4", "auto"]
+NS, SWITCH, SUBNET = "rrcmp", "rrcmpsw", "10.232.0"
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def human(n: float) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{n:g} B"
+
+
+# ---- emulated hosts ----------------------------------------------------------------
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=60)
+
+
+def hosts_up(
+    n: int, rate: str, ns: str = NS, switch: str = SWITCH, subnet: str = SUBNET, dev: str = "c"
+) -> None:
+    """n namespaces ``ns0..`` (addresses subnet.1..) on a bridge in ``switch``, each veth
+    shaped to ``rate`` both ways; ``dev`` prefixes the veths' names (bench/compression_e2e.py
+    makes its own hosts with other names)."""
+    sh("ip", "netns", "add", switch)
+    sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", switch, "link", "set", "br0", "up")
+    for i in range(n):
+        host, veth, port = f"{ns}{i}", f"{dev}veth{i}", f"{dev}port{i}"
+        sh("ip", "netns", "add", host)
+        sh("ip", "link", "add", veth, "netns", host, "type", "veth", "peer", "name", port,
+           "netns", switch)  # fmt: skip
+        sh("ip", "-n", host, "addr", "add", f"{subnet}.{i + 1}/24", "dev", veth)
+        for link in (veth, "lo"):
+            sh("ip", "-n", host, "link", "set", link, "up")
+        sh("ip", "-n", switch, "link", "set", port, "master", "br0")
+        sh("ip", "-n", switch, "link", "set", port, "up")
+        for where, link in ((host, veth), (switch, port)):
+            sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", link, "root", "tbf",
+               "rate", rate, "burst", str(256 * 1024), "latency", "50ms")  # fmt: skip
+
+
+def hosts_down(n: int, ns: str = NS, switch: str = SWITCH) -> None:
+    for name in [f"{ns}{i}" for i in range(n)] + [switch]:
+        subprocess.run(["ip", "netns", "del", name], stderr=subprocess.DEVNULL, check=False)
+
+
+def launch(args: argparse.Namespace, mode: str) -> dict:
+    """Runs the N ranks of ``mode`` and returns rank 0's JSON report."""
+    n, shaped = args.n, args.link != "shm"
+    port = str(20000 + int.from_bytes(os.urandom(2), "little") % 20000)
+    if shaped:
+        hosts_down(n)
+        hosts_up(n, args.link)
+    procs = []
+    try:
+        for r in range(n):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=port,
+                       MASTER_ADDR=f"{SUBNET}.1" if shaped else "127.0.0.1")  # fmt: skip
+            cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", mode,
+                   json.dumps(vars(args))]  # fmt: skip
+            if shaped:
+                cmd = ["ip", "netns", "exec", f"{NS}{r}", *cmd]
+                env["RINGREDUCE_HOST_ID"] = f"emulated-{r}"
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+        if any(p.returncode for p in procs):
+            raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
+        return json.loads(outs[0].strip().splitlines()[-1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        if shaped:
+            hosts_down(n)
+
+
+# ---- rank side -----------------------------------------------------------------------
+
+
+def tx_bytes() -> int:
+    """This rank's bytes sent on its emulated host's link (0 without one)."""
+    names = [d for d in os.listdir("/sys/class/net") if d.startswith("cveth")]
+    if not names:
+        return 0
+    with open(f"/sys/class/net/{names[0]}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def rank_collective(comm: Any, opts: dict) -> dict:
+    rows = []
+    for size in [parse_size(s) for s in opts["sizes"].split(",")]:
+        x = np.random.default_rng(comm.rank).standard_normal(size // 4, dtype=np.float32)
+        for codec in opts["codecs"].split(","):
+            compression = None if codec == "fp32" else codec
+            for _ in range(2):  # warm-up; auto's calibration
+                comm.all_reduce(x, compression=compression)
+            times, wire = [], 0
+            for _ in range(opts["reps"]):
+                comm.barrier()
+                before = tx_bytes()
+                t0 = time.perf_counter()
+                comm.all_reduce(x, compression=compression)
+                times.append(time.perf_counter() - t0)
+                wire += tx_bytes() - before
+            worst = comm.all_reduce(np.array([min(times), wire / opts["reps"]]), "max")
+            rows.append({"size": size, "codec": codec, "seconds": float(worst[0]),
+                         "wire": float(worst[1])})  # fmt: skip
+    return {"rows": rows, "transport": comm.transport, "n": comm.world_size}
+
+
+def mlp_gradients(comm: Any, steps: int) -> list:
+    """Every step's float32 gradients (flattened) of a 2-layer tanh MLP trained with
+    exact all-reduces on this rank's share of a synthetic regression task."""
+    rng = np.random.default_rng(1234)  # the same model and teacher on every rank
+    d, h, o = 128, 512, 16
+    teacher = rng.standard_normal((d, o)) / np.sqrt(d)
+    w1, b1 = rng.standard_normal((d, h)) / np.sqrt(d), np.zeros(h)
+    w2, b2 = rng.standard_normal((h, o)) / np.sqrt(h), np.zeros(o)
+    data = np.random.default_rng(comm.rank)
+    snaps = []
+    for _ in range(steps):
+        x = data.standard_normal((64, d))
+        y = np.sin(x @ teacher)
+        a = np.tanh(x @ w1 + b1)
+        delta = (a @ w2 + b2 - y) / len(x)
+        gw2, gb2 = a.T @ delta, delta.sum(0)
+        da = (delta @ w2.T) * (1 - a**2)
+        gw1, gb1 = x.T @ da, da.sum(0)
+        g = np.concatenate([p.ravel() for p in (gw1, gb1, gw2, gb2)]).astype(np.float32)
+        snaps.append(g.copy())
+        avg = comm.all_reduce(g, "avg").astype(np.float64)
+        at = 0
+        for p in (w1, b1, w2, b2):
+            p -= 0.5 * avg[at : at + p.size].reshape(p.shape)
+            at += p.size
+    return snaps
+
+
+def rank_fidelity(comm: Any, opts: dict) -> dict:
+    snaps = mlp_gradients(comm, opts["steps"])
+    exact = [np.asarray(comm.all_gather(g), np.float64).sum(0) for g in snaps]
+    rows = []
+    for codec in [c for c in opts["codecs"].split(",") if c not in ("fp32", "auto")]:
+        for ef in (False, True):
+            residual = np.zeros(snaps[0].size, np.float32) if ef else None
+            errs, biases, same = [], [], True
+            total = np.zeros(snaps[0].size)
+            for g, ref in zip(snaps, exact):
+                y = comm.all_reduce(g, compression=codec, error_feedback=residual)
+                errs.append(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+                biases.append(np.mean(y - ref) / np.sqrt(np.mean(ref**2)))
+                total += y
+                rows_all = np.asarray(comm.all_gather(y))
+                same &= bool((rows_all.view(np.uint32) == y.view(np.uint32)).all())
+            ref_total = np.sum(exact, axis=0)
+            rows.append({
+                "codec": codec, "ef": ef, "err": float(np.mean(errs)),
+                "worst": float(np.max(errs)), "bias": float(np.mean(biases)),
+                "summed": float(np.linalg.norm(total - ref_total) / np.linalg.norm(ref_total)),
+                "same": bool(comm.all_reduce(np.array([0 if same else 1]), "max")[0] == 0),
+            })  # fmt: skip
+    return {"rows": rows, "values": int(snaps[0].size), "steps": len(snaps),
+            "n": comm.world_size}  # fmt: skip
+
+
+def rank_main(mode: str, opts: dict) -> None:
+    import ringreduce as rr
+
+    comm = rr.init("shm" if opts["link"] == "shm" else "tcp", timeout=600)
+    report = (rank_collective if mode == "collective" else rank_fidelity)(comm, opts)
+    if comm.rank == 0:
+        print(json.dumps(report), flush=True)
+    comm.close()
+
+
+# ---- tables ----------------------------------------------------------------------------
+
+
+def collective_table(report: dict, link: str) -> str:
+    rows = report["rows"]
+    base = {r["size"]: r["seconds"] for r in rows if r["codec"] == "fp32"}
+    out = [f"collective: {link}, {report['n']} ranks ({report['transport']}); effective "
+           "bandwidth = fp32 bytes / s per call (GB = 1e9), x = against the fp32 ring",
+           "", "| size | codec | ms | eff. GB/s | x fp32 | wire bytes/rank | wire/fp32 |",
+           "|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    wire0 = {r["size"]: r["wire"] for r in rows if r["codec"] == "fp32"}
+    for r in rows:
+        s, t = r["size"], r["seconds"]
+        wire = f"{r['wire']:.3g}" if r["wire"] else "-"
+        ratio = f"{r['wire'] / wire0[s]:.3f}" if r["wire"] and wire0.get(s) else "-"
+        out.append(f"| {human(s)} | {r['codec']} | {t * 1e3:.2f} | {s / t / 1e9:.3f} | "
+                   f"{base[s] / t:.2f} | {wire} | {ratio} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def fidelity_table(report: dict) -> str:
+    out = [f"fidelity: {report['n']} ranks, {report['steps']} gradient snapshots of "
+           f"{report['values']} float32 values (MLP 128-512-16), against the float64 sum",
+           "", "| codec | error feedback | rel. error/call (mean) | worst | bias | "
+           "rel. error of the summed results | ranks bitwise identical |",
+           "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for r in report["rows"]:
+        out.append(f"| {r['codec']} | {'yes' if r['ef'] else 'no'} | {r['err']:.2e} | "
+                   f"{r['worst']:.2e} | {r['bias']:+.1e} | {r['summed']:.2e} | "
+                   f"{'yes' if r['same'] else 'NO'} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
+        rank_main(sys.argv[2], json.loads(sys.argv[3]))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=["collective", "fidelity"])
+    p.add_argument("-n", type=int, default=4, help="ranks (one per emulated host)")
+    p.add_argument("--link", default="shm", help="shm, or a tc rate: 1gbit, 10gbit")
+    p.add_argument("--sizes", default="64K,1M,16M,64M,256M")
+    p.add_argument("--codecs", default=",".join(CODECS))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30, help="fidelity: training steps")
+    p.add_argument("--timeout", type=float, default=3000)
+    p.add_argument("--json", help="also write the report here")
+    p.add_argument("--render", help="print the tables of a --json report instead of running")
+    args = p.parse_args()
+    if args.mode == "fidelity":
+        args.link = "shm"
+    if args.render:
+        with open(args.render) as f:
+            report = json.load(f)
+        args.json = None
+    else:
+        report = launch(args, args.mode)
+    print(collective_table(report, args.link) if args.mode == "collective"
+          else fidelity_table(report))  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()

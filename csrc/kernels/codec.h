@@ -1,0 +1,52 @@
+// Codec kernels for compressed all-reduce: float32 values to bf16, fp16 or
+// block-integer payloads and back, byte for byte what the numpy reference in
+// python/ringreduce/compression/codecs.py produces (docs/compression.md).
+//
+// Terms (the same as codecs.py):
+// - payload: the bytes of n encoded values; its size is payload_bytes(n).
+// - block: kBlock consecutive values sharing one float32 scale. A block
+//   payload is the nb scales, then the codes (int4: two per byte, the first
+//   in the low nibble). bf16 has no scales: 2 bytes per value.
+// - key: the 64-bit seed of stochastic rounding (dither.h); the Python side
+//   folds a call's seed into it, so ranks that agree on the seed agree on it.
+//
+// Every function is single-threaded and picks the AVX2 build of the loops
+// when the CPU has it (like reduce/cpu_kernels.h). Buffers may have any
+// alignment; payloads and values must not overlap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rr {
+namespace codec {
+
+constexpr size_t kBlock = 512;
+
+enum class CodecKind { kBFloat16, kFloat16, kInt8, kInt4 };
+
+// The codec of a registry name ("bf16", "fp16", "int8", "int4"); throws
+// InvalidArgument for another name.
+CodecKind codec_kind(const char* name);
+
+size_t payload_bytes(CodecKind kind, size_t n);
+
+// Encodes x[0, n) into payload (payload_bytes(n) bytes). With a residual
+// (error feedback), encodes v = x + residual instead and leaves in residual
+// what the encode dropped: v - decode(payload), in one pass over the values.
+void encode(CodecKind kind, const float* x, float* residual, size_t n, uint64_t key,
+            uint8_t* payload);
+
+// out[0, n) = the values payload stands for.
+void decode(CodecKind kind, const uint8_t* payload, size_t n, float* out);
+
+// acc[i] += decode(payloads[j])[i] for j = 0 .. count-1 in that order, in
+// float32: the owner's sum of its peers' contributions, block by block so
+// that acc stays in cache while every payload is added.
+void decode_add(CodecKind kind, const uint8_t* const* payloads, size_t count, size_t n, float* acc);
+
+// Which instruction set the codec loops run with ("avx2" or "generic").
+const char* codec_kernel_isa();
+
+}  // namespace codec
+}  // namespace rr

@@ -1,0 +1,388 @@
+"""Compressed all_reduce and reduce_scatter: fewer bytes on the wire, sums in float32,
+the same bits on every rank (docs/compression.md).
+
+Terms:
+
+- *chunk* k: the values ``chunk_bounds(n, N, k)`` of the flattened input; rank k owns
+  it (reduce_scatter's blocks).
+- *payload*: a codec's bytes for one chunk, sent in a *row* (compression/rows.py): a
+  16-byte header that ranks check they agree on, then the payload, padded alike.
+
+The one-hop scheme, in two named phases:
+
+1. *scatter*: each rank encodes every chunk but its own (input plus error-feedback
+   residual) and sends chunk k to rank k (one all_to_all). The owner decodes the N-1
+   payloads and adds them to its own chunk, unencoded, in float32: every contribution
+   is quantized at most once, and the sum itself never is.
+2. *gather* (all_reduce only): the owner encodes its sum once; one all_gather of those
+   payloads; every rank decodes all N, so every rank ends with the same bits.
+
+Each rank sends 2(N-1)/N of the payload, as a ring would. A ring that decoded, added and
+re-encoded at every hop would quantize partial sums N-1 times, and error feedback could
+not see the middle hops' errors; here the worker errors stay with their senders and the
+owner's re-encode error with the owner, so error feedback returns every dropped bit.
+
+"gather" codecs (payloads that cannot be summed piecewise) take one all_gather of every
+rank's whole payload instead, decoded and summed in rank order on every rank.
+
+Calls are blocking: ``async_op=True`` returns a completed Work (an exact call chosen by
+"auto" or the canary's fallback is the engine's own, queued as usual).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+import weakref
+from typing import Any, Dict, Optional
+
+import ml_dtypes
+import numpy as np
+
+from .. import _core
+from .._arrays.inout import input_buffer, output_buffer
+from .._env import debug_topics
+from ..compression import canary as _canary
+from ..compression import policy as _policy
+from ..compression.codecs import AUTO, Codec, get_codec
+from . import compressed_hop as _hop
+from .ops import ReduceOp, _op_member
+
+__all__ = ["Completed", "all_reduce", "auto_exact", "reduce_scatter", "release", "stats"]
+
+_F32 = np.float32
+_SUM_AVG = frozenset(("sum", "avg", ReduceOp.SUM, ReduceOp.AVG))
+_OK_DTYPES = ("float32", "float16", "bfloat16")
+# numpy dtypes auto may hand to the engine unchecked (comparing dtypes, not names: a
+# dtype's name costs microseconds, as much as a small exact all_reduce on one host).
+_FAST_DTYPES = frozenset(np.dtype(d) for d in ("float32", "float16", "float64")) | {
+    np.dtype(ml_dtypes.bfloat16)
+}
+
+
+class Completed:
+    """The Work of a compressed collective: done when returned (calls are blocking)."""
+
+    def __init__(self, result: Any):
+        self._result = result
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """The result (the call has finished already)."""
+        return self._result
+
+    def done(self) -> bool:
+        """True: the call finished before this was returned."""
+        return True
+
+    def is_completed(self) -> bool:
+        """The same as `done` (torch.distributed's name for it)."""
+        return True
+
+
+class _State:
+    """A communicator's compression state: call numbers (the same on every rank), the
+    auto policy, the canary's verdicts and the counters."""
+
+    def __init__(self, comm: Any):
+        self.calls = 0
+        self.auto = _policy.AutoPolicy(comm.world_size, comm.transport)
+        self.debug = "algorithm" in debug_topics()
+        self.codecs: Dict[str, _canary.CodecStats] = {}
+        self.scratch = _hop.Scratch()
+
+    def of(self, name: str) -> _canary.CodecStats:
+        found = self.codecs.get(name)
+        if found is None:
+            found = self.codecs[name] = _canary.CodecStats()
+        return found
+
+
+_STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
+
+
+def _state(comm: Any) -> _State:
+    st = _STATES.get(comm)
+    if st is None:
+        st = _STATES[comm] = _State(comm)
+    return st
+
+
+def release(comm: Any) -> None:
+    """Frees ``comm``'s compression scratch buffers (for ``Communicator.close``; they go
+    with the communicator otherwise). Counters and call numbers stay."""
+    st = _STATES.get(comm)
+    if st is not None:
+        st.scratch.clear()
+
+
+def stats(comm: Any) -> dict:
+    """The compression counters of ``comm``, merged into ``comm.stats()``: per codec
+    under "compression", and ``wire_bytes``, ``codec_seconds``, ``compression_error``
+    (the last canary's relative error, None before one ran) as {codec: value}."""
+    st = _STATES.get(comm)
+    per = {} if st is None else {k: v.as_dict() for k, v in st.codecs.items()}
+    out: dict = {
+        "compression": dict(per),
+        "wire_bytes": {k: v["wire_bytes"] for k, v in per.items()},
+        "codec_seconds": {k: v["codec_seconds"] for k, v in per.items()},
+        "compression_error": {k: v["compression_error"] for k, v in per.items()},
+    }
+    if st is not None and st.auto.never is None and (st.auto.chosen or st.auto.samples):
+        out["compression"]["auto"] = {
+            "chosen": dict(st.auto.chosen),
+            "link_gbs": None if not st.auto.calibrated else 1e-9 / st.auto.link_s_per_byte,
+        }
+    return out
+
+
+# ---- the calls ---------------------------------------------------------------------
+
+
+def all_reduce(
+    comm: Any,
+    x: Any,
+    op: Any = "sum",
+    *,
+    out: Any = None,
+    async_op: bool = False,
+    compression: Any = None,
+    error_feedback: Any = None,
+) -> Any:
+    """``comm.all_reduce(x, op, compression=..., error_feedback=...)``: see the module.
+    (Communicator.all_reduce has run "auto" calls that `auto_exact` keeps exact.)"""
+    return _call(comm, x, op, out, async_op, compression, error_feedback, scatter=False)
+
+
+def reduce_scatter(
+    comm: Any,
+    x: Any,
+    op: Any = "sum",
+    *,
+    out: Any = None,
+    async_op: bool = False,
+    compression: Any = None,
+    error_feedback: Any = None,
+) -> Any:
+    """``comm.reduce_scatter(x, op, compression=..., error_feedback=...)``.
+    (Communicator.reduce_scatter has run "auto" calls that `auto_exact` keeps exact.)"""
+    return _call(comm, x, op, out, async_op, compression, error_feedback, scatter=True)
+
+
+def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:
+    """Whether "auto" (without error feedback) runs this call exact by a rule that needs
+    no more than x's type, dtype and size: a communicator auto never compresses on (one
+    host over shared memory, a world of one), or a numpy call below auto's smallest.
+    Such a call is counted here like any other (call numbers stay the same on every
+    rank, whichever path each takes); the caller then runs the exact collective. False
+    before the communicator's first compressed call, under RINGREDUCE_DEBUG, and for
+    ops other than sum and avg (refused on every path, as with a codec)."""
+    st = _STATES.get(comm)
+    if st is None or type(x) is not np.ndarray or st.debug or x.dtype not in _FAST_DTYPES:
+        return False
+    try:
+        if op not in _SUM_AVG:
+            return False
+    except TypeError:  # unhashable: the general path says what is wrong with it
+        return False
+    if st.auto.never is None:
+        if x.nbytes >= _policy.MIN_BYTES:
+            return False
+        st.auto.chosen["exact"] = st.auto.chosen.get("exact", 0) + 1
+    st.calls += 1
+    return True
+
+
+def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) -> tuple:
+    """Every argument checked before any rank talks to another: (buffer, op, codec or
+    "auto" or None, the residual array or None)."""
+    member = _op_member(op)
+    if member not in (ReduceOp.SUM, ReduceOp.AVG):
+        raise ValueError(
+            f"op: compression supports sum and avg only, not {member.name.lower()}: codecs "
+            "approximate values so that their sum stays close, which says nothing of their "
+            "product, minimum or maximum; pass compression=None"
+        )
+    codec = compression if compression in (None, AUTO) else get_codec(compression)
+    buf = input_buffer(x, "x")
+    if buf.host is None:
+        raise TypeError(
+            f"x: compression runs on host memory for now, and x is on {buf.where}; copy it "
+            "to the host or pass compression=None"
+        )
+    if buf.dtype not in _OK_DTYPES:
+        if buf.dtype == "float64" and codec in (None, AUTO):
+            pass  # exact: "auto" never compresses float64
+        elif buf.dtype == "float64":
+            raise ValueError(
+                "x: float64 is not compressed: the codecs sum in float32, which would drop "
+                "float64's precision unannounced; cast to float32, or pass compression=None "
+                "or 'auto' (which reduces float64 exactly)"
+            )
+        else:
+            raise ValueError(
+                f"x: compression is for floating-point data (float32, float16, bfloat16), "
+                f"not {buf.dtype}; integers are summed exactly with compression=None"
+            )
+    residual = None
+    if error_feedback is not None:
+        if isinstance(error_feedback, np.ndarray):
+            residual = error_feedback
+            if (
+                residual.dtype != _F32
+                or residual.shape != (buf.size,)
+                or not (residual.flags.c_contiguous and residual.flags.writeable)
+            ):
+                raise ValueError(
+                    f"error_feedback: an array residual must be writable, contiguous, "
+                    f"float32 and of shape ({buf.size},), got {residual.dtype} "
+                    f"{residual.shape}"
+                )
+        elif hasattr(error_feedback, "residual"):
+            residual = error_feedback.residual(buf.size)
+        else:
+            raise TypeError(
+                "error_feedback: expected a ringreduce ErrorFeedback (or one of its "
+                f"key(...) views) or a float32 array, got {type(error_feedback).__name__}"
+            )
+    return buf, member, codec, residual
+
+
+def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: bool) -> Any:
+    buf, member, codec, residual = _checked(comm, x, op, compression, error_feedback)
+    n, size, rank = buf.size, comm.world_size, comm.rank
+    lo, hi = _core.chunk_bounds(n, size, rank)
+    shape = (hi - lo,) if scatter else buf.shape
+    result, out_buf = output_buffer(out, buf, shape)
+    what = "reduce_scatter" if scatter else "all_reduce"
+    st = _state(comm)
+    call_no = st.calls
+    st.calls += 1
+
+    # Which path: a codec, or exact (asked for, chosen by auto, or the canary's fallback).
+    why = f"{codec.name} (asked for)" if isinstance(codec, Codec) else "exact (no codec)"
+    calibrating = False
+    if codec == AUTO:
+        decision = st.auto.decide(n, buf.itemsize, buf.dtype, residual is not None)
+        codec = None if decision.codec is None else get_codec(decision.codec)
+        why, calibrating = f"auto: {decision.why}", decision.calibrating
+        st.auto.chosen[decision.codec or "exact"] = (
+            st.auto.chosen.get(decision.codec or "exact", 0) + 1
+        )
+    if codec is not None and st.of(codec.name).fell_back:
+        st.of(codec.name).fallbacks += 1
+        why = f"exact: {codec.name} fell back after its canary"
+        codec = None
+    if st.debug:
+        sys.stderr.write(
+            f"ringreduce rank {rank}: compressed {what} #{call_no} of {n} {buf.dtype} "
+            f"({member.name.lower()}): {why}\n"
+        )
+
+    if codec is None:
+        if not calibrating:
+            return _exact(comm, buf, member, result, residual, scatter, async_op, (lo, hi))
+        # Timed to the end of the transfer: a queued (async) call would return at once,
+        # and auto would take the link for hundreds of GB/s.
+        t0 = time.perf_counter()
+        got = _exact(comm, buf, member, result, residual, scatter, False, (lo, hi))
+        _calibrate(comm, st, time.perf_counter() - t0, buf.nbytes)
+        return Completed(got) if async_op else got
+
+    flat = buf.host.reshape(-1)
+    sample = None
+    every = _policy.settings().canary_every
+    if every and call_no % every == 0:
+        idx = _canary.sample_indices(
+            n, _policy.settings().canary_sample, _hop.seed(call_no, _hop.SAMPLE, 0, 0)
+        )
+        sample = (idx, flat[idx].astype(_F32))
+    stat = st.of(codec.name)
+    stat.calls += 1
+    dst = out_buf.host.reshape(-1)
+    # One call at a time in the communicator's buffers (see Scratch); x is read before
+    # dst is written, so out=x is fine.
+    scratch = st.scratch if st.scratch.lock.acquire(blocking=False) else _hop.Scratch(False)
+    try:
+        # What this rank sends: its input as float32 (x itself when it is float32),
+        # plus the residual that earlier calls owe the sum.
+        v = _hop.widened(flat, scratch)
+        whole = codec.algebra == "gather"
+        if dst.dtype == _F32 and not (whole and scatter):
+            target = dst  # the sum is made (decoded) where the result goes
+        else:
+            target = scratch.get("sum", n if whole or not scatter else hi - lo, _F32)
+        if whole:
+            reduced = _hop.gathered(comm, codec, v, residual, call_no, stat, scratch, target)
+            if scatter:
+                reduced = reduced[lo:hi]
+        else:
+            reduced = _hop.one_hop(
+                comm,
+                codec,
+                v,
+                flat.dtype != _F32,
+                residual,
+                call_no,
+                stat,
+                scratch,
+                target,
+                scatter,
+            )
+        if sample is not None:
+            _check_canary(comm, st, codec, call_no, sample, reduced, (lo, hi), scatter)
+        if member is ReduceOp.AVG:
+            reduced /= _F32(size)
+        if reduced is not dst:
+            dst[:] = reduced
+    finally:
+        if scratch is st.scratch:
+            scratch.lock.release()
+    return Completed(result) if async_op else result
+
+
+def _exact(comm, buf, member, result, residual, scatter, async_op, bounds) -> Any:
+    """The uncompressed call. A residual left by earlier compressed calls is sent along
+    (in float32) and so cleared: what it owed reaches the sum."""
+    op = member.name.lower()
+    if residual is None or not residual.any():
+        if scatter:
+            return comm.reduce_scatter(buf.obj, op, out=result, async_op=async_op)
+        return comm.all_reduce(buf.obj, op, out=result, async_op=async_op)
+    v = buf.host.reshape(-1).astype(_F32) + residual
+    residual[:] = 0
+    reduced = comm.reduce_scatter(v, op) if scatter else comm.all_reduce(v, op)
+    describe_out = output_buffer(result, buf, (reduced.size,) if scatter else buf.shape)[1]
+    describe_out.host.reshape(-1)[:] = reduced
+    return Completed(result) if async_op else result
+
+
+def _calibrate(comm: Any, st: _State, seconds: float, nbytes: int) -> None:
+    """A timed exact call of auto's calibration; the last one agrees the numbers."""
+    mine = st.auto.note_calibration(seconds, nbytes)
+    if mine is not None:
+        st.auto.agree(comm.all_reduce(mine, "max"))
+
+
+def _check_canary(comm, st, codec, call_no, sample, reduced, bounds, scatter) -> None:
+    """The canary (compression/canary.py): one all_gather of every rank's input at the
+    sample and of the compressed sums it holds there; every rank computes the same
+    error from the same numbers, and falls back the same way."""
+    idx, inputs = sample
+    lo, hi = bounds
+    held = np.zeros(idx.size, _F32)
+    mask = (idx >= lo) & (idx < hi)  # each rank reports its own chunk: each value once
+    held[mask] = reduced[idx[mask] - lo] if scatter else reduced[idx[mask]]
+    rows = comm.all_gather(np.stack([inputs, held]))
+    stat = st.of(codec.name)
+    limit = _policy.settings().threshold(codec)
+    if stat.judge(rows, limit):
+        warnings.warn(
+            _canary.CompressionWarning(
+                f"ringreduce rank {comm.rank}: {codec.name} compression gave a relative "
+                f"error of {stat.compression_error:.3g} (bias {stat.bias:.3g}) on call "
+                f"#{call_no}'s canary, past its threshold {limit:.3g}; this communicator "
+                f"reduces exactly wherever {codec.name} is asked for from now on"
+            ),
+            stacklevel=4,
+        )

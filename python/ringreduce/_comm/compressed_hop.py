@@ -1,0 +1,315 @@
+"""The exchanges of a compressed collective (``compressed.py``): the one-hop scheme's
+scatter and gather phases, and the "gather" algebra's single all_gather, written so
+that a call passes over its data as few times as it can.
+
+- The built-in codecs' C++ kernels write payloads straight into the rows that travel,
+  decode straight into the result, add the owner's N-1 payloads in one pass
+  (``decode_add``) and apply error feedback inside the encode (``x + residual`` in, the
+  new residual out, one pass). Other codecs (and the built-ins under
+  ``use_kernels(False)``) take their Python methods, with the same bytes and bits.
+- float32 input is read where it is; float16 and bfloat16 input is widened once.
+- The rows, the owner's sum and the widened input live in per-communicator `Scratch`
+  buffers, reused from call to call: a 64 MB call no longer pays for touching ~200 MB
+  of fresh pages.
+
+Every function here returns or fills float32 sums in sum units; `compressed.py` checks
+the arguments, runs the canary, divides for "avg" and casts to the input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .. import _core
+from ..compression import rows as _rows
+from ..compression.codecs import Codec, _Kernel, seed_key, use_kernels
+from ..compression.rows import HEADER
+
+__all__ = ["Scratch", "gathered", "one_hop", "seed", "widened"]
+
+_F32 = np.float32
+_SEED = 0x52494E47  # "RING": the base of every seed, the same on every rank
+# Phases of a call, in its seeds.
+WORKER, OWNER, GATHER, SAMPLE = 1, 2, 3, 4
+
+
+def seed(call_no: int, phase: int, rank: int, chunk: int) -> int:
+    """The seed of one encode: a function of the call's number (the same on every rank),
+    the phase, the encoding rank and the chunk. Ranks' rounding noise is independent, so
+    it grows as sqrt(N) in a sum, not N."""
+    return (_SEED << 96) | (call_no << 40) | (phase << 32) | (rank << 16) | chunk
+
+
+# ---- scratch buffers ---------------------------------------------------------------
+
+
+class Scratch:
+    """A communicator's reusable buffers, one per role ("send", "recv", "acc", "wide",
+    "sum"), each grown to the largest call seen. At most ``LIMIT`` bytes are kept in
+    all; a call that would pass it gets fresh arrays that go with it. Freed with the
+    communicator (compressed.py keeps states in a WeakKeyDictionary).
+
+    ``lock`` keeps two threads' calls out of one set of buffers: a call that finds it
+    taken (collectives from two threads at once, an error the communicator reports)
+    works on fresh arrays instead, so the buffers never mix two calls' data."""
+
+    LIMIT = 512 << 20
+
+    def __init__(self, keep: bool = True):
+        self._kept: Dict[str, np.ndarray] = {}
+        self._keep = keep
+        self.lock = threading.Lock()
+
+    def get(self, role: str, shape: Any, dtype: Any = np.uint8) -> np.ndarray:
+        """An array of ``shape`` and ``dtype`` for ``role``: its contents are whatever
+        the last call left (zeros the first time)."""
+        dtype = np.dtype(dtype)
+        nbytes = dtype.itemsize * (shape if isinstance(shape, int) else math.prod(shape))
+        buf = self._kept.get(role)
+        if buf is None or buf.nbytes < nbytes:
+            others = sum(b.nbytes for r, b in self._kept.items() if r != role)
+            if not self._keep or others + nbytes > self.LIMIT:
+                return np.zeros(shape, dtype)
+            self._kept.pop(role, None)  # the smaller one goes before the larger comes
+            buf = self._kept[role] = np.zeros(nbytes, np.uint8)
+        return buf[:nbytes].view(dtype).reshape(shape)
+
+    def nbytes(self) -> int:
+        """The bytes kept."""
+        return sum(b.nbytes for b in self._kept.values())
+
+    def clear(self) -> None:
+        """Drops every buffer (the next call allocates afresh)."""
+        self._kept.clear()
+
+
+# ---- codec calls: the kernels where they apply, the codec's methods otherwise ------------
+
+
+def _kernel(codec: Codec) -> Optional[str]:
+    """The C++ kernel's name when ``codec`` is a built-in one whose methods are the
+    built-in ones and the kernels are on; None: call the codec's methods."""
+    if not isinstance(codec, _Kernel) or not use_kernels():
+        return None
+    t = type(codec)
+    if (
+        t.encode is not _Kernel.encode
+        or t.decode is not _Kernel.decode
+        or t.decode_add is not _Kernel.decode_add
+        or t.encode_feedback is not _Kernel.encode_feedback
+    ):
+        return None
+    return codec.kernel
+
+
+def _own(codec: Codec, method: str) -> bool:
+    """Whether codec's class has its own ``method`` (fused decode_add, encode_feedback),
+    rather than the generic one of Codec or the built-ins' (which would call encode and
+    decode with arguments a subclass's own encode may not take)."""
+    return getattr(type(codec), method) not in (getattr(Codec, method), getattr(_Kernel, method))
+
+
+def _encode(
+    codec: Codec,
+    kernel: Optional[str],
+    x: np.ndarray,
+    key_seed: int,
+    into: np.ndarray,
+    residual: Optional[np.ndarray],
+) -> None:
+    """The payload of x (float32, contiguous) into ``into``'s first bytes. With a
+    residual: of ``x + residual``, leaving in it what the encode dropped."""
+    if kernel is not None:
+        _core.codec_encode(kernel, x, seed_key(key_seed), into, residual)
+        return
+    v = x
+    if residual is not None and _own(codec, "encode_feedback"):
+        payload = codec.encode_feedback(x, residual, key_seed)
+    else:
+        if residual is not None:
+            v = x + residual
+        payload = codec.encode(v, key_seed)
+    want = codec.payload_bytes(x.size)
+    if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.size != want:
+        raise ValueError(
+            f"codec {codec.name!r}: encode of {x.size} values must return {want} uint8 "
+            f"bytes (payload_bytes), got {getattr(payload, 'dtype', type(payload))} "
+            f"of size {getattr(payload, 'size', '?')}"
+        )
+    into[:want] = payload
+    if v is not x:
+        residual[...] = v - np.asarray(codec.decode(payload, v.size), _F32)
+
+
+def _decode(
+    codec: Codec, kernel: Optional[str], payload: np.ndarray, m: int, out: np.ndarray
+) -> None:
+    """out (float32, m values) = the values of payload."""
+    if kernel is not None:
+        _core.codec_decode(kernel, payload, m, out)
+    else:
+        out[:] = np.asarray(codec.decode(payload[: codec.payload_bytes(m)], m), _F32)
+
+
+def _decode_add(
+    codec: Codec, kernel: Optional[str], payloads: Sequence[np.ndarray], m: int, acc: np.ndarray
+) -> None:
+    """acc += the values of each payload, in order, in float32."""
+    if not payloads:
+        return
+    if kernel is not None:
+        _core.codec_decode_add(kernel, payloads, m, acc)
+    else:
+        size = codec.payload_bytes(m)
+        if _own(codec, "decode_add"):
+            codec.decode_add([p[:size] for p in payloads], m, acc)
+        else:
+            for p in payloads:
+                acc += np.asarray(codec.decode(p[:size], m), _F32)
+
+
+def widened(flat: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """The input as float32: itself when it is float32, else a copy in scratch."""
+    if flat.dtype == _F32:
+        return flat if flat.flags.c_contiguous else np.ascontiguousarray(flat)
+    wide = scratch.get("wide", flat.size, _F32)
+    wide[...] = flat
+    return wide
+
+
+# ---- the phases --------------------------------------------------------------------
+
+
+def _exchange(comm: Any, stat: Any, call: Any, alone: np.ndarray) -> np.ndarray:
+    """Runs one exchange (``alone``: its result in a world of one), counting the bytes
+    this rank sent."""
+    if comm.world_size == 1:
+        return alone
+    before = comm._core.stats()["bytes_sent"]
+    got = call()
+    stat.wire_bytes += comm._core.stats()["bytes_sent"] - before
+    return got
+
+
+def one_hop(
+    comm: Any,
+    codec: Codec,
+    x: np.ndarray,
+    owned: bool,
+    residual: Optional[np.ndarray],
+    call_no: int,
+    stat: Any,
+    scratch: Scratch,
+    target: np.ndarray,
+    scatter: bool,
+) -> np.ndarray:
+    """The scatter and gather phases (compressed.py's docstring); the float32 sum in
+    sum units, in ``target``: this rank's chunk (reduce_scatter; ``target`` may be
+    anything but a view of the other chunks of x) or the whole array (all_reduce; may
+    be x itself: x is read before target is written). ``x``: float32, contiguous;
+    ``owned``: x is scratch this call may change (the widened input, not x itself)."""
+    n, size, rank = x.size, comm.world_size, comm.rank
+    bounds = [_core.chunk_bounds(n, size, k) for k in range(size)]
+    row = _rows.row_bytes(codec, max(hi - lo for lo, hi in bounds))
+    header = _rows.header(n, codec, call_no)
+    what = "reduce_scatter" if scatter else "all_reduce"
+    kernel = _kernel(codec)
+    t_codec = 0.0
+
+    # Scatter phase: chunk k of every rank to rank k, encoded straight into its row.
+    send = scratch.get("send", (size, row))
+    send[:, :HEADER] = header
+    t0 = time.perf_counter()
+    for k, (lo, hi) in enumerate(bounds):
+        if k != rank and hi > lo:  # the worker error stays with its sender
+            _encode(
+                codec,
+                kernel,
+                x[lo:hi],
+                seed(call_no, WORKER, rank, k),
+                send[k, HEADER:],
+                None if residual is None else residual[lo:hi],
+            )
+    t_codec += time.perf_counter() - t0
+    recv = scratch.get("recv", (size, row)) if size > 1 else send
+    _exchange(comm, stat, lambda: comm.all_to_all(send, out=recv), send)
+    _rows.check_headers(recv, header, codec, rank, what)
+
+    # The owner's sum: its own contribution, never encoded, plus the N-1 payloads.
+    lo, hi = bounds[rank]
+    m = hi - lo
+    t0 = time.perf_counter()
+    own = x[lo:hi]
+    acc = target if scatter else own if owned else scratch.get("acc", m, _F32)
+    if residual is not None:
+        np.add(own, residual[lo:hi], out=acc)
+    elif acc is not own:
+        acc[...] = own
+    if m:
+        _decode_add(codec, kernel, [recv[j, HEADER:] for j in range(size) if j != rank], m, acc)
+    t_codec += time.perf_counter() - t0
+    if scatter:
+        if residual is not None:
+            residual[lo:hi] = 0  # sent whole: nothing owed
+        stat.codec_seconds += t_codec
+        return acc
+
+    # Gather phase: every owner's sum, encoded once, to every rank; recv's own row (its
+    # contents spent) holds it, and send (spent too) receives every rank's.
+    mine = recv[rank]
+    mine[:HEADER] = header
+    t0 = time.perf_counter()
+    if m:
+        owed = None
+        if residual is not None:  # the server error, in sum units, stays with the owner
+            owed = residual[lo:hi]
+            owed.fill(-0.0)  # acc + -0.0 is acc, bit for bit (signed zeros included)
+        _encode(codec, kernel, acc, seed(call_no, OWNER, rank, rank), mine[HEADER:], owed)
+    t_codec += time.perf_counter() - t0
+    rows = _exchange(comm, stat, lambda: comm.all_gather(mine, out=send), mine[None])
+    _rows.check_headers(rows, header, codec, rank, what)
+    t0 = time.perf_counter()
+    for k, (lo_k, hi_k) in enumerate(bounds):
+        if hi_k > lo_k:
+            _decode(codec, kernel, rows[k, HEADER:], hi_k - lo_k, target[lo_k:hi_k])
+    stat.codec_seconds += t_codec + time.perf_counter() - t0
+    return target
+
+
+def gathered(
+    comm: Any,
+    codec: Codec,
+    x: np.ndarray,
+    residual: Optional[np.ndarray],
+    call_no: int,
+    stat: Any,
+    scratch: Scratch,
+    target: np.ndarray,
+) -> np.ndarray:
+    """A "gather" codec: every rank's whole payload to every rank, decoded and summed
+    in rank order into ``target`` (float32, x's length; the same bits everywhere).
+    Bytes grow with N."""
+    size = comm.world_size
+    kernel = _kernel(codec)
+    header = _rows.header(x.size, codec, call_no)
+    row = _rows.row_bytes(codec, x.size)
+    mine = scratch.get("recv", row)
+    mine[:HEADER] = header
+    t0 = time.perf_counter()
+    _encode(codec, kernel, x, seed(call_no, GATHER, comm.rank, 0), mine[HEADER:], residual)
+    t_codec = time.perf_counter() - t0
+    rows = _exchange(
+        comm, stat, lambda: comm.all_gather(mine, out=scratch.get("send", (size, row))), mine[None]
+    )
+    _rows.check_headers(rows, header, codec, comm.rank, "all_reduce")
+    t0 = time.perf_counter()
+    target[...] = 0
+    payloads: List[np.ndarray] = [rows[j, HEADER:] for j in range(size)]
+    _decode_add(codec, kernel, payloads, x.size, target)
+    stat.codec_seconds += t_codec + time.perf_counter() - t0
+    return target

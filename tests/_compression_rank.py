@@ -1,0 +1,288 @@
+"""Rank-side functions of tests/test_compression.py (module level, so they pickle by
+reference), and the test data: each rank's contribution is a function of rank, size
+and dtype alone, so the parent can compute the float64 reference."""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+
+from ringreduce.compression import (
+    BlockIntCodec,
+    Codec,
+    CompressionWarning,
+    ErrorFeedback,
+    configure,
+    settings,
+)
+
+CODECS = ("bf16", "fp16", "int8", "int4")
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def contribution(rank: int, n: int, dtype: str, scale: float = 1.0) -> np.ndarray:
+    """Gaussian noise, exactly representable in ``dtype``."""
+    rng = np.random.default_rng(1000 * rank + n)
+    return (rng.standard_normal(n) * scale).astype(DTYPES[dtype])
+
+
+def matrix(comm, sizes):
+    """Every codec x dtype x size: (all_reduce result, reduce_scatter block, input left
+    untouched) per case."""
+    got = {}
+    for codec in CODECS:
+        for dtype in DTYPES:
+            for n in sizes:
+                x = contribution(comm.rank, n, dtype)
+                before = x.copy()
+                y = comm.all_reduce(x, compression=codec)
+                block = comm.reduce_scatter(x, compression=codec)
+                got[codec, dtype, n] = (
+                    y,
+                    block,
+                    bool(np.array_equal(x.view(np.uint8), before.view(np.uint8))),
+                )
+    return got
+
+
+def average_and_outputs(comm, codec):
+    """avg, out=, out=x (in place), async_op, reduce_scatter(out=), 2-d input."""
+    n = 1000
+    x = contribution(comm.rank, n, "float32").reshape(40, 25)
+    avg = comm.all_reduce(x, "avg", compression=codec)
+    total = comm.all_reduce(x, compression=codec)
+    out = np.empty_like(x)
+    same = comm.all_reduce(x, compression=codec, out=out)
+    inplace = x.copy()
+    res = comm.all_reduce(inplace, compression=codec, out=inplace)
+    work = comm.all_reduce(x, compression=codec, async_op=True)
+    waited = work.wait()
+    lo, hi = __import__("ringreduce").chunk_bounds(n, comm.world_size, comm.rank)
+    block_out = np.empty(hi - lo, np.float32)
+    block = comm.reduce_scatter(x, compression=codec, out=block_out)
+    return {
+        "avg": avg,
+        "total": total,
+        "out_is_out": same is out,
+        "out": out,
+        "inplace_is_x": res is inplace,
+        "inplace": inplace,
+        "done": work.done(),
+        "waited": waited,
+        "block_is_out": block is block_out,
+        "block": block,
+    }
+
+
+def refusals(comm):
+    """Each bad argument's error, as (type name, message); then a call that works."""
+    x = np.ones(10, np.float32)
+    cases = {
+        "int32": lambda: comm.all_reduce(np.ones(10, np.int32), compression="int8"),
+        "float64": lambda: comm.all_reduce(np.ones(10), compression="int8"),
+        "unknown": lambda: comm.all_reduce(x, compression="int3"),
+        "max": lambda: comm.all_reduce(x, "max", compression="bf16"),
+        "length": lambda: comm.all_reduce(x, compression="int8", error_feedback=_ef_of(7)),
+        "feedback": lambda: comm.all_reduce(x, compression="int8", error_feedback="yes"),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[name] = ("none", "")
+        except Exception as exc:  # noqa: BLE001 - the test reads the type
+            out[name] = (type(exc).__name__, str(exc))
+    out["after"] = comm.all_reduce(np.ones(4, np.float32), compression="int8")
+    out["float64_auto"] = comm.all_reduce(np.ones(4), compression="auto")
+    return out
+
+
+def _ef_of(n):
+    ef = ErrorFeedback().key("w")
+    ef.residual(n)
+    return ef
+
+
+def repeated(comm, codec, calls, feedback, n=3000):
+    """The running sum of ``calls`` results of the same input (float64)."""
+    x = contribution(comm.rank, n, "float32")
+    ef = ErrorFeedback().key("x") if feedback else None
+    total = np.zeros(n)
+    for _ in range(calls):
+        total += comm.all_reduce(x, compression=codec, error_feedback=ef)
+    return total, (ef.norm() if ef else 0.0)
+
+
+def feedback_round_trip(comm):
+    """bf16 (deterministic rounding): 3 calls with one ErrorFeedback, against 2 calls,
+    a checkpoint restored into a new one, and the third call."""
+    x = contribution(comm.rank, 777, "float32")
+    ef = ErrorFeedback()
+    straight = [
+        comm.all_reduce(x, compression="bf16", error_feedback=ef.key("a")) for _ in range(3)
+    ]
+    ef2 = ErrorFeedback()
+    for _ in range(2):
+        comm.all_reduce(x, compression="bf16", error_feedback=ef2.key("a"))
+    state = ef2.state_dict()
+    ef3 = ErrorFeedback()
+    ef3.load_state_dict(state)
+    resumed = comm.all_reduce(x, compression="bf16", error_feedback=ef3.key("a"))
+    return straight[2], resumed, straight[0]
+
+
+def canary(comm, name):
+    """Contributions that cancel (rank 1 sends minus rank 0's, plus a little): a codec
+    error proportional to the parts is large against their small sum. Returns the
+    warnings, the results and the stats."""
+    old = settings().canary_every
+    configure(canary_every=1)
+    codec = BlockIntCodec(8, name, max_error=0.1)
+    try:
+        a = contribution(0, 5000, "float32")
+        x = a if comm.rank == 0 else -a + 1e-3 * contribution(1, 5000, "float32")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = comm.all_reduce(x, compression=codec)
+            second = comm.all_reduce(x, compression=codec)
+            third = comm.all_reduce(x, compression=codec)
+        exact = comm.all_reduce(x)
+        ours = [str(w.message) for w in caught if issubclass(w.category, CompressionWarning)]
+        return ours, first, second, third, exact, comm.stats()["compression"][name]
+    finally:
+        configure(canary_every=old)
+
+
+def wire(comm, n):
+    """Bytes this rank sent for one exact fp32 all_reduce and one per codec (the canary
+    off: its all_gather, on a communicator's first compressed call, is not payload)."""
+    x = contribution(comm.rank, n, "float32")
+    sent = {}
+    old = settings().canary_every
+    configure(canary_every=0)
+    try:
+        for codec in (None,) + CODECS:
+            before = comm.stats()["bytes_sent"]
+            comm.all_reduce(x, compression=codec)
+            sent[codec or "exact"] = comm.stats()["bytes_sent"] - before
+    finally:
+        configure(canary_every=old)
+    return sent, comm.stats()
+
+
+def non_finite(comm, codec):
+    """inf, -inf and nan at chosen places of some ranks' inputs."""
+    n = 2000
+    x = contribution(comm.rank, n, "float32")
+    if comm.rank == 0:
+        x[[3, 700, 1500]] = [np.inf, np.inf, np.nan]
+    if comm.rank == 1:
+        x[[3, 701]] = [-np.inf, -np.inf]
+    with np.errstate(invalid="ignore"):
+        return comm.all_reduce(x, compression=codec), x
+
+
+def mismatch(comm):
+    """Ranks reduce different counts whose rows are the same size: both must raise."""
+    x = np.ones(100 + comm.rank, np.float32)
+    try:
+        comm.all_reduce(x, compression="int8")
+        outcome = ("none", "")
+    except Exception as exc:  # noqa: BLE001
+        outcome = (type(exc).__name__, str(exc))
+    return outcome, comm.all_reduce(np.ones(8, np.float32), compression="int8")
+
+
+def auto(comm, n, calls):
+    """``calls`` auto all_reduces of n values: results and the exact one."""
+    x = contribution(comm.rank, n, "float32")
+    results = [comm.all_reduce(x, compression="auto") for _ in range(calls)]
+    return results, comm.all_reduce(x), comm.stats()["compression"]
+
+
+def auto_async(comm, n, calls):
+    """``calls`` auto all_reduces of n values with async_op=True (as the bucketer
+    issues them): the results, the exact one, auto's counters, and whether each Work
+    was done when the call returned."""
+    x = contribution(comm.rank, n, "float32")
+    works, done_at_return = [], []
+    for _ in range(calls):
+        works.append(comm.all_reduce(x, compression="auto", async_op=True))
+        done_at_return.append(works[-1].done())
+    results = [w.wait() for w in works]
+    return results, comm.all_reduce(x), comm.stats()["compression"], done_at_return
+
+
+class Exact32(Codec):
+    """A "gather" codec that sends float32 as it is: sums must come out exact (in rank
+    order), on every rank alike."""
+
+    name = "exact32-test"
+    algebra = "gather"
+
+    def payload_bytes(self, n):
+        return 4 * n
+
+    def encode(self, x, seed=0):
+        return x.astype(np.float32).view(np.uint8)
+
+    def decode(self, payload, n):
+        return payload.view(np.float32).copy()
+
+
+def custom(comm):
+    x = contribution(comm.rank, 999, "float32")
+    ef = ErrorFeedback()
+    y = comm.all_reduce(x, compression=Exact32(), error_feedback=ef)
+    block = comm.reduce_scatter(x, compression=Exact32())
+    return y, block, ef.norm()
+
+
+class PythonInt8(BlockIntCodec):
+    """int8 whose encode is its own (the numpy reference): the collective takes the
+    codec's Python methods instead of the C++ kernels."""
+
+    def encode(self, x, seed=0):
+        return super().encode(x, seed, use_numpy=True)
+
+
+def _fresh_numbers(comm):
+    """Forgets comm's compression state: call numbers (and so seeds) start again at 0."""
+    from ringreduce._comm import compressed
+
+    compressed._STATES.pop(comm, None)
+
+
+def reuse(comm, n=5003):
+    """Results never share the communicator's scratch buffers; in-place float16; the
+    kernel path and a codec's Python path give the same bits and residuals."""
+    x = contribution(comm.rank, n, "float32")
+    first = comm.all_reduce(x, compression="int8")
+    kept = first.copy()
+    second = comm.all_reduce(2 * x, compression="int8")
+    block = comm.reduce_scatter(x, compression="bf16")
+    kept_block = block.copy()
+    comm.reduce_scatter(3 * x, compression="bf16")
+    half = contribution(comm.rank, n, "float16")
+    copied = comm.all_reduce(half, "avg", compression="bf16")  # bf16: no dither, same bits
+    inplace = half.copy()
+    comm.all_reduce(inplace, "avg", compression="bf16", out=inplace)
+    runs = []
+    for codec in ("int8", PythonInt8(8, "int8-python", 0.1)):
+        _fresh_numbers(comm)
+        ef = ErrorFeedback()
+        got = [comm.all_reduce(x, compression=codec, error_feedback=ef) for _ in range(2)]
+        got.append(comm.reduce_scatter(x, compression=codec, error_feedback=ef.key("rs")))
+        runs.append(([g.tobytes() for g in got], ef.state_dict()["residuals"]))
+    return {
+        "first_kept": first.tobytes() == kept.tobytes()
+        and first is not second
+        and not np.shares_memory(first, second),
+        "block_kept": block.tobytes() == kept_block.tobytes(),
+        "inplace": inplace,
+        "copied": copied,
+        "same_paths": runs[0][0] == runs[1][0]
+        and all(a.tobytes() == runs[1][1][k].tobytes() for k, a in runs[0][1].items()),
+    }

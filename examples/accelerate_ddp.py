@@ -10,7 +10,7 @@ other name, but it uses a process group that is already initialised. So the reci
 one line before the ``Accelerator``: ``rr.torch.init_process_group()`` (which also works
 under mpirun and srun). Accelerate then reports ``state.backend == "gloo"``, its name for
 any CPU group, while ``torch.distributed.get_backend()`` says "ringreduce": every
-collective it issues (DDP's gradient all-reduce, ``gather``, ``broadcast``) runs on
+collective it issues (DDP's gradient all-reduce and ``broadcast``, ``gather``) runs on
 ringreduce. Use a launcher other than ``accelerate launch --cpu``, which starts one
 process.
 
@@ -84,7 +84,13 @@ def main() -> None:
     with torch.no_grad():
         accuracy = (net(test.tensors[0]).argmax(1) == test.tensors[1]).float().mean()
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-    every = accelerator.gather(flat[None])  # (world, n): one row per rank
+    # torch.distributed.all_gather into tensors this function holds until the group has
+    # ended, not accelerator.gather: that one gathers into temporaries that Gloo's worker
+    # thread may be the last to release, and a thread that needs the GIL to free a tensor
+    # while the interpreter exits aborts the process ("terminate called without an active
+    # exception", torch's AsyncAllgatherWork destructor).
+    every = [torch.empty_like(flat) for _ in range(accelerator.num_processes)]
+    dist.all_gather(every, flat)  # one row per rank
     same = all(torch.equal(every[0], row) for row in every)
     if accelerator.is_main_process:
         print(
@@ -97,6 +103,7 @@ def main() -> None:
     if not same:
         raise SystemExit("replicas differ")
     accelerator.end_training()  # also ends the process group
+    del flat, every
 
 
 if __name__ == "__main__":

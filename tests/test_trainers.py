@@ -23,14 +23,28 @@ import torch  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# torch's Gloo backend can abort a process at interpreter exit, after all its work has
+# completed: a Gloo worker thread that still holds a finished work item when the main
+# thread finalises needs the GIL to free the item's tensors, and a thread that asks for
+# the GIL during finalisation ends itself with a forced unwind, which std::terminate()
+# turns into SIGABRT (gdb: ~AsyncAllgatherWork -> decref_pyobject -> take_gil ->
+# pthread_exit; pytorch PR 179291). It needs a starved worker thread, so it shows on a
+# loaded machine only. The Gloo run is this test's reference, not what it tests: that
+# one run may be repeated when it ends exactly so. The ringreduce run never is.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
 def train(example: str, backend: str, path: str) -> str:
     """Runs an example on 2 ranks for 2 epochs; returns rank 0's summary line."""
     cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--",
            sys.executable, os.path.join(ROOT, "examples", example),
            "--backend", backend, "--epochs", "2", "--save", path]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RINGREDUCE_TRANSPORT"}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
-                       stdin=subprocess.DEVNULL)  # fmt: skip
+    for _ in range(3 if backend == "gloo" else 1):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
+                           stdin=subprocess.DEVNULL)  # fmt: skip
+        if r.returncode == 0 or GLOO_EXIT_ABORT not in r.stdout + r.stderr:
+            break
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     lines = [line for line in r.stdout.splitlines() if "replicas identical" in line]
     assert len(lines) == 1, r.stdout[-4000:]

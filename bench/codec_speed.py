@@ -40,8 +40,10 @@ def main() -> int:
     n = int(args.mb * (1 << 20)) // 4
     x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
     gb = x.nbytes / 1e9
-    print(f"{n} float32 values ({x.nbytes / 2**20:.0f} MiB), kernels: "
-          f"{_core.codec_kernel_isa()}, best of {args.repeat}; GB/s of float32 input")
+    print(
+        f"{n} float32 values ({x.nbytes / 2**20:.0f} MiB), kernels: "
+        f"{_core.codec_kernel_isa()}, best of {args.repeat}; GB/s of float32 input"
+    )
     print(f"{'codec':6s} {'path':6s} {'encode':>8s} {'decode':>8s} {'dec-sum':>8s}  check")
     for name in args.codecs.split(","):
         codec = get_codec(name)
@@ -55,8 +57,10 @@ def main() -> int:
             enc = best(r, codec.encode, x, 1, use_numpy=numpy)
             dec = best(r, codec.decode, payload, n, use_numpy=numpy)
             dsum = best(r, codec.decode_add, peers, n, acc, use_numpy=numpy)
-            print(f"{name:6s} {path:6s} {gb / enc:8.2f} {gb / dec:8.2f} "
-                  f"{PEERS * gb / dsum:8.2f}  {'same bytes' if same else 'WRONG'}")
+            print(
+                f"{name:6s} {path:6s} {gb / enc:8.2f} {gb / dec:8.2f} "
+                f"{PEERS * gb / dsum:8.2f}  {'same bytes' if same else 'WRONG'}"
+            )
     return 0
 
 

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
 
@@ -47,6 +46,21 @@ def loop_until_failure(comm, old_rank: int, victim: int) -> dict:
             return {"peer": None}
 
 
+def die_once_agreed() -> None:
+    """This rank dies inside its next shrink, once the agreement has counted it in: the
+    others then make a communicator with it. (A timer would often fire after the shrink,
+    which takes milliseconds: a later failure, not one during the shrink.)"""
+    from ringreduce._comm import membership
+
+    agree = membership.Membership.agree
+
+    def agree_then_die(self, *args, **kwargs):
+        agree(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    membership.Membership.agree = agree_then_die
+
+
 def main() -> None:
     rank, size, port, transport, hosts, scenario = sys.argv[1:7]
     rank, size, hosts = int(rank), int(size), int(hosts)
@@ -65,8 +79,8 @@ def main() -> None:
     elif scenario.startswith("shrinkdie="):
         first, second = (int(v) for v in scenario.split("=")[1].split(","))
         seen = loop_until_failure(comm, rank, first)
-        if rank == second:  # dies while the others shrink
-            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        if rank == second:  # dies while the others shrink: counted in, then gone
+            die_once_agreed()
         new = comm.shrink()
         seen.update(new_rank=new.rank, size=new.world_size, ok=check(new))
         seen["failed_ranks"] = sorted(comm.failed_ranks)

@@ -13,6 +13,7 @@ SCENARIO:
   fails naming it, their communicator still works, and they grow again (a second
   newcomer joins that one).
 A newcomer whose TOKEN is "wrong" expects AuthenticationError. Prints one JSON line.
+Everyone meets at GROW_TEST_ADDR (default 127.0.0.1) and PORT.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import os
 import signal
 import sys
 import time
+
+ADDR = os.environ.get("GROW_TEST_ADDR", "127.0.0.1")
 
 
 def state_of(seed: int) -> dict:
@@ -59,7 +62,7 @@ def die_in_loop(comm, rank: int, victim: int) -> None:
 
 
 def member(rank: int, size: int, port: int, transport: str, scenario: dict, token: str) -> dict:
-    comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
+    comm = rr.init(transport, rank=rank, world_size=size, master_addr=ADDR,
                    master_port=port, timeout=6 if "seat-then-die" in scenario else 15,
                    token=token)  # fmt: skip
     report: dict = {"member": rank}
@@ -91,7 +94,7 @@ def member(rank: int, size: int, port: int, transport: str, scenario: dict, toke
 def newcomer(port: int, scenario: dict, token: str) -> dict:
     if token == "wrong":
         try:
-            rr.join(timeout=10, master_addr="127.0.0.1", master_port=port, token=token)
+            rr.join(timeout=10, master_addr=ADDR, master_port=port, token=token)
             return {"newcomer": "joined with a wrong token"}
         except rr.AuthenticationError as exc:
             return {"newcomer": "refused", "error": str(exc)}
@@ -105,7 +108,7 @@ def newcomer(port: int, scenario: dict, token: str) -> dict:
             os.kill(os.getpid(), signal.SIGKILL)
 
         growth._take_seat = take_and_die
-    grown = rr.join(timeout=30, master_addr="127.0.0.1", master_port=port, token=token)
+    grown = rr.join(timeout=30, master_addr=ADDR, master_port=port, token=token)
     report = {"newcomer": grown.rank}
     report.update(after_grow(grown, holder=False))
     grown.close()

@@ -147,3 +147,43 @@ def test_network_partition_times_out_naming_the_rank(hosts):
         assert r.get("error") in ("TimeoutError", "PeerError"), r
         assert r.get("peer") in (1, 2), r  # the rank waited on, or the cut-off one
     assert elapsed < 30, "every rank must give up within a few timeouts"
+
+
+def test_newcomers_find_the_job_at_its_address_after_rank_0_died(hosts):
+    # Ranks 0 and 3 on host 0 (MASTER_ADDR's), 1 and 2 on host 1. Rank 0 dies; the
+    # survivors shrink, and the lowest of them (old rank 1) hosts the meeting, but it
+    # cannot listen at MASTER_ADDR: old rank 3, on that machine, serves the lobby, and
+    # a newcomer on host 2 finds the job there.
+    names, _ = hosts
+    grow_rank = os.path.join(HERE, "_grow_rank.py")
+    port, token = "29411", "multihost-grow"
+
+    def start(ns, role, rank, size):
+        env = dict(os.environ, GROW_TEST_ADDR="10.232.0.1", GROW_TEST_DIE="0")
+        env.pop("RINGREDUCE_HOST_ID", None)
+        cmd = [sys.executable, grow_rank, role, str(rank), str(size), port, "tcp", "0",
+               "shrink=0,grow=4", token]  # fmt: skip
+        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+    placed = [names[0], names[1], names[1], names[0]]
+    procs = [start(ns, "member", r, 4) for r, ns in enumerate(placed)]
+    procs.append(start(names[2], "newcomer", 3, 4))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[0].returncode == -9, outs[0][1][-2000:]  # the victim
+    reports = []
+    for p, (out, _) in zip(procs[1:], outs[1:]):
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        assert p.returncode == 0 and lines, "\n---\n".join(e[-2000:] for _, e in outs)
+        reports.append(json.loads(lines[-1]))
+    for new_rank, m in enumerate(reports[:3]):
+        assert m == {**m, "shrunk": 3, "rank": new_rank, "size": 4, "ok": True, "state": True}
+    assert reports[3] == {**reports[3], "newcomer": 3, "size": 4, "ok": True, "state": True}

@@ -6,10 +6,12 @@ MASTER_PORT, the token). No service outside the job:
 
 1. The members agree (`membership.Membership.agree`): every member must be alive, and
    the lowest of them, the *host*, is where everyone meets.
-2. The host opens a *lobby* at the job's rendezvous address (its store stopped
-   listening there once every rank of the first communicator had met) and writes in it
-   where to meet: its standby store, a fresh meeting prefix, the old and new sizes, the
-   members' settings. The lobby only points the way; it closes when the grow ends.
+2. The lowest member on the machine of the job's rendezvous address (rank 0 while it
+   lives; each member said at arming whether it could listen there) opens a *lobby* at
+   that address (the store stopped listening there once every rank of the first
+   communicator had met) and writes in it where to meet: the host's standby store, a
+   fresh meeting prefix, the old and new sizes, the members' settings. The lobby only
+   points the way; it closes when the grow ends.
 3. A newcomer reaches the lobby (retrying until its timeout, so it may start before
    the members call grow), takes the first free seat (ranks old_size..world_size-1) on
    the host's standby store, and everyone builds the new communicator there
@@ -20,8 +22,8 @@ side) and the members do not notice. A newcomer that dies while joining makes th
 members' grow fail (it never takes its seat, or never links up) with an error naming
 its rank, within the timeout; their communicator is untouched, so they may grow again.
 
-The lobby needs the host to be on MASTER_ADDR's machine: after rank 0 died and a rank
-of another host became the lowest, newcomers must be given that host's address.
+When no member is left on the rendezvous address's machine (every rank there died),
+grow fails at once on every member, saying so: newcomers could not find the job.
 """
 
 from __future__ import annotations
@@ -67,12 +69,19 @@ def grow(membership: Membership, world_size: int, timeout: float) -> Tuple[Any, 
         )
     deadline = time.monotonic() + timeout
     store, host = decision["store"], decision["host"]
+    server = next((r for r in decision["members"] if r in m.lobby_ranks), None)
+    if server is None:  # the same answer on every member: they agreed on the members
+        raise RingReduceError(
+            f"rank {m.rank}: cannot grow: no member is on the machine of the job's "
+            f"rendezvous address {m.lobby[0]}:{m.lobby[1]} (MASTER_ADDR/MASTER_PORT), "
+            "where newcomers look for the job; the ranks that were there are dead"
+        )
     prefix = f"{m.id}grow/{m.rounds}/{host}"
     lobby = None
-    if m.rank == host:
-        lobby = _open_lobby(m, store, prefix, world_size, timeout)
+    if m.rank == server:
+        lobby = _open_lobby(m, store, prefix, world_size, timeout, host)
     else:
-        _await_lobby(store, prefix, deadline, host, m.rank)
+        _await_lobby(store, prefix, deadline, server, m.rank)
     try:
         addr = m.addresses[host][0]
         core = _core.Communicator.create_with_store(
@@ -115,34 +124,42 @@ def _explained(exc: RingReduceError, store: Any, prefix: str, host: int, rank: i
     return exc
 
 
-def _open_lobby(m: Membership, store: Any, prefix: str, size: int, timeout: float) -> Any:
-    """On the host: serves the lobby at the job's address and says so on its standby
-    store (or says why not, so the other members fail at once instead of waiting)."""
-    host, port = m.lobby
+def _open_lobby(
+    m: Membership, store: Any, prefix: str, size: int, timeout: float, host: int
+) -> Any:
+    """On the lobby's server: serves the lobby at the job's address, pointing to rank
+    ``host``'s standby store, and says so there (or says why not, so that the other
+    members fail at once instead of waiting)."""
+    addr, port = m.lobby
+    lobby = None
     try:
-        lobby = _core.TcpStore(host, port, True, timeout, min(timeout, 5.0), m.token)
-    except RingReduceError as exc:
+        lobby = _core.TcpStore(addr, port, True, timeout, min(timeout, 5.0), m.token)
+        standby = m.addresses[host]
+        info = {
+            "standby": [standby[0], standby[1]],
+            "prefix": prefix,
+            "old": m.size,
+            "new": size,
+            "transport": m.options.transport,
+            "timeout": float(m.options.timeout_seconds),
+        }
+        lobby.set(_LOBBY_KEY, json.dumps(info).encode())
+    except BaseException as exc:
         why = (
-            f"rank {m.rank} could not open the lobby for newcomers at {host}:{port} "
+            f"rank {m.rank} could not open the lobby for newcomers at {addr}:{port} "
             f"(the job's rendezvous address): {exc}"
         )
         store.set(prefix + "/lobby", ("error: " + why).encode())
-        raise RingReduceError(why) from exc
-    standby = m.addresses[m.rank]
-    info = {
-        "standby": [standby[0], standby[1]],
-        "prefix": prefix,
-        "old": m.size,
-        "new": size,
-        "transport": m.options.transport,
-        "timeout": float(m.options.timeout_seconds),
-    }
-    lobby.set(_LOBBY_KEY, json.dumps(info).encode())
+        if lobby is not None:
+            lobby.close()
+        if isinstance(exc, RingReduceError):
+            raise RingReduceError(why) from exc
+        raise
     store.set(prefix + "/lobby", b"open")
     return lobby
 
 
-def _await_lobby(store: Any, prefix: str, deadline: float, host: int, rank: int) -> None:
+def _await_lobby(store: Any, prefix: str, deadline: float, server: int, rank: int) -> None:
     while True:
         state = store.try_get(prefix + "/lobby")
         if state is not None:
@@ -150,8 +167,8 @@ def _await_lobby(store: Any, prefix: str, deadline: float, host: int, rank: int)
                 raise RingReduceError(f"rank {rank}: {state.decode()[len('error: ') :]}")
             return
         if time.monotonic() >= deadline:
-            exc = TimeoutError(f"rank {rank}: rank {host} did not open the lobby in time")
-            exc.peer = host
+            exc = TimeoutError(f"rank {rank}: rank {server} did not open the lobby in time")
+            exc.peer = server
             raise exc
         time.sleep(_POLL)
 

@@ -29,7 +29,7 @@ import json
 import random
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
@@ -58,6 +58,7 @@ class Membership:
         options: Any,
         hold: tuple = (),
         lobby: Optional[Tuple[str, int]] = None,
+        lobby_ranks: FrozenSet[int] = frozenset(),
     ):
         self.rank = int(core.rank)
         self.size = int(core.world_size)
@@ -72,6 +73,7 @@ class Membership:
         self._connect_seconds = _CONNECT_SECONDS
         self._hold = hold  # stores a communicator made by shrink meets through
         self.lobby = lobby  # the job's rendezvous address, where newcomers look (growth)
+        self.lobby_ranks = lobby_ranks  # the ranks on that address's machine (can serve it)
 
     # -- revocation -----------------------------------------------------------------
     def note(self, exc: BaseException) -> None:
@@ -335,7 +337,8 @@ def arm(
 ) -> Membership:
     """Starts this rank's standby store and reads every rank's address of theirs (a
     collective over the rendezvous store: every rank calls it). ``lobby``: the job's
-    rendezvous address, where newcomers look for a grow (None: they cannot).
+    rendezvous address, where newcomers look for a grow (None: they cannot); each rank
+    says whether it is on that address's machine, where it could serve them.
     ``alive(r)``: whether rank r's process is still there (False: proven gone), asked
     while its keys are awaited, so that a death is a PeerError naming it at once, not a
     TimeoutError at the timeout (None: the timeout)."""
@@ -345,11 +348,14 @@ def arm(
     server = _standby_server("127.0.0.1" if loopback else advertise, timeout, token)
     try:
         rank, size = int(core.rank), int(core.world_size)
-        core.publish(f"standby/{rank}", f"{advertise} {server.port}".encode())
-        addresses = []
+        here = 1 if _on_this_machine(lobby) else 0
+        core.publish(f"standby/{rank}", f"{advertise} {server.port} {here}".encode())
+        addresses, lobby_ranks = [], set()
         for r in range(size):
-            name, port = _fetch(core, f"standby/{r}", r, timeout, alive).decode().split()
+            name, port, there = _fetch(core, f"standby/{r}", r, timeout, alive).decode().split()
             addresses.append((name, int(port)))
+            if there == "1":
+                lobby_ranks.add(r)
         # Rank 0 serves the rendezvous store (or, after a shrink, the meeting store) and
         # takes it away when it closes: it returns only once every rank has read what it
         # needs here, so that a communicator closed as soon as it is made does not fail
@@ -361,7 +367,26 @@ def arm(
     except BaseException:
         server.close()
         raise
-    return Membership(core, server, addresses, token, options, hold, lobby)
+    return Membership(core, server, addresses, token, options, hold, lobby, frozenset(lobby_ranks))
+
+
+def _on_this_machine(address: Optional[Tuple[str, int]]) -> bool:
+    """Whether this process could listen on ``address``'s host: it is one of this
+    machine's addresses (binding to another machine's fails)."""
+    if address is None:
+        return False
+    try:
+        infos = socket.getaddrinfo(address[0], 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, where in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(where)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def _fetch(

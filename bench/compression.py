@@ -6,6 +6,7 @@ gradients (issue 22's "Measure"; results and commands in docs/perf/compression.t
     python bench/compression.py collective --link 1gbit -n 4     # 4 emulated hosts (root)
     python bench/compression.py collective --link 10gbit -n 4
     python bench/compression.py fidelity -n 4
+    python bench/compression.py crossover -n 4 --sizes 16M --codecs fp32,bf16,int8,auto
 
 *collective*: N ranks all_reduce float32 arrays of each size through each codec (None is
 the engine's fp32 ring). Effective bandwidth = fp32 bytes / seconds per call (the
@@ -15,6 +16,11 @@ puts rank i in network namespace rrcmp<i> (made here, with a veth into a bridge 
 namespace rrcmpsw, both directions shaped by ``tc tbf`` at RATE, taken down at the end),
 and the wire bytes are the veth's tx_bytes counter per rank and call, headers and
 retransmissions included.
+
+*crossover*: *collective* on 4 emulated hosts at each of ``--rates``, each codec's
+measured speedup over the fp32 ring set beside the one auto's cost model predicts from
+what it measured on that link (``comm.stats()``'s ``predicted_seconds``), and the rate
+where compression stops paying by each (interpolated between the rates around it).
 
 *fidelity*: the ranks train a small numpy MLP with exact all-reduces and keep every
 step's float32 gradients (a real run's snapshots); each codec then reduces that sequence,
@@ -154,6 +160,9 @@ def rank_collective(comm: Any, opts: dict) -> dict:
             worst = comm.all_reduce(np.array([min(times), wire / opts["reps"]]), "max")
             rows.append({"size": size, "codec": codec, "seconds": float(worst[0]),
                          "wire": float(worst[1])})  # fmt: skip
+            if codec == "auto":  # the model's prediction (agreed: the same on every rank)
+                auto = comm.stats()["compression"].get("auto") or {}
+                rows[-1]["predicted"] = auto.get("predicted_seconds")
     return {"rows": rows, "transport": comm.transport, "n": comm.world_size}
 
 
@@ -255,16 +264,80 @@ def fidelity_table(report: dict) -> str:
     return "\n".join(out)
 
 
+def rate_bits(rate: str) -> float:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, mult in units.items():
+        if rate.lower().endswith(unit):
+            return float(rate[: -len(unit)]) * mult
+    raise SystemExit(f"--rates: {rate!r} is not a tc rate such as 500mbit or 2gbit")
+
+
+def crossing(points: list) -> str:
+    """The link rate at which a speedup falls through 1, from (rate, speedup) pairs:
+    interpolated linearly in log(rate) and log(speedup) between the rates around it."""
+    points = sorted(points)
+    for (r0, s0), (r1, s1) in zip(points, points[1:]):
+        if s0 >= 1 > s1:
+            f = np.log(s0) / (np.log(s0) - np.log(s1))
+            return f"{np.exp(np.log(r0) + f * (np.log(r1) - np.log(r0))) / 1e9:.2f} Gbit/s"
+    if all(s >= 1 for _, s in points):
+        return f"above {points[-1][0] / 1e9:g} Gbit/s"
+    return f"below {points[0][0] / 1e9:g} Gbit/s" if all(s < 1 for _, s in points) else "-"
+
+
+def crossover_table(reports: dict) -> str:
+    """Measured against predicted, per rate and codec, and where compression stops
+    paying (the crossover) by each."""
+    out = ["crossover: measured x fp32 (the fp32 ring's time / the codec's) against auto's "
+           "model (its predicted exact time / its predicted codec time)", "",
+           "| rate | size | codec | ms | x fp32 | predicted ms | predicted x fp32 | "
+           "predicted / measured ms |", "|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    curves: dict = {}
+    for rate, report in sorted(reports.items(), key=lambda kv: rate_bits(kv[0])):
+        rows = report["rows"]
+        for size in sorted({r["size"] for r in rows}):
+            at = {r["codec"]: r for r in rows if r["size"] == size}
+            pred = (at.get("auto") or {}).get("predicted") or {}
+            for codec, r in at.items():
+                if codec in ("fp32", "auto"):
+                    continue
+                x = at["fp32"]["seconds"] / r["seconds"]
+                p_ms = pred.get(codec)
+                px = pred["exact"] / p_ms if p_ms else None
+                key = (size, codec)
+                curves.setdefault(key, {"measured": [], "predicted": []})
+                curves[key]["measured"].append((rate_bits(rate), x))
+                if px:
+                    curves[key]["predicted"].append((rate_bits(rate), px))
+                out.append(
+                    f"| {rate} | {human(size)} | {codec} | {r['seconds'] * 1e3:.1f} | "
+                    f"{x:.2f} | {p_ms * 1e3 if p_ms else float('nan'):.1f} | "
+                    f"{px or float('nan'):.2f} | "
+                    f"{p_ms / r['seconds'] if p_ms else float('nan'):.2f} |"
+                )
+    out += ["", "| size | codec | crossover, measured | crossover, predicted |",
+            "|---:|---|---|---|"]  # fmt: skip
+    for (size, codec), c in sorted(curves.items()):
+        out.append(f"| {human(size)} | {codec} | {crossing(c['measured'])} | "
+                   f"{crossing(c['predicted']) if c['predicted'] else '-'} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
         rank_main(sys.argv[2], json.loads(sys.argv[3]))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["collective", "fidelity"])
+    p.add_argument("mode", choices=["collective", "fidelity", "crossover"])
     p.add_argument("-n", type=int, default=4, help="ranks (one per emulated host)")
     p.add_argument("--link", default="shm", help="shm, or a tc rate: 1gbit, 10gbit")
     p.add_argument("--sizes", default="64K,1M,16M,64M,256M")
     p.add_argument("--codecs", default=",".join(CODECS))
+    p.add_argument(
+        "--rates",
+        default="250mbit,500mbit,1gbit,2gbit,4gbit,8gbit",
+        help="crossover: the link rates to measure at (4 emulated hosts)",
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=30, help="fidelity: training steps")
     p.add_argument("--timeout", type=float, default=3000)
@@ -277,10 +350,21 @@ def main() -> None:
         with open(args.render) as f:
             report = json.load(f)
         args.json = None
+    elif args.mode == "crossover":
+        codecs = args.codecs.split(",")
+        args.codecs = ",".join(["fp32"] + [c for c in codecs if c not in ("fp32", "auto")]
+                               + ["auto"])  # fmt: skip
+        report = {}
+        for rate in args.rates.split(","):
+            args.link = rate
+            report[rate] = launch(argparse.Namespace(**vars(args)), "collective")
     else:
         report = launch(args, args.mode)
-    print(collective_table(report, args.link) if args.mode == "collective"
-          else fidelity_table(report))  # fmt: skip
+    if args.mode == "crossover":
+        print(crossover_table(report))
+    else:
+        print(collective_table(report, args.link) if args.mode == "collective"
+              else fidelity_table(report))  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f)

@@ -273,6 +273,13 @@ def test_auto_calibrates_then_agrees_on_every_rank(group_factory):
         assert got[0].tobytes() == exact.tobytes() == got[1].tobytes()  # calibration: exact
         assert stats["auto"]["link_gbs"] > 0
         assert sum(stats["auto"]["chosen"].values()) >= 4
+        predicted = stats["auto"]["predicted_seconds"]  # the last decision's model
+        assert predicted["bytes"] == (1 << 17) * 4
+        assert predicted["exact"] == pytest.approx(
+            predicted["bytes"] / (stats["auto"]["link_gbs"] * 1e9)
+        )
+        assert set(predicted) == {"bytes", "exact", "bf16", "int8"}
+        assert all(t > 0 for t in predicted.values())
         for i in range(4):
             assert got[i].tobytes() == first[0][i].tobytes()
 

@@ -132,6 +132,7 @@ def stats(comm: Any) -> dict:
         out["compression"]["auto"] = {
             "chosen": dict(st.auto.chosen),
             "link_gbs": None if not st.auto.calibrated else 1e-9 / st.auto.link_s_per_byte,
+            "predicted_seconds": None if st.auto.predicted is None else dict(st.auto.predicted),
         }
     return out
 

@@ -147,6 +147,9 @@ class AutoPolicy:
         self.link_s_per_byte: Optional[float] = None  # agreed
         self.speeds: Dict[str, Tuple[float, float]] = {}  # agreed, per candidate
         self.chosen: Dict[str, int] = {}
+        # The last calibrated decision's predicted seconds per path ("exact" and each
+        # candidate) and its input bytes, for stats(): the model, open to checking.
+        self.predicted: Optional[Dict[str, float]] = None
 
     @property
     def calibrated(self) -> bool:
@@ -174,18 +177,20 @@ class AutoPolicy:
             "of input, measured)"
         ]
         best, best_t = None, t_exact
+        predicted = {"bytes": float(nbytes), "exact": t_exact}
         for name in CANDIDATES:
             codec = get_codec(name)
             enc, dec = self.speeds[name]
             wire = codec.payload_bytes(n) / nbytes * t_exact
             work = n * (enc + (3 if feedback else 2) * dec)
-            t = wire + work
+            t = predicted[name] = wire + work
             parts.append(
                 f"{name} {t * 1e3:.3f} ms (wire {wire * 1e3:.3f} + codec {work * 1e3:.3f})"
             )
             if t < MARGIN * t_exact and t < best_t:
                 best, best_t = name, t
         verdict = best or "exact"
+        self.predicted = predicted
         return Decision(best, f"{', '.join(parts)} -> {verdict}")
 
     def note_calibration(self, seconds: float, nbytes: int) -> Optional[np.ndarray]:

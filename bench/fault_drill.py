@@ -150,8 +150,8 @@ def newcomer(port: str, how: str, master: str) -> None:
 
     take = growth._take_seat
 
-    def take_and_fail(store: Any, info: Any) -> Any:
-        seat = take(store, info)
+    def take_and_fail(store: Any, info: Any, standby: str) -> Any:
+        seat = take(store, info, standby)
         fail(seat, how)
 
     growth._take_seat = take_and_fail

@@ -103,8 +103,8 @@ def newcomer(port: int, scenario: dict, token: str) -> dict:
 
         take = growth._take_seat
 
-        def take_and_die(store, info):
-            take(store, info)
+        def take_and_die(store, info, standby):
+            take(store, info, standby)
             os.kill(os.getpid(), signal.SIGKILL)
 
         growth._take_seat = take_and_die

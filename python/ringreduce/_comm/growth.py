@@ -19,8 +19,10 @@ MASTER_PORT, the token). No service outside the job:
 
 A newcomer with the wrong token is refused by the lobby (AuthenticationError on its
 side) and the members do not notice. A newcomer that dies while joining makes the
-members' grow fail (it never takes its seat, or never links up) with an error naming
-its rank, within the timeout; their communicator is untouched, so they may grow again.
+members' grow fail with an error naming its rank: at once when it had taken its seat
+(the seat names its standby store, which refuses connections once it is gone), within
+the timeout when it never took one; their communicator is untouched, so they may grow
+again. Members that die meanwhile are named at once the same way.
 
 When no member is left on the rendezvous address's machine (every rank there died),
 grow fails at once on every member, saying so: newcomers could not find the job.
@@ -31,11 +33,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import _core, _env
 from ..errors import PeerError, RingReduceError, TimeoutError
-from .membership import Membership, _MeetingStore, arm
+from .membership import Membership, _alive, _MeetingStore, _refused, arm, standby_server
 
 __all__ = ["grow", "join"]
 
@@ -82,24 +84,49 @@ def grow(membership: Membership, world_size: int, timeout: float) -> Tuple[Any, 
         lobby = _open_lobby(m, store, prefix, world_size, timeout, host)
     else:
         _await_lobby(store, prefix, deadline, server, m.rank)
+    # A member or newcomer that dies while the communicator is made is named at once:
+    # its standby store stops answering.
+    meeting = _GrowMeeting(store, host == m.rank, m.addresses, prefix)
     try:
         addr = m.addresses[host][0]
         core = _core.Communicator.create_with_store(
-            _MeetingStore(store, hosted_here=host == m.rank),
-            m.rank,
-            world_size,
-            _advertise(addr),
-            prefix,
-            m.options,
+            meeting, m.rank, world_size, _advertise(addr), prefix, m.options
         )
     except RingReduceError as exc:
         raise _explained(exc, store, prefix, host, m.rank) from exc
     finally:
         if lobby is not None:
             lobby.close()
-    meeting = _MeetingStore(store, hosted_here=host == m.rank)
     hold = (meeting, m.server) if host == m.rank else (meeting,)
-    return core, arm(core, addr, m.token, m.options, hold, lobby=m.lobby)
+    try:
+        return core, arm(core, addr, m.token, m.options, hold, lobby=m.lobby,
+                         alive=_alive(meeting))  # fmt: skip
+    except BaseException:
+        core.close()
+        raise
+
+
+class _GrowMeeting(_MeetingStore):
+    """The meeting store of a grow: it knows where the members' standby stores are, and
+    a newcomer's once it has taken its seat (the seat names it), so that a rank whose
+    process is gone is named at once while the grown communicator is made."""
+
+    def __init__(self, store: Any, hosted_here: bool, members: List[Any], prefix: str):
+        super().__init__(store, hosted_here, [(str(a), int(p)) for a, p in members])
+        self._prefix = prefix
+        self._seats: Dict[int, Tuple[str, int]] = {}
+
+    def peer_gone(self, rank: int) -> bool:
+        if rank < len(self._members):
+            return super().peer_gone(rank)
+        where = self._seats.get(rank)
+        if where is None:
+            seat = self._store.try_get(f"{self._prefix}/seat/{rank}")
+            parts = seat.decode().split() if seat is not None else []
+            if len(parts) != 3:
+                return False  # not seated yet: nothing known about it
+            where = self._seats[rank] = (parts[1], int(parts[2]))
+        return _refused(where)
 
 
 def _explained(exc: RingReduceError, store: Any, prefix: str, host: int, rank: int) -> Exception:
@@ -142,6 +169,7 @@ def _open_lobby(
             "new": size,
             "transport": m.options.transport,
             "timeout": float(m.options.timeout_seconds),
+            "members": [[a, p] for a, p in m.addresses],
         }
         lobby.set(_LOBBY_KEY, json.dumps(info).encode())
     except BaseException as exc:
@@ -189,24 +217,33 @@ def join(
     host, port = _env.master_address(master_addr, master_port)
     secret = token
     full: Set[str] = set()  # grows whose new ranks other newcomers took
-    while True:
-        info = _read_lobby(host, port, secret, timeout, deadline, full)
-        standby = _core.TcpStore(
-            info["standby"][0], int(info["standby"][1]), False, _left(deadline), 5.0, secret
-        )
-        rank = _take_seat(standby, info)
-        if rank is not None:
-            break
-        standby.close()
-        full.add(info["prefix"])  # wait for the next grow
-    options = _env.engine_options(info["transport"], info["timeout"])
-    options.token = secret
-    meeting = _MeetingStore(standby, hosted_here=False)
-    core = _core.Communicator.create_with_store(
-        meeting, rank, int(info["new"]), _advertise(info["standby"][0]), info["prefix"], options
-    )
+    # Our standby store first: the seat we take names it, so that the members see at
+    # once if we die while the grown communicator is made.
+    server, advertise = standby_server(host, timeout, secret)
     try:
-        membership = arm(core, host, secret, options, (meeting,), lobby=(host, port))
+        while True:
+            info = _read_lobby(host, port, secret, timeout, deadline, full)
+            standby = _core.TcpStore(
+                info["standby"][0], int(info["standby"][1]), False, _left(deadline), 5.0, secret
+            )
+            rank = _take_seat(standby, info, f"{advertise} {server.port}")
+            if rank is not None:
+                break
+            standby.close()
+            full.add(info["prefix"])  # wait for the next grow
+        options = _env.engine_options(info["transport"], info["timeout"])
+        options.token = secret
+        meeting = _GrowMeeting(standby, False, info.get("members", []), info["prefix"])
+        core = _core.Communicator.create_with_store(
+            meeting, rank, int(info["new"]), _advertise(info["standby"][0]), info["prefix"],
+            options,
+        )  # fmt: skip
+    except BaseException:
+        server.close()
+        raise
+    try:
+        membership = arm(core, host, secret, options, (meeting,), lobby=(host, port),
+                         alive=_alive(meeting), standby=(server, advertise))  # fmt: skip
     except BaseException:
         core.close()
         raise
@@ -247,9 +284,10 @@ def _read_lobby(
     )
 
 
-def _take_seat(store: Any, info: Dict) -> Optional[int]:
-    """The first free rank of the grown communicator; None when others took them all."""
-    nonce = os.urandom(8).hex().encode()
+def _take_seat(store: Any, info: Dict, standby: str) -> Optional[int]:
+    """The first free rank of the grown communicator, its seat naming our standby store
+    ("address port"); None when others took them all."""
+    nonce = f"{os.urandom(8).hex()} {standby}".encode()
     for rank in range(int(info["old"]), int(info["new"])):
         if store.set_if_absent(f"{info['prefix']}/seat/{rank}", nonce) == nonce:
             return rank

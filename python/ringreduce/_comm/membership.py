@@ -304,6 +304,14 @@ def _refused(address: Tuple[str, int]) -> bool:
         return False  # slow or unreachable is not proof of death
 
 
+def standby_server(toward: str, timeout: float, token: str) -> Tuple[Any, str]:
+    """(a standby store for this rank, the address it is reached at): the address of
+    this machine that ranks reaching ``toward``, the job's rendezvous host, reach."""
+    loopback = toward in ("127.0.0.1", "localhost", "") or toward.startswith("127.")
+    advertise = "127.0.0.1" if loopback else _core.local_ip_towards(toward)
+    return _standby_server(advertise, timeout, token), advertise
+
+
 def _standby_server(host: str, timeout: float, token: str) -> Any:
     """This rank's standby store, on a free port below the kernel's ephemeral range: every
     rank of every communicator serves one, and ports the kernel hands out (port 0) are
@@ -334,6 +342,7 @@ def arm(
     hold: tuple = (),
     lobby: Optional[Tuple[str, int]] = None,
     alive: Optional[Callable[[int], bool]] = None,
+    standby: Optional[Tuple[Any, str]] = None,
 ) -> Membership:
     """Starts this rank's standby store and reads every rank's address of theirs (a
     collective over the rendezvous store: every rank calls it). ``lobby``: the job's
@@ -341,11 +350,11 @@ def arm(
     says whether it is on that address's machine, where it could serve them.
     ``alive(r)``: whether rank r's process is still there (False: proven gone), asked
     while its keys are awaited, so that a death is a PeerError naming it at once, not a
-    TimeoutError at the timeout (None: the timeout)."""
-    loopback = host in ("127.0.0.1", "localhost", "") or host.startswith("127.")
-    advertise = "127.0.0.1" if loopback else _core.local_ip_towards(host)
+    TimeoutError at the timeout (None: the timeout). ``standby``: this rank's standby
+    store and its address, when it was started already (`standby_server`); closed here
+    if arming fails, as one started here is."""
     timeout = float(core.timeout)
-    server = _standby_server("127.0.0.1" if loopback else advertise, timeout, token)
+    server, advertise = standby if standby is not None else standby_server(host, timeout, token)
     try:
         rank, size = int(core.rank), int(core.world_size)
         here = 1 if _on_this_machine(lobby) else 0

@@ -19,8 +19,10 @@ retransmissions included.
 
 *crossover*: *collective* on 4 emulated hosts at each of ``--rates``, each codec's
 measured speedup over the fp32 ring set beside the one auto's cost model predicts from
-what it measured on that link (``comm.stats()``'s ``predicted_seconds``), and the rate
-where compression stops paying by each (interpolated between the rates around it).
+what it measured on that link (calibrated on the first size of at least 256 KiB, then
+asked for every size: the policy object, the one place this bench goes past the public
+API), and where compression starts to pay by each: the size at each rate (the model's
+``crossover_bytes``), and the rate at each size.
 
 *fidelity*: the ranks train a small numpy MLP with exact all-reduces and keep every
 step's float32 gradients (a real run's snapshots); each codec then reduces that sequence,
@@ -41,7 +43,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -160,9 +162,14 @@ def rank_collective(comm: Any, opts: dict) -> dict:
             worst = comm.all_reduce(np.array([min(times), wire / opts["reps"]]), "max")
             rows.append({"size": size, "codec": codec, "seconds": float(worst[0]),
                          "wire": float(worst[1])})  # fmt: skip
-            if codec == "auto":  # the model's prediction (agreed: the same on every rank)
-                auto = comm.stats()["compression"].get("auto") or {}
-                rows[-1]["predicted"] = auto.get("predicted_seconds")
+    if opts.get("predict"):  # the model's prediction at every size (the same on every rank)
+        from ringreduce._comm.compressed import _state
+
+        policy = _state(comm).auto
+        for row in rows:
+            if row["codec"] == "auto" and policy.calibrated:
+                row["predicted"] = policy.predict(row["size"] // 4, 4, False)[0]
+                row["crossover_bytes"] = policy.crossover_bytes()
     return {"rows": rows, "transport": comm.transport, "n": comm.world_size}
 
 
@@ -272,54 +279,80 @@ def rate_bits(rate: str) -> float:
     raise SystemExit(f"--rates: {rate!r} is not a tc rate such as 500mbit or 2gbit")
 
 
-def crossing(points: list) -> str:
-    """The link rate at which a speedup falls through 1, from (rate, speedup) pairs:
-    interpolated linearly in log(rate) and log(speedup) between the rates around it."""
+def crossing(points: list) -> Optional[float]:
+    """Where a speedup rises through 1 along x (a size, or a link's seconds per byte),
+    from (x, speedup) pairs: interpolated linearly in log(x) and log(speedup) between
+    the two points around it; 0 when it is above 1 everywhere, inf when nowhere."""
     points = sorted(points)
-    for (r0, s0), (r1, s1) in zip(points, points[1:]):
-        if s0 >= 1 > s1:
+    for (x0, s0), (x1, s1) in zip(points, points[1:]):
+        if s0 < 1 <= s1:
             f = np.log(s0) / (np.log(s0) - np.log(s1))
-            return f"{np.exp(np.log(r0) + f * (np.log(r1) - np.log(r0))) / 1e9:.2f} Gbit/s"
+            return float(np.exp(np.log(x0) + f * (np.log(x1) - np.log(x0))))
     if all(s >= 1 for _, s in points):
-        return f"above {points[-1][0] / 1e9:g} Gbit/s"
-    return f"below {points[0][0] / 1e9:g} Gbit/s" if all(s < 1 for _, s in points) else "-"
+        return 0.0
+    return float("inf") if all(s < 1 for _, s in points) else None
 
 
 def crossover_table(reports: dict) -> str:
-    """Measured against predicted, per rate and codec, and where compression stops
-    paying (the crossover) by each."""
+    """Measured against predicted, per rate, size and codec; then where each codec starts
+    to pay, along the sizes at each rate (measured; the model's crossover_bytes) and
+    along the link rates at each size."""
     out = ["crossover: measured x fp32 (the fp32 ring's time / the codec's) against auto's "
-           "model (its predicted exact time / its predicted codec time)", "",
+           "model (its predicted exact time / its predicted codec time), the model "
+           "calibrated on the first size of at least 256 KiB", "",
            "| rate | size | codec | ms | x fp32 | predicted ms | predicted x fp32 | "
            "predicted / measured ms |", "|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    curves: dict = {}
+    by_size: dict = {}  # (rate, codec) -> measured [(size, x)], model's crossover bytes
+    by_rate: dict = {}  # (size, codec) -> measured and predicted [(s per bit, x)]
     for rate, report in sorted(reports.items(), key=lambda kv: rate_bits(kv[0])):
         rows = report["rows"]
         for size in sorted({r["size"] for r in rows}):
             at = {r["codec"]: r for r in rows if r["size"] == size}
-            pred = (at.get("auto") or {}).get("predicted") or {}
+            auto = at.get("auto") or {}
+            pred = auto.get("predicted") or {}
             for codec, r in at.items():
                 if codec in ("fp32", "auto"):
                     continue
                 x = at["fp32"]["seconds"] / r["seconds"]
                 p_ms = pred.get(codec)
-                px = pred["exact"] / p_ms if p_ms else None
-                key = (size, codec)
-                curves.setdefault(key, {"measured": [], "predicted": []})
-                curves[key]["measured"].append((rate_bits(rate), x))
-                if px:
-                    curves[key]["predicted"].append((rate_bits(rate), px))
+                px = pred["exact"] / p_ms if p_ms else float("nan")
+                entry = by_size.setdefault((rate, codec), {"measured": [], "model": None})
+                entry["measured"].append((size, x))
+                if auto.get("crossover_bytes"):
+                    entry["model"] = auto["crossover_bytes"].get(codec)
+                curve = by_rate.setdefault((size, codec), {"measured": [], "predicted": []})
+                curve["measured"].append((1 / rate_bits(rate), x))
+                if p_ms:
+                    curve["predicted"].append((1 / rate_bits(rate), px))
                 out.append(
                     f"| {rate} | {human(size)} | {codec} | {r['seconds'] * 1e3:.1f} | "
-                    f"{x:.2f} | {p_ms * 1e3 if p_ms else float('nan'):.1f} | "
-                    f"{px or float('nan'):.2f} | "
+                    f"{x:.2f} | {p_ms * 1e3 if p_ms else float('nan'):.1f} | {px:.2f} | "
                     f"{p_ms / r['seconds'] if p_ms else float('nan'):.2f} |"
                 )
-    out += ["", "| size | codec | crossover, measured | crossover, predicted |",
-            "|---:|---|---|---|"]  # fmt: skip
-    for (size, codec), c in sorted(curves.items()):
-        out.append(f"| {human(size)} | {codec} | {crossing(c['measured'])} | "
-                   f"{crossing(c['predicted']) if c['predicted'] else '-'} |")  # fmt: skip
+
+    def size_text(v: Optional[float]) -> str:
+        if v is None:
+            return "- (crosses more than once)"
+        return {0.0: "every size", float("inf"): "no size"}.get(v) or human(v)
+
+    def rate_text(v: Optional[float]) -> str:
+        if v is None:
+            return "- (crosses more than once)"
+        return {0.0: "every rate", float("inf"): "no rate"}.get(v) or f"{1 / v / 1e9:.2f} Gbit/s"
+
+    out += ["", "Where each codec starts to pay, along the sizes (measured: interpolated "
+            "between the sizes around it; model: its crossover_bytes):", "",
+            "| rate | codec | from, measured | from, model | model / measured |",
+            "|---|---|---|---|---:|"]  # fmt: skip
+    for (rate, codec), e in by_size.items():
+        m, p = crossing(e["measured"]), e["model"]
+        ratio = f"{p / m:.2f}" if m and p and np.isfinite(m) and np.isfinite(p) else "-"
+        out.append(f"| {rate} | {codec} | {size_text(m)} | {size_text(p)} | {ratio} |")
+    out += ["", "Along the link rates (slower than this, the codec pays):", "",
+            "| size | codec | measured | model |", "|---:|---|---|---|"]  # fmt: skip
+    for (size, codec), c in sorted(by_rate.items()):
+        model = rate_text(crossing(c["predicted"])) if c["predicted"] else "-"
+        out.append(f"| {human(size)} | {codec} | {rate_text(crossing(c['measured']))} | {model} |")
     return "\n".join(out)
 
 
@@ -355,6 +388,7 @@ def main() -> None:
         args.codecs = ",".join(["fp32"] + [c for c in codecs if c not in ("fp32", "auto")]
                                + ["auto"])  # fmt: skip
         report = {}
+        args.predict = True
         for rate in args.rates.split(","):
             args.link = rate
             report[rate] = launch(argparse.Namespace(**vars(args)), "collective")

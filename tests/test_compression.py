@@ -19,7 +19,7 @@ from ringreduce.compression import (
     get_codec,
     register_codec,
 )
-from ringreduce.compression.policy import AutoPolicy
+from ringreduce.compression.policy import MIN_BYTES, AutoPolicy
 
 from _ranks import run_ranks
 
@@ -275,11 +275,14 @@ def test_auto_calibrates_then_agrees_on_every_rank(group_factory):
         assert sum(stats["auto"]["chosen"].values()) >= 4
         predicted = stats["auto"]["predicted_seconds"]  # the last decision's model
         assert predicted["bytes"] == (1 << 17) * 4
+        alphas = stats["auto"]["call_seconds"]  # the tiny calls' seconds, per path
         assert predicted["exact"] == pytest.approx(
-            predicted["bytes"] / (stats["auto"]["link_gbs"] * 1e9)
+            alphas["exact"] + predicted["bytes"] / (stats["auto"]["link_gbs"] * 1e9)
         )
+        assert alphas["int8"] > 0 and alphas["bf16"] > 0
         assert set(predicted) == {"bytes", "exact", "bf16", "int8"}
         assert all(t > 0 for t in predicted.values())
+        assert set(stats["auto"]["crossover_bytes"]) == {"bf16", "int8"}
         for i in range(4):
             assert got[i].tobytes() == first[0][i].tobytes()
 
@@ -294,19 +297,47 @@ def test_auto_calibrates_on_finished_transfers_when_called_async():
         assert all(g.tobytes() == exact.tobytes() for g in got[:2])  # calibration: exact
         assert done_at_return[:2] == [True, True]  # timed to the end of the transfer
         assert 0 < stats["auto"]["link_gbs"] < 20, stats["auto"]
+        # The calibration's timing calls through the codecs are not counted as calls.
+        assert all(stats.get(c, {}).get("calls", 0) <= 1 for c in ("bf16", "int8")), stats
 
 
-def test_auto_cost_model_chooses_by_link_speed():
+def test_auto_cost_model_chooses_by_link_speed_and_size():
     policy = AutoPolicy(4, "tcp")
     n = 1 << 22
     assert policy.decide(n, 4, "float32", False).calibrating
-    speeds = {"bf16": (2e-9, 2e-9), "int8": (5e-9, 2e-9)}
-    policy.speeds, policy.link_s_per_byte = speeds, 8 / 1e9  # 1 Gbit/s: compress
+    # Agreed numbers: beta (s per input byte), alpha_exact, then per candidate (bf16,
+    # int8) encode and decode seconds per value and alpha. 1 Gbit/s: compress.
+    beta, ae, ab, ai = 8 / 1e9, 1e-3, 2e-3, 3e-3
+    policy.agree(np.array([beta, ae, 2e-9, 2e-9, ab, 5e-9, 2e-9, ai]), 4 * n)
     slow = policy.decide(n, 4, "float32", False)
     assert slow.codec == "int8" and "int8" in slow.why and "exact" in slow.why
-    policy.link_s_per_byte = 1 / 20e9  # 20 GB/s: the codecs cost more than they save
+    int8 = get_codec("int8")
+    assert policy.predicted["exact"] == pytest.approx(ae + 4 * n * beta)
+    assert policy.predicted["int8"] == pytest.approx(
+        ai + int8.payload_bytes(n) * beta + n * (5e-9 + 2 * 2e-9)
+    )
+    # The crossover: below it exact is predicted faster, above it the codec.
+    cross = policy.crossover_bytes()
+    assert 0 < cross["bf16"] < float("inf") and 0 < cross["int8"] < float("inf")
+    for name in ("bf16", "int8"):
+        below = policy.predict(int(cross[name] / 4 * 0.9), 4, False)[0]
+        above = policy.predict(int(cross[name] / 4 * 1.1), 4, False)[0]
+        assert below[name] > below["exact"] and above[name] < above["exact"], name
+    # 20 GB/s: the codecs cost more than they save, at any size.
+    policy.agree(np.array([1 / 20e9, ae, 2e-9, 2e-9, ab, 5e-9, 2e-9, ai]), 4 * n)
     assert policy.decide(n, 4, "float32", False).codec is None
+    assert policy.crossover_bytes() == {"bf16": float("inf"), "int8": float("inf")}
     assert policy.decide(100, 4, "float32", False).codec is None  # latency-bound
+    # Another size class is calibrated on its own calls, and predicted from its numbers.
+    small = MIN_BYTES // 4
+    assert policy.decide(small, 4, "float32", False).calibrating
+    assert not policy.note_calibration(0.01, 4 * small)
+    assert policy.note_calibration(0.01, 4 * small)
+    policy.agree(np.array([8 / 1e9, ae, 2e-9, 2e-9, ab, 5e-9, 2e-9, ai]), 4 * small)
+    assert not policy.decide(small, 4, "float32", False).calibrating
+    assert policy.predicted["exact"] == pytest.approx(ae + 4 * small * 8 / 1e9)
+    policy.decide(n, 4, "float32", False)  # the big class kept its own beta
+    assert policy.predicted["exact"] == pytest.approx(ae + 4 * n / 20e9)
     assert AutoPolicy(4, "shm").decide(n, 4, "float32", False).codec is None
     assert AutoPolicy(1, "tcp").decide(n, 4, "float32", False).codec is None
 

@@ -90,6 +90,7 @@ class _State:
         self.debug = "algorithm" in debug_topics()
         self.codecs: Dict[str, _canary.CodecStats] = {}
         self.scratch = _hop.Scratch()
+        self.timing = False  # auto's calibration is timing tiny calls through the codecs
 
     def of(self, name: str) -> _canary.CodecStats:
         found = self.codecs.get(name)
@@ -128,11 +129,15 @@ def stats(comm: Any) -> dict:
         "codec_seconds": {k: v["codec_seconds"] for k, v in per.items()},
         "compression_error": {k: v["compression_error"] for k, v in per.items()},
     }
-    if st is not None and st.auto.never is None and (st.auto.chosen or st.auto.samples):
+    auto = None if st is None else st.auto
+    if auto is not None and auto.never is None and (auto.chosen or auto.measuring):
+        last = auto.last
         out["compression"]["auto"] = {
-            "chosen": dict(st.auto.chosen),
-            "link_gbs": None if not st.auto.calibrated else 1e-9 / st.auto.link_s_per_byte,
-            "predicted_seconds": None if st.auto.predicted is None else dict(st.auto.predicted),
+            "chosen": dict(auto.chosen),
+            "link_gbs": None if last is None else 1e-9 / last.beta,
+            "predicted_seconds": None if auto.predicted is None else dict(auto.predicted),
+            "crossover_bytes": auto.crossover_bytes(),
+            "call_seconds": None if last is None else {"exact": last.alpha_exact, **last.alphas},
         }
     return out
 
@@ -262,6 +267,8 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
 
     # Which path: a codec, or exact (asked for, chosen by auto, or the canary's fallback).
     why = f"{codec.name} (asked for)" if isinstance(codec, Codec) else "exact (no codec)"
+    if st.timing:
+        why = f"{codec.name} (auto's calibration: a tiny call, timed)"
     calibrating = False
     if codec == AUTO:
         decision = st.auto.decide(n, buf.itemsize, buf.dtype, residual is not None)
@@ -358,11 +365,56 @@ def _exact(comm, buf, member, result, residual, scatter, async_op, bounds) -> An
     return Completed(result) if async_op else result
 
 
+_TINY = 1024  # values of the calls that time each path's fixed cost
+
+
 def _calibrate(comm: Any, st: _State, seconds: float, nbytes: int) -> None:
-    """A timed exact call of auto's calibration; the last one agrees the numbers."""
-    mine = st.auto.note_calibration(seconds, nbytes)
-    if mine is not None:
-        st.auto.agree(comm.all_reduce(mine, "max"))
+    """A timed exact call of auto's calibration. After the last one, every rank times a
+    tiny exact call and a tiny call through each candidate (the same calls everywhere,
+    so call numbers stay equal; the codecs' counters are left as they were), and the
+    numbers are agreed."""
+    if not st.auto.note_calibration(seconds, nbytes):
+        return
+    tiny = np.random.default_rng(0).standard_normal(_TINY, dtype=_F32)
+
+    def best_of(call: Any) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    alpha_exact = best_of(lambda: comm.all_reduce(tiny))
+    st.timing = True
+    try:
+        alphas = _time_codecs(comm, st, tiny, best_of)
+    finally:
+        st.timing = False
+    # The median over ranks: one rank descheduled through its short codec probe (4 ranks
+    # on 2 cores) read a codec 10x slower than it runs, and the maximum took that.
+    mine = st.auto.measured(alpha_exact, alphas, nbytes)
+    st.auto.agree(np.median(np.asarray(comm.all_gather(mine)), axis=0), nbytes)
+
+
+def _time_codecs(comm: Any, st: _State, tiny: np.ndarray, best_of: Any) -> Dict[str, float]:
+    """Seconds of a tiny call through each candidate codec, leaving its counters as they
+    were."""
+    alphas = {}
+    for name in _policy.CANDIDATES:
+        before = st.codecs.get(name)
+        kept = None if before is None else _canary.CodecStats()
+        if kept is not None:
+            vars(kept).update(vars(before))
+        codec = get_codec(name)
+        alphas[name] = best_of(
+            lambda c=codec: _call(comm, tiny, "sum", None, False, c, None, scatter=False)
+        )
+        if kept is None:
+            st.codecs.pop(name, None)
+        else:
+            st.codecs[name] = kept
+    return alphas
 
 
 def _check_canary(comm, st, codec, call_no, sample, reduced, bounds, scatter) -> None:

@@ -26,6 +26,8 @@ _RANK = textwrap.dedent(
     import ringreduce as rr
 
     faulthandler.enable()
+    # A rank still here near the test's 240 s budget prints where every thread is.
+    faulthandler.dump_traceback_later(200, exit=False)
     rank, n, cycles, where = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     transport, call = sys.argv[5], sys.argv[6] == "call"
     errors = wrong = 0
@@ -46,7 +48,7 @@ _RANK = textwrap.dedent(
                     wrong += 1
         except Exception as e:
             errors += 1
-            print(f"rank {rank} cycle {i}: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"rank {rank} cycle {i}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     print(f"{errors} {wrong}")
     """
 )
@@ -83,7 +85,7 @@ def _churn(n: int, cycles: int, where: str, transport: str, call: bool = True):
         results.append((p.returncode, out, err))
     for rank, (code, out, err) in enumerate(results):
         died = f" (killed by {signal.Signals(-code).name})" if code < 0 else ""
-        assert code == 0, f"rank {rank} exited with {code}{died}:\n{err[-3000:]}"
+        assert code == 0, f"rank {rank} exited with {code}{died}:\n{err[-8000:]}"
         errors, wrong = (int(v) for v in out.split())
         assert (errors, wrong) == (0, 0), (
             f"rank {rank}: {errors} errors, {wrong} wrong results in {cycles} cycles:\n"

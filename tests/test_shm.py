@@ -132,3 +132,40 @@ def test_segments_larger_than_a_slot(transport):
     env = {"RINGREDUCE_SHM_SLOT_BYTES": "4096"}
     with RankGroup(3, transport=transport, env=env) as group:
         assert group.run(_messages_over_many_slots) == [[], [], []]
+
+
+_PINNED_RANK = """
+import os, sys
+import numpy as np
+import ringreduce as rr
+
+rank, cpu, where = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.sched_setaffinity(0, {cpu})
+with rr.init("shm", rank=rank, world_size=2, store_dir=where, timeout=30) as comm:
+    assert (comm.all_reduce(np.ones(4, np.float32)) == 2).all()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin ranks to")
+@pytest.mark.parametrize("spread", [True, False])
+def test_waits_spin_when_the_local_ranks_have_a_core_each(spread, tmp_path):
+    # Ranks bound one per core (mpirun --bind-to core) each see one CPU in their own
+    # mask: the union of the local ranks' masks says whether they share cores.
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    env = dict(os.environ, RINGREDUCE_DEBUG="algorithm")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PINNED_RANK, str(r), str(cpus[r] if spread else cpus[0]),
+             str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(2)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    want = "on 2 CPU(s): waits spin" if spread else "on 1 CPU(s): waits yield"
+    for r, (_, err) in enumerate(outs):
+        assert f"rank {r}: shared memory: 2 local rank(s) {want}" in err, err[-2000:]

@@ -1,6 +1,5 @@
 #include "engine/bootstrap.h"
 
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -97,10 +96,7 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
   if (!one_host && local.size() == 1) return network();  // nobody here to share memory with
   ShmSettings settings;
   settings.spin = std::chrono::microseconds(options.spin_us);
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0) {
-    settings.oversubscribed = static_cast<int>(local.size()) > CPU_COUNT(&cpus);
-  }
+  settings.log = options.log_algorithm;  // spin or yield: connect decides, from every local rank
   // A slot holds a whole segment, up to a few MiB (a larger segment spans
   // several slots).
   settings.slot_bytes = options.shm_slot_bytes != 0

@@ -248,7 +248,8 @@ DEBUG_TOPICS = ("algorithm", "faults")
 
 def debug_topics() -> set:
     """RINGREDUCE_DEBUG: a comma-separated list of what the engine logs to stderr.
-    ``algorithm``: for every collective, which algorithm runs and why; ``faults``: where
+    ``algorithm``: for every collective, which algorithm runs and why (and once, on shared
+    memory, whether waits spin or yield); ``faults``: where
     a SIGBUS or SIGSEGV struck (installed by engine_options, when a communicator is made)."""
     text = os.environ.get("RINGREDUCE_DEBUG", "")
     topics = {t.strip() for t in text.split(",") if t.strip()}

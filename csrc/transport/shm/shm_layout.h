@@ -35,7 +35,7 @@ namespace shm {
 
 constexpr uint64_t kMagic = 0x3130484D53485252ull;  // "RRHSHM01"
 // The layout of Header and the inboxes: segments of another version are refused.
-constexpr uint32_t kLayoutVersion = 3;
+constexpr uint32_t kLayoutVersion = 4;
 // Ranks of one host that can share memory with each other.
 constexpr int kMaxLocal = 1024;
 
@@ -75,6 +75,11 @@ struct alignas(64) Header {
   // their deadline.
   std::atomic<uint32_t> aborted;
   std::atomic<uint32_t> closed;
+  // The CPUs the owner may run on (its affinity mask, one bit per CPU, 1024
+  // CPUs; cpus_known = 0 when it could not be read): the local ranks' union
+  // says whether they have a core each (spin) or share cores (yield).
+  uint32_t cpus_known;
+  uint8_t cpus[128];
   alignas(64) Doorbell doorbell;
   // cma_from[l] = 1: the owner can read the memory of local rank l, so l may
   // send it large messages by address.

@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.h"
 
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -7,7 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "common/error.h"
 #include "transport/shm/shm_peer.h"
@@ -83,6 +86,13 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
   t->header_->slots = static_cast<uint32_t>(settings.slots);
   t->header_->slot_bytes = settings.slot_bytes;
   t->header_->inbox_bytes = shm::inbox_bytes(settings.slots, settings.slot_bytes);
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) == 0) {
+    static_assert(sizeof mine >= sizeof t->header_->cpus, "cpu_set_t holds 1024 CPUs");
+    std::memcpy(t->header_->cpus, &mine, sizeof t->header_->cpus);
+    t->header_->cpus_known = 1;
+  }
 
   store.set(prefix + "shm/" + std::to_string(rank), t->home_.record().encode());
   for (int l = 0; l < local_size; ++l) {
@@ -122,10 +132,36 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
   }
   t->home_.close_fd();
   t->bulletin_ok_ = local_size == size;
+  t->decide_waits();
   for (auto& p : t->peers_) {
     if (p) p->by_address = p->header->cma_from[t->local_].load(std::memory_order_acquire) != 0;
   }
   return t;
+}
+
+// Spin while waiting when the local ranks have a core each, counted over the
+// union of their affinity masks (ranks bound one per core each see one CPU);
+// yield when they share cores, since the rank we wait for may be runnable on
+// ours. Every peer wrote its mask before it published its segment.
+void ShmTransport::decide_waits() {
+  const int local_size = static_cast<int>(header_->local_size);
+  bool known = header_->cpus_known != 0;
+  uint8_t all[sizeof header_->cpus];
+  std::memcpy(all, header_->cpus, sizeof all);
+  for (const auto& p : peers_) {
+    if (!p) continue;
+    known = known && p->header->cpus_known != 0;
+    for (size_t i = 0; i < sizeof all; ++i) all[i] |= p->header->cpus[i];
+  }
+  int cpus = 0;
+  for (uint8_t byte : all) cpus += __builtin_popcount(byte);
+  if (known && local_size > cpus) settings_.oversubscribed = true;
+  if (settings_.log) {
+    std::fprintf(stderr,
+                 "ringreduce rank %d: shared memory: %d local rank(s) on %s CPU(s): waits %s\n",
+                 rank_, local_size, known ? std::to_string(cpus).c_str() : "an unknown number of",
+                 settings_.oversubscribed ? "yield" : "spin");
+  }
 }
 
 ShmTransport::Peer& ShmTransport::peer(int rank) {

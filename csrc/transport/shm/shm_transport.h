@@ -54,7 +54,11 @@ struct ShmSettings {
   size_t slot_bytes = 256 << 10;       // data bytes per slot
   size_t cma_min_bytes = 32 << 10;     // messages from this size go by address, if allowed
   std::chrono::microseconds spin{50};  // spinning before a wait sleeps
-  bool oversubscribed = false;         // more ranks on the host than cores: yield, don't spin
+  // Yield, don't spin, even when the local ranks have a core each (connect sets
+  // it too when they do not: more local ranks than CPUs in the union of their
+  // affinity masks).
+  bool oversubscribed = false;
+  bool log = false;  // say on stderr, once, how waits will go (RINGREDUCE_DEBUG=algorithm)
 };
 
 class ShmTransport : public Transport, public Bulletin {
@@ -103,6 +107,7 @@ class ShmTransport : public Transport, public Bulletin {
 
   ShmTransport(int rank, int size, const ShmSettings& settings);
   Peer& peer(int rank);
+  void decide_waits();
   RequestPtr post_recv(std::shared_ptr<Op> op);
   bool progress_sends(Peer& p);
   bool progress_recvs(Peer& p);

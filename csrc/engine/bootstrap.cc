@@ -207,6 +207,7 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
     // shared-memory inboxes small (a message larger than a slot spans several).
     Options p2p_options = options;
     if (p2p_options.shm_slot_bytes == 0) p2p_options.shm_slot_bytes = 64 << 10;
+    p2p_options.log_algorithm = false;  // the collectives' links said how waits go
     p2p = connect_links_among(*store, p2p_prefix, rank, size, p2p_options, lazy,
                               placement.local_ranks, deadline);
   }

@@ -340,7 +340,12 @@ def test_debug_log_names_the_knob_and_why_hierarchical_cannot_run(capfd):
     env = {"RINGREDUCE_DEBUG": "all", "RINGREDUCE_ALGORITHM": "hierarchical"}
     with HostGroup([0, 0, 1], env=env, context=_ranks.SPAWN) as group:
         group.run(_algorithms_by_size, [1 << 16])
-    lines = [line for line in capfd.readouterr().err.splitlines() if "ringreduce rank" in line]
+    logged = [line for line in capfd.readouterr().err.splitlines() if "ringreduce rank" in line]
+    # Host 0's two ranks also say how their shared-memory waits go; then one line per
+    # rank for the all_reduce.
+    shm = [line for line in logged if ": shared memory: " in line]
+    assert sorted(line.split(":")[0] for line in shm) == ["ringreduce rank 0", "ringreduce rank 1"]
+    lines = [line for line in logged if line not in shm]
     assert len(lines) == 3, lines
     for line in lines:
         assert "RINGREDUCE_ALGORITHM=hierarchical, but the 3 ranks' hosts hold different " in line

@@ -261,9 +261,7 @@ class Communicator(Resilience):
         error_feedback: Any,
     ) -> Any:
         """all_reduce's general path: any array, async, compressed."""
-        if (compression is not None or error_feedback is not None) and not (
-            compression == "auto" and error_feedback is None and compressed.auto_exact(self, x, op)
-        ):
+        if compressed.takes(self, x, op, compression, error_feedback):
             return compressed.all_reduce(
                 self,
                 x,
@@ -291,9 +289,7 @@ class Communicator(Resilience):
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
         ``compression`` and ``error_feedback`` as in `all_reduce`.
         """
-        if (compression is not None or error_feedback is not None) and not (
-            compression == "auto" and error_feedback is None and compressed.auto_exact(self, x, op)
-        ):
+        if compressed.takes(self, x, op, compression, error_feedback):
             return compressed.reduce_scatter(
                 self,
                 x,

@@ -49,7 +49,7 @@ from ..compression.codecs import AUTO, Codec, get_codec
 from . import compressed_hop as _hop
 from .ops import ReduceOp, _op_member
 
-__all__ = ["Completed", "all_reduce", "auto_exact", "reduce_scatter", "release", "stats"]
+__all__ = ["Completed", "all_reduce", "auto_exact", "reduce_scatter", "release", "stats", "takes"]
 
 _F32 = np.float32
 _SUM_AVG = frozenset(("sum", "avg", ReduceOp.SUM, ReduceOp.AVG))
@@ -173,6 +173,15 @@ def reduce_scatter(
     """``comm.reduce_scatter(x, op, compression=..., error_feedback=...)``.
     (Communicator.reduce_scatter has run "auto" calls that `auto_exact` keeps exact.)"""
     return _call(comm, x, op, out, async_op, compression, error_feedback, scatter=True)
+
+
+def takes(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) -> bool:
+    """Whether a call with these arguments goes through this module (Communicator's
+    all_reduce and reduce_scatter ask): a codec, "auto" or error feedback was asked for,
+    and it is not an "auto" call that `auto_exact` keeps exact."""
+    if compression is None and error_feedback is None:
+        return False
+    return not (compression == AUTO and error_feedback is None and auto_exact(comm, x, op))
 
 
 def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:

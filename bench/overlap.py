@@ -14,7 +14,9 @@ that all of them see the same machine:
   (c) gradsync  rr.torch.GradSync: buckets all-reduced during backward;
   (d) ddp       torch DistributedDataParallel on Gloo (also overlapped);
   (e) ddp-rr    the same DDP on the ringreduce torch.distributed backend
-                (``dist.new_group(backend="ringreduce")``), to read against (d).
+                (``dist.new_group(backend="ringreduce")``), to read against (d);
+  (f) gradsync-<codec>, with ``--compression CODEC``: GradSync with that codec and error
+                feedback (its compressed buckets run on the communicator's lane).
 
 Exposed communication of a mode = its step time minus (a) of the same run: the part of the
 step spent on communication that backward did not hide. The table shows the median over
@@ -123,6 +125,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
                 p.grad = None
         loss_fn(net(x), target).backward()
 
+    modes = MODES + ((f"gradsync-{args.compression}",) if args.compression else ())
     runs: list[np.ndarray] = []
     buckets = 0
     summary: dict[str, Any] = {}
@@ -144,22 +147,39 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
         )
         sync.remove()
         buckets, summary = len(sync.bucketer.plan), sync.summary()
+        if args.compression:
+            for p in model.parameters():
+                p.grad = None
+            sync = rr.torch.GradSync(
+                model,
+                comm,
+                bucket_mb=args.bucket_mb,
+                first_bucket_mb=args.first_bucket_mb,
+                gradient_as_bucket_view=args.grad_views,
+                compression=args.compression,
+                error_feedback=True,
+            )
+            results[modes[-1]] = timed_steps(
+                lambda sync=sync: (compute(model), sync.wait()), comm, args.warmup, args.steps
+            )
+            sync.remove()
         for p in model.parameters():
             p.grad = None  # the other modes start from gradients of their own
         results["ddp"] = timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
         results["ddp-rr"] = timed_steps(lambda: compute(ddp_rr), comm, args.warmup, args.steps)
         # The job is as slow as its slowest rank.
-        medians = np.array([statistics.median(results[m]) for m in MODES])
+        medians = np.array([statistics.median(results[m]) for m in modes])
         runs.append(comm.all_reduce(medians, op="max"))
 
     if rank == 0:
-        report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm)
+        report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm,
+               modes)  # fmt: skip
     dist.destroy_process_group()
     comm.close()
 
 
 def report(runs: list, world: int, n_params: int, args: argparse.Namespace, threads: int,
-           buckets: int, summary: dict, comm: Any) -> None:  # fmt: skip
+           buckets: int, summary: dict, comm: Any, modes: tuple) -> None:  # fmt: skip
     """Prints the table: per mode, the median step and exposed time over the runs."""
     print(
         f"{world} ranks over {comm.transport}, {n_params / 1e6:.1f} M parameters "
@@ -168,8 +188,8 @@ def report(runs: list, world: int, n_params: int, args: argparse.Namespace, thre
     )
     print("| mode | step (ms) | step / compute | exposed comm (ms) | exposed fraction of step |")
     print("|---|---:|---:|---:|---:|")
-    exposed = {m: [max(r[i] - r[0], 0.0) for r in runs] for i, m in enumerate(MODES)}
-    for i, mode in enumerate(MODES):
+    exposed = {m: [max(r[i] - r[0], 0.0) for r in runs] for i, m in enumerate(modes)}
+    for i, mode in enumerate(modes):
         steps = [r[i] for r in runs]
         ratio = [r[i] / r[0] for r in runs]
         step = statistics.median(steps)
@@ -215,6 +235,9 @@ def main() -> None:
         help="gradients as bucket views (GradSync and DDP), zeroed in place each step",
     )
     parser.add_argument("--transport", default="auto", help="ringreduce transport (default: auto)")
+    parser.add_argument(
+        "--compression", help="also time GradSync with this codec (bf16, int8) and error feedback"
+    )
     args = parser.parse_args()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # Under ringreduce launch: this process is one rank. Rank 0 picks the Gloo port

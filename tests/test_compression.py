@@ -289,14 +289,14 @@ def test_auto_calibrates_then_agrees_on_every_rank(group_factory):
 
 def test_auto_calibrates_on_finished_transfers_when_called_async():
     # A queued exact call returns at once: timed that way, auto took a TCP link for
-    # 90-139 GB/s and never compressed under GradSync. A fresh communicator, so that
-    # these calls are its calibration.
+    # 90-139 GB/s and never compressed under GradSync. Async auto calls run on the
+    # lane (they return before they finish), where the calibration's calls are timed
+    # blocking. A fresh communicator, so that these calls are its calibration.
     outcomes = run_ranks(2, cr.auto_async, 1 << 20, 3)
     assert all(kind == "ok" for kind, _, _ in outcomes), outcomes
-    for _, (got, exact, stats, done_at_return), _ in outcomes:
+    for _, (got, exact, stats, _), _ in outcomes:
         assert all(g.tobytes() == exact.tobytes() for g in got[:2])  # calibration: exact
-        assert done_at_return[:2] == [True, True]  # timed to the end of the transfer
-        assert 0 < stats["auto"]["link_gbs"] < 20, stats["auto"]
+        assert 0 < stats["auto"]["link_gbs"] < 20, stats["auto"]  # timed to the end
         # The calibration's timing calls through the codecs are not counted as calls.
         assert all(stats.get(c, {}).get("calls", 0) <= 1 for c in ("bf16", "int8")), stats
 

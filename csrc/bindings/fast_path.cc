@@ -175,6 +175,10 @@ class IssueGate {
   unsigned long tagged = 0;
   // Calls the fast path ran (for tests: which path a call took).
   uint64_t fast_calls = 0;
+  // While compressed calls run in the background (the communicator's lane,
+  // _comm/lane.py) the fast path declines: the general path waits for them, so
+  // that calls reach the engine in the order the program issued them.
+  std::atomic<bool> divert{false};
 
   // Once a conflict was found the communicator refuses every collective: the
   // fast path declines, and a call it ran meanwhile raises this message.
@@ -185,6 +189,7 @@ class IssueGate {
 
   py::object all_reduce(py::handle x_obj, py::handle out_obj, py::handle op_obj) {
     if (conflict_.load(std::memory_order_relaxed)) return py::none();
+    if (divert.load(std::memory_order_acquire)) return py::none();
     if (!queue_ && tagged != PyThread_get_thread_ident()) return py::none();
     if (!exact_ndarray(x_obj)) return py::none();
     auto x = py::reinterpret_borrow<py::array>(x_obj);
@@ -421,6 +426,9 @@ void register_fast_path(py::module_& m) {
       .def_property_readonly("owner_kind", &IssueGate::owner_kind)
       .def_readwrite("tagged", &IssueGate::tagged)
       .def_readonly("fast_calls", &IssueGate::fast_calls)
+      .def_property(
+          "divert", [](const IssueGate& g) { return g.divert.load(); },
+          [](IssueGate& g, bool on) { g.divert.store(on, std::memory_order_release); })
       .def("set_conflict", &IssueGate::set_conflict, py::arg("message"))
       .def("all_reduce", &IssueGate::all_reduce, py::arg("x"), py::arg("out"), py::arg("op"),
            "all_reduce of host numpy arrays, blocking: the result, or None (nothing was "

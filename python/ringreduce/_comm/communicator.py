@@ -16,6 +16,7 @@ from .._env import engine_options
 from ..errors import ConcurrentUseError, MismatchError, RingReduceError
 from . import composite, compressed, shaping
 from .issuer import Issuer
+from .lane import Lane
 from .membership import Membership
 from .ops import ReduceOp
 from .refusal import collective
@@ -66,6 +67,8 @@ class Communicator(Resilience):
         self._core = core
         self._membership = membership
         self._issuer = Issuer(core, queue_threads)
+        # Compressed calls with async_op=True run there, in issue order (lane.py).
+        self._lane = Lane(self._issuer.gate)
         self._fast_all_reduce = self._issuer.gate.all_reduce
         if type(self).all_reduce is Communicator.all_reduce:
             # comm.all_reduce without a Python frame in the common case: a builtin that
@@ -149,6 +152,9 @@ class Communicator(Resilience):
     def _issue(self, kind: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """call(*args, **kwargs): the one way collectives reach the engine, as one thread
         at a time (see the class's note on threads)."""
+        lane = self._lane
+        if lane.busy and not lane.here():
+            lane.drain()  # compressed calls issued before this one go first (lane.py)
         issuer = self._issuer
         issuer.enter(kind)
         try:
@@ -171,6 +177,10 @@ class Communicator(Resilience):
         count = c.send.size if c.count is None else c.count
         extra = {} if c.blocks is None else {"blocks": c.blocks}
         args = (c.kind, c.send.ptr, c.recv.ptr, count, code, c.op, c.root, c.send.device)
+        if not async_op and self._lane.here():
+            # The lane's calls go through the engine's worker, whose waits are polite:
+            # a wait spinning here would take the core of the computation they overlap.
+            return self._run(c, True).wait()
         if not async_op:
             # On this thread when nothing is queued: no hand-off to the worker.
             self._issue(c.kind, self._core.run, *args, c.send.stream, **extra)
@@ -423,6 +433,7 @@ class Communicator(Resilience):
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
         """Finishes queued collectives, then closes every connection. Idempotent."""
+        self._lane.drain()
         self._core.close()
         self._inflight.clear()
         compressed.release(self)

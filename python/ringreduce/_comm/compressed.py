@@ -25,8 +25,10 @@ owner's re-encode error with the owner, so error feedback returns every dropped 
 "gather" codecs (payloads that cannot be summed piecewise) take one all_gather of every
 rank's whole payload instead, decoded and summed in rank order on every rank.
 
-Calls are blocking: ``async_op=True`` returns a completed Work (an exact call chosen by
-"auto" or the canary's fallback is the engine's own, queued as usual).
+``async_op=True`` queues the call on the communicator's lane (lane.py): a thread that
+runs compressed calls in issue order while the caller goes on. A compressed call issued
+while the lane holds work goes there too, so call numbers (the dither's seeds), auto's
+decisions and the canary's schedule follow the program's order on every rank.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import ml_dtypes
 import numpy as np
@@ -46,10 +48,12 @@ from .._env import debug_topics
 from ..compression import canary as _canary
 from ..compression import policy as _policy
 from ..compression.codecs import AUTO, Codec, get_codec
+from . import compressed_auto as _auto
 from . import compressed_hop as _hop
+from .lane import LaneWork
 from .ops import ReduceOp, _op_member
 
-__all__ = ["Completed", "all_reduce", "auto_exact", "reduce_scatter", "release", "stats", "takes"]
+__all__ = ["all_reduce", "auto_exact", "reduce_scatter", "release", "stats", "takes"]
 
 _F32 = np.float32
 _SUM_AVG = frozenset(("sum", "avg", ReduceOp.SUM, ReduceOp.AVG))
@@ -59,25 +63,6 @@ _OK_DTYPES = ("float32", "float16", "bfloat16")
 _FAST_DTYPES = frozenset(np.dtype(d) for d in ("float32", "float16", "float64")) | {
     np.dtype(ml_dtypes.bfloat16)
 }
-
-
-class Completed:
-    """The Work of a compressed collective: done when returned (calls are blocking)."""
-
-    def __init__(self, result: Any):
-        self._result = result
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        """The result (the call has finished already)."""
-        return self._result
-
-    def done(self) -> bool:
-        """True: the call finished before this was returned."""
-        return True
-
-    def is_completed(self) -> bool:
-        """The same as `done` (torch.distributed's name for it)."""
-        return True
 
 
 class _State:
@@ -195,6 +180,8 @@ def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:
     st = _STATES.get(comm)
     if st is None or type(x) is not np.ndarray or st.debug or x.dtype not in _FAST_DTYPES:
         return False
+    if comm._lane.busy and not comm._lane.here():
+        return False  # numbered in the lane, behind the calls before it
     try:
         if op not in _SUM_AVG:
             return False
@@ -264,6 +251,9 @@ def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) 
 
 
 def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: bool) -> Any:
+    lane = comm._lane
+    if (async_op or lane.busy) and not lane.here():
+        return _queued(comm, x, op, out, async_op, compression, error_feedback, scatter)
     buf, member, codec, residual = _checked(comm, x, op, compression, error_feedback)
     n, size, rank = buf.size, comm.world_size, comm.rank
     lo, hi = _core.chunk_bounds(n, size, rank)
@@ -298,13 +288,12 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
 
     if codec is None:
         if not calibrating:
-            return _exact(comm, buf, member, result, residual, scatter, async_op, (lo, hi))
-        # Timed to the end of the transfer: a queued (async) call would return at once,
-        # and auto would take the link for hundreds of GB/s.
+            return _exact(comm, buf, member, result, residual, scatter)
+        # Timed to the end of the transfer (a blocking call, here or on the lane).
         t0 = time.perf_counter()
-        got = _exact(comm, buf, member, result, residual, scatter, False, (lo, hi))
-        _calibrate(comm, st, time.perf_counter() - t0, buf.nbytes)
-        return Completed(got) if async_op else got
+        got = _exact(comm, buf, member, result, residual, scatter)
+        _auto.calibrate(comm, st, time.perf_counter() - t0, buf.nbytes)
+        return got
 
     flat = buf.host.reshape(-1)
     sample = None
@@ -355,75 +344,40 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
     finally:
         if scratch is st.scratch:
             scratch.lock.release()
-    return Completed(result) if async_op else result
+    return result
 
 
-def _exact(comm, buf, member, result, residual, scatter, async_op, bounds) -> Any:
-    """The uncompressed call. A residual left by earlier compressed calls is sent along
-    (in float32) and so cleared: what it owed reaches the sum."""
+def _queued(comm, x, op, out, async_op, compression, error_feedback, scatter) -> Any:
+    """The call, queued on the lane: its arguments checked here first (a bad one raises
+    in the caller, before any rank talks), its result allocated here (the Work returns
+    it). A blocking call waits for its turn and its end."""
+    buf = _checked(comm, x, op, compression, error_feedback)[0]
+    lo, hi = _core.chunk_bounds(buf.size, comm.world_size, comm.rank)
+    result = output_buffer(out, buf, (hi - lo,) if scatter else buf.shape)[0]
+    what = "reduce_scatter" if scatter else "all_reduce"
+    work = LaneWork(comm, f"{what} of {buf.size} {buf.dtype}")
+    comm._lane.submit(
+        lambda: _call(comm, x, op, result, False, compression, error_feedback, scatter=scatter),
+        work,
+    )
+    return work if async_op else work.wait()
+
+
+def _exact(comm, buf, member, result, residual, scatter) -> Any:
+    """The uncompressed call, blocking (here, or on the lane). A residual left by earlier
+    compressed calls is sent along (in float32) and so cleared: what it owed reaches the
+    sum."""
     op = member.name.lower()
     if residual is None or not residual.any():
         if scatter:
-            return comm.reduce_scatter(buf.obj, op, out=result, async_op=async_op)
-        return comm.all_reduce(buf.obj, op, out=result, async_op=async_op)
+            return comm.reduce_scatter(buf.obj, op, out=result)
+        return comm.all_reduce(buf.obj, op, out=result)
     v = buf.host.reshape(-1).astype(_F32) + residual
     residual[:] = 0
     reduced = comm.reduce_scatter(v, op) if scatter else comm.all_reduce(v, op)
     describe_out = output_buffer(result, buf, (reduced.size,) if scatter else buf.shape)[1]
     describe_out.host.reshape(-1)[:] = reduced
-    return Completed(result) if async_op else result
-
-
-_TINY = 1024  # values of the calls that time each path's fixed cost
-
-
-def _calibrate(comm: Any, st: _State, seconds: float, nbytes: int) -> None:
-    """A timed exact call of auto's calibration. After the last one, every rank times a
-    tiny exact call and a tiny call through each candidate (the same calls everywhere,
-    so call numbers stay equal; the codecs' counters are left as they were), and the
-    numbers are agreed."""
-    if not st.auto.note_calibration(seconds, nbytes):
-        return
-    tiny = np.random.default_rng(0).standard_normal(_TINY, dtype=_F32)
-
-    def best_of(call: Any) -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    alpha_exact = best_of(lambda: comm.all_reduce(tiny))
-    st.timing = True
-    try:
-        alphas = _time_codecs(comm, st, tiny, best_of)
-    finally:
-        st.timing = False
-    # The median over ranks: one rank descheduled through its short codec probe (4 ranks
-    # on 2 cores) read a codec 10x slower than it runs, and the maximum took that.
-    mine = st.auto.measured(alpha_exact, alphas, nbytes)
-    st.auto.agree(np.median(np.asarray(comm.all_gather(mine)), axis=0), nbytes)
-
-
-def _time_codecs(comm: Any, st: _State, tiny: np.ndarray, best_of: Any) -> Dict[str, float]:
-    """Seconds of a tiny call through each candidate codec, leaving its counters as they
-    were."""
-    alphas = {}
-    for name in _policy.CANDIDATES:
-        before = st.codecs.get(name)
-        kept = None if before is None else _canary.CodecStats()
-        if kept is not None:
-            vars(kept).update(vars(before))
-        codec = get_codec(name)
-        alphas[name] = best_of(
-            lambda c=codec: _call(comm, tiny, "sum", None, False, c, None, scatter=False)
-        )
-        if kept is None:
-            st.codecs.pop(name, None)
-        else:
-            st.codecs[name] = kept
-    return alphas
+    return result
 
 
 def _check_canary(comm, st, codec, call_no, sample, reduced, bounds, scatter) -> None:

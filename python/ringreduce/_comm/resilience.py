@@ -18,6 +18,7 @@ class Resilience:
 
     _core: Any
     _membership: Optional[Membership]
+    _lane: Any
 
     @property
     def revoked(self) -> bool:
@@ -58,6 +59,10 @@ class Resilience:
         return type(self)(core, membership=membership)
 
     def _live_membership(self, what: str) -> Membership:
+        # Compressed calls issued before this one end first (on a revoked communicator
+        # they fail at once): none of them touches its buffers (or error-feedback
+        # residuals) after, while the caller restores them for a replay.
+        self._lane.drain()
         if self._membership is None:
             raise RingReduceError(
                 f"rank {self.rank}: {what}() needs a communicator made by ringreduce.init(); "

@@ -380,7 +380,7 @@ class GradientBucketer(CompressionState, Observability):
             self._poll(buckets)
             try:
                 # Every bucket, the polled ones too: a Work is done when it failed as well,
-                # and only its wait() raises (a blocking compressed call fails at launch).
+                # and only its wait() raises (a compressed call's too: it runs on the lane).
                 for bucket in buckets:
                     bucket.work.wait()
                     bucket.done = bucket.done or time.perf_counter()

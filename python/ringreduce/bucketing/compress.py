@@ -13,11 +13,10 @@ Terms:
   with another plan (another ``bucket_mb``, other parameters around) therefore picks up
   each parameter's residual where its own buckets put it.
 
-Calls through a codec are blocking (they return a completed Work), so a bucket is
-compressed when it is launched, in `GradientBucketer.ready`, as an exact bucket is
-launched there: buckets that "auto" or the canary send down the exact path stay
-asynchronous, and the ones before it go on in the engine meanwhile. PowerSGD calls are
-asynchronous: a bucket's start moves the previous bucket on to its Q all-reduce.
+A bucket is launched in `GradientBucketer.ready`, as an exact bucket is: its call through
+a codec goes to the communicator's lane (_comm/lane.py), which encodes and exchanges it
+in the background, in launch order, while backward goes on. PowerSGD calls are
+asynchronous too: a bucket's start moves the previous bucket on to its Q all-reduce.
 """
 
 from __future__ import annotations
@@ -155,7 +154,7 @@ class CompressedBuckets:
                 self._ef.key(name).residual(n)[:] = flat[at : at + n]
 
     def issue(self, comm: Any, bucket: Any, views: list[Any]) -> Any:
-        """Reduces one bucket; returns its Work (completed already for a codec).
+        """Reduces one bucket; returns its Work (a LaneWork for a codec).
         ``views``: its parameters' places in the bucket, shaped like them."""
         if self.powersgd is not None:
             names = [name for name, _, _ in self._layout[bucket.index]]

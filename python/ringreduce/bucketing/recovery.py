@@ -37,7 +37,7 @@ class FailedLaunch:
 
 def launch_fault_tolerant(bucketer: GradientBucketer, bucket: _Bucket) -> None:
     """Launches a bucket, keeping its local contribution (and residual) for a replay; a
-    refused launch (or a blocking compressed call that failed) is replayed by wait()."""
+    refused launch is replayed by wait(), as is a bucket whose Work fails there."""
     bucket.local = bucketer._memory.snapshot(bucket.buffer)
     bucket.local_divisor = bucket.divisor
     if bucketer._compress is not None:

@@ -22,7 +22,9 @@ the moment the victim failed), how long ``shrink()`` took (*shrink*), and whethe
 all_reduce on the shrunk communicator matches numpy. The table gives, per case, the
 worst survivor: detection, shrink, detection to a usable shrunk communicator, the
 calls lost (the one in flight), wrong results and hangs (a rank that did not finish
-within ``--case-timeout``). ``--json`` writes every survivor's report.
+within ``--case-timeout``), and where the slowest survivor's shrink went: its
+agreement(s), making the new communicator (meeting, links), and arming it (reading the
+standby stores' addresses). ``--json`` writes every survivor's report.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def rank_main(argv: List[str]) -> None:
         kind = type(exc).__name__
     if where == "shrink" and rank in victims[1:]:
         die_during_shrink(rank, how, random.choice(("agree", "make", "arm")))
+    phases = time_phases()
     t0 = time.monotonic()
     new = comm.shrink()
     shrink_s = time.monotonic() - t0
@@ -101,6 +104,8 @@ def rank_main(argv: List[str]) -> None:
         "detected": detected,
         "kind": kind,
         "shrink_s": shrink_s,
+        "agree_s": phases["agree"],
+        "arm_s": phases["arm"],
         "calls": calls,
         "failed_ranks": sorted(comm.failed_ranks),
         "new_size": new.world_size,
@@ -109,6 +114,29 @@ def rank_main(argv: List[str]) -> None:
     print(json.dumps(report), flush=True)
     new.close()
     comm.close()
+
+
+def time_phases() -> Dict[str, float]:
+    """Seconds a shrink spends in its agreement(s) and in arming the new communicator
+    (its standby stores' addresses read from every rank), summed over its attempts; the
+    rest of it is making the new communicator (meeting, links). Filled in as it runs."""
+    from ringreduce._comm import membership
+
+    spent = {"agree": 0.0, "arm": 0.0}
+
+    def timed(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.monotonic() - t0
+
+        return run
+
+    membership.Membership.agree = timed("agree", membership.Membership.agree)
+    membership.arm = timed("arm", membership.arm)
+    return spent
 
 
 def die_during_shrink(rank: int, how: str, phase: str) -> None:
@@ -271,10 +299,13 @@ def run_case(
         detect = [rep["detected"] - failed_at for rep in reports.values()]
         shrink = [rep["shrink_s"] for rep in reports.values()]
         usable = [rep["detected"] + rep["shrink_s"] - failed_at for rep in reports.values()]
+        slowest = max(reports.values(), key=lambda rep: rep["shrink_s"])
+        agree_s, arm_s = slowest.get("agree_s", 0.0), slowest.get("arm_s", 0.0)
         agreed = {tuple(rep["failed_ranks"]) for rep in reports.values()}
         row.update(
             detect_s=max(detect), shrink_s=max(shrink), shrink_median_s=statistics.median(shrink),
             usable_s=max(usable), wrong=sum(not rep["ok"] for rep in reports.values()),
+            phases=(agree_s, slowest["shrink_s"] - agree_s - arm_s, arm_s),
             agreed=len(agreed) == 1 and agreed == {tuple(sorted(victims))},
             lost_calls=1,
         )  # fmt: skip
@@ -332,8 +363,9 @@ def _emulated_hosts() -> Any:
 def _drill(args: argparse.Namespace) -> int:
     rows = []
     print("| transport | N | failure | where | victims | detection | shrink (worst / median) "
-          "| detection to usable | agreed | wrong | hangs |")  # fmt: skip
-    print("|---|---:|---|---|---|---:|---:|---:|---|---:|---:|")
+          "| worst: agree / make / arm | detection to usable | agreed | wrong "
+          "| hangs |")  # fmt: skip
+    print("|---|---:|---|---|---|---:|---:|---|---:|---|---:|---:|")
     for transport in args.transports.split(","):
         for n in [int(v) for v in args.sizes.split(",")]:
             for how in args.failures.split(","):
@@ -354,12 +386,13 @@ def _drill(args: argparse.Namespace) -> int:
                             ms = {k: f"{row[k] * 1e3:.0f} ms" for k in row if k.endswith("_s")}
                             cells = [transport, n, how, where, row["victims"], ms["detect_s"],
                                      f"{ms['shrink_s']} / {ms['shrink_median_s']}",
+                                     " / ".join(f"{v * 1e3:.0f}" for v in row["phases"]),
                                      ms["usable_s"], row["agreed"], row["wrong"],
                                      len(row["hung"])]  # fmt: skip
                             print("| " + " | ".join(map(str, cells)) + " |", flush=True)
                         else:
                             print(f"| {transport} | {n} | {how} | {where} | {row['victims']} "
-                                  f"| no report | | | | | {len(row['hung'])} | {row['errors']}",
+                                  f"| no report | | | | | | {len(row['hung'])} | {row['errors']}",
                                   flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

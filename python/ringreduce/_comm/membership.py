@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Membership", "arm"]
 
+_GRACE = 1.0  # seconds a rank waits for rank 0's table beyond rank 0's own timeout
+
 _POLL = 0.002  # seconds between looks at the host's store
 _LOOK = 0.05  # seconds between looks at whether a member being awaited is still there
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
@@ -360,8 +362,8 @@ def arm(
         here = 1 if _on_this_machine(lobby) else 0
         core.publish(f"standby/{rank}", f"{advertise} {server.port} {here}".encode())
         addresses, lobby_ranks = [], set()
-        for r in range(size):
-            name, port, there = _fetch(core, f"standby/{r}", r, timeout, alive).decode().split()
+        for r, entry in enumerate(_standby_table(core, rank, size, timeout, alive)):
+            name, port, there = entry.split()
             addresses.append((name, int(port)))
             if there == "1":
                 lobby_ranks.add(r)
@@ -377,6 +379,35 @@ def arm(
         server.close()
         raise
     return Membership(core, server, addresses, token, options, hold, lobby, frozenset(lobby_ranks))
+
+
+def _standby_table(
+    core: Any, rank: int, size: int, timeout: float, alive: Optional[Callable[[int], bool]]
+) -> List[str]:
+    """Every rank's standby entry, in rank order. Rank 0 reads them and publishes them as
+    one key, which the others read: 2N reads of the store in all, not N² (the store's
+    host served every rank's read of every key). A rank that rank 0 waited for in vain
+    is published there instead, so every rank raises the same error naming it. Rank 0
+    names it within ``timeout``; the others wait a little longer for rank 0's word."""
+    if rank == 0:
+        try:
+            keys = [(f"standby/{r}", r) for r in range(size)]
+            entries = [_fetch(core, key, r, timeout, alive).decode() for key, r in keys]
+        except (PeerError, TimeoutError) as exc:
+            why = str(exc).split(": ", 1)[-1]  # without "rank 0: "
+            core.publish("standby/all", f"!{exc.peer} {type(exc).__name__} {why}".encode())
+            raise
+        core.publish("standby/all", "\n".join(entries).encode())
+        return entries
+    table = _fetch(core, "standby/all", 0, timeout + _GRACE, alive).decode()
+    if table.startswith("!"):
+        peer, kind, why = table[1:].split(" ", 2)
+        err: RingReduceError = (PeerError if kind == "PeerError" else TimeoutError)(
+            f"rank {rank}: {why}"
+        )
+        err.peer = int(peer)
+        raise err
+    return table.split("\n")
 
 
 def _on_this_machine(address: Optional[Tuple[str, int]]) -> bool:

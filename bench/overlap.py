@@ -125,6 +125,16 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
                 p.grad = None
         loss_fn(net(x), target).backward()
 
+    def gradsync(**compression: Any) -> Any:
+        return rr.torch.GradSync(
+            model,
+            comm,
+            bucket_mb=args.bucket_mb,
+            first_bucket_mb=args.first_bucket_mb,
+            gradient_as_bucket_view=args.grad_views,
+            **compression,
+        )
+
     modes = MODES + ((f"gradsync-{args.compression}",) if args.compression else ())
     runs: list[np.ndarray] = []
     buckets = 0
@@ -135,13 +145,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
         results["flat"] = timed_steps(
             lambda: (compute(model), flat_all_reduce(model, comm)), comm, args.warmup, args.steps
         )
-        sync = rr.torch.GradSync(
-            model,
-            comm,
-            bucket_mb=args.bucket_mb,
-            first_bucket_mb=args.first_bucket_mb,
-            gradient_as_bucket_view=args.grad_views,
-        )
+        sync = gradsync()
         results["gradsync"] = timed_steps(
             lambda sync=sync: (compute(model), sync.wait()), comm, args.warmup, args.steps
         )
@@ -150,15 +154,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
         if args.compression:
             for p in model.parameters():
                 p.grad = None
-            sync = rr.torch.GradSync(
-                model,
-                comm,
-                bucket_mb=args.bucket_mb,
-                first_bucket_mb=args.first_bucket_mb,
-                gradient_as_bucket_view=args.grad_views,
-                compression=args.compression,
-                error_feedback=True,
-            )
+            sync = gradsync(compression=args.compression, error_feedback=True)
             results[modes[-1]] = timed_steps(
                 lambda sync=sync: (compute(model), sync.wait()), comm, args.warmup, args.steps
             )

@@ -9,6 +9,12 @@ size over the rounds and the ratio B/A (below 1: B is faster).
 
 --a/--b are directories put first on PYTHONPATH ("" means the installed
 package). Extra arguments after -- go to `ringreduce bench` (e.g. --transport).
+
+An editable install (``pip install -e .``) puts an import hook ahead of PYTHONPATH,
+which would run the editable tree instead of the build under test. Each run therefore
+starts with a ``sitecustomize`` that drops any import hook sending ``ringreduce``
+outside the build's directory, and each build is checked once, before the rounds, to
+import from where it was given (a clear error otherwise).
 """
 
 from __future__ import annotations
@@ -30,11 +36,53 @@ def _bytes(text: str) -> int:
     return int(text)
 
 
-def _run(site: str, ranks: int, size: int, extra: list) -> dict:
-    """Median-free single run: {placement: time_us} for one size."""
+# Run at interpreter start (as sitecustomize): drops import hooks that would take
+# ringreduce from anywhere but RR_AB_SITE, such as an editable install's.
+_SITECUSTOMIZE = """
+import os, sys
+site = os.environ.get("RR_AB_SITE")
+if site:
+    def _elsewhere(finder):
+        if type(finder).__module__ == "_frozen_importlib_external":
+            return False  # the path finder: sys.path, with the site first
+        try:
+            spec = finder.find_spec("ringreduce", None)
+        except Exception:
+            return False
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        return bool(origin) and not os.path.abspath(origin).startswith(site)
+    sys.meta_path[:] = [f for f in sys.meta_path if not _elsewhere(f)]
+"""
+
+
+def _env(site: str, hooks: str) -> dict:
     env = dict(os.environ)
     if site:
-        env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
+        site = os.path.abspath(site)
+        env["RR_AB_SITE"] = site
+        env["PYTHONPATH"] = os.pathsep.join([hooks, site, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _check(name: str, site: str, hooks: str) -> None:
+    """Fails unless build ``name`` imports ringreduce from ``site``."""
+    if not site:
+        return
+    got = subprocess.run(
+        [sys.executable, "-c", "import ringreduce; print(ringreduce.__file__)"],
+        env=_env(site, hooks), cwd=hooks, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    where = got.stdout.strip()
+    if got.returncode != 0 or not os.path.abspath(where).startswith(os.path.abspath(site)):
+        raise SystemExit(
+            f"build {name}: ringreduce imports from {where or '(nothing)'} "
+            f"instead of {site}: {got.stderr.strip()[-300:]}"
+        )
+
+
+def _run(site: str, ranks: int, size: int, extra: list, hooks: str) -> dict:
+    """Median-free single run: {placement: time_us} for one size."""
+    env = _env(site, hooks)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rows.json")
         cmd = [sys.executable, "-m", "ringreduce", "bench", "-n", str(ranks), "-b", str(size)]
@@ -57,6 +105,11 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="arguments for ringreduce bench, after --")
     args = parser.parse_args()
     sizes = [_bytes(s) for s in args.sizes.split(",")]
+    hooks = tempfile.mkdtemp(prefix="rr_ab_")
+    with open(os.path.join(hooks, "sitecustomize.py"), "w") as f:
+        f.write(_SITECUSTOMIZE)
+    _check("A", args.a, hooks)
+    _check("B", args.b, hooks)
     times: dict = {}
     for r in range(args.rounds):
         for size in sizes:
@@ -65,7 +118,7 @@ def main() -> None:
             if r % 2:
                 order.reverse()
             for name, site in order:
-                for placement, t in _run(site, args.ranks, size, args.extra).items():
+                for placement, t in _run(site, args.ranks, size, args.extra, hooks).items():
                     times.setdefault((size, placement, name), []).append(t)
         print(f"# round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"# {args.ranks} ranks, median of {args.rounds} interleaved runs; time in us")

@@ -275,3 +275,37 @@ def test_init_failure_ends_job():
     r = run_bench(["-n", "2", "-e", "8", "--transport", "nosuch"], timeout=60)
     assert r.returncode == 1
     assert "init failed" in r.stderr and "job failed" in r.stderr
+
+
+AB_COMPARE = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "ab_compare.py")
+
+
+def test_ab_compare_runs_the_builds_it_is_given(tmp_path):
+    """bench/ab_compare.py puts each build first on PYTHONPATH; an editable install's
+    import hook would otherwise run the editable tree for both. A copy of this build
+    must be the one its runs import, and a directory without ringreduce must be refused
+    by name instead of timing the installed build twice."""
+    import ringreduce
+    import ringreduce._core
+
+    site = tmp_path / "site"
+    shutil.copytree(os.path.dirname(ringreduce.__file__), site / "ringreduce")
+    built = os.path.dirname(ringreduce._core.__file__)  # elsewhere in an editable install
+    for name in os.listdir(built):
+        if name.startswith("_core") and name.endswith(".so"):
+            shutil.copy(os.path.join(built, name), site / "ringreduce" / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    args = ["-n", "2", "--sizes", "8", "--rounds", "1"]
+    ok = subprocess.run(
+        [sys.executable, AB_COMPARE, "--a", str(site), "--b", "", *args],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    rows = [line.split() for line in ok.stdout.splitlines() if line.split()[:1] == ["8"]]
+    assert sorted(r[1] for r in rows) == ["in-place", "out-of-place"], ok.stdout
+    missing = subprocess.run(
+        [sys.executable, AB_COMPARE, "--a", str(tmp_path / "empty"), "--b", "", *args],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode != 0
+    assert "build A: ringreduce imports from (nothing)" in missing.stderr, missing.stderr

@@ -71,3 +71,30 @@ def failure_reaches_wait(comm, codec):
     except Exception as exc:  # noqa: BLE001 - the test looks at what it is
         return {"error": type(exc).__name__, "peer": getattr(exc, "peer", None), "msg": str(exc)}
     return {"error": None}
+
+
+def same_thread_whatever_the_lane(comm, codec):
+    """Rank 0 issues each next call while its lane still runs the one before; rank 1
+    only once its lane is empty (it waits, then sleeps). Each call must still be issued
+    from the same thread on both ranks (else the engine refuses it as concurrent use):
+    a blocking compressed call from the caller, an async one (a small "auto" one too,
+    which auto keeps exact) from the lane."""
+    import time
+
+    x = contribution(comm.rank, 20_000, "float32")
+    small = contribution(comm.rank, 100, "float32")
+    out = {}
+    first = comm.all_reduce(x, compression=codec, async_op=True)
+    if comm.rank == 1:
+        first.wait()
+        time.sleep(0.5)
+    out["blocking"] = comm.all_reduce(x, compression=codec)
+    out["first"] = first.wait()
+    big = comm.all_reduce(x, compression="auto", async_op=True)
+    if comm.rank == 1:
+        big.wait()
+        time.sleep(0.5)
+    tiny = comm.all_reduce(small, compression="auto", async_op=True)
+    out["big"], out["tiny"] = big.wait(), tiny.wait()
+    out["after"] = comm.all_reduce(np.ones(4, np.float32))
+    return out

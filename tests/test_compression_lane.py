@@ -67,3 +67,12 @@ def test_a_failure_in_the_lane_is_raised_by_wait_naming_the_peer(group_factory):
     assert status == "ok", tb
     assert got["error"] == "PeerError", got
     assert got["peer"] == 1, got
+
+
+def test_each_call_is_issued_from_the_same_thread_on_every_rank(group_factory):
+    results = group_factory(2).run(lr.same_thread_whatever_the_lane, "int8")
+    for key in ("blocking", "first", "big", "tiny", "after"):
+        assert results[0][key].tobytes() == results[1][key].tobytes(), key
+    exact = sum(contribution(r, 100, "float32").astype(np.float64) for r in range(2))
+    np.testing.assert_allclose(results[0]["tiny"], exact, atol=1e-5)
+    np.testing.assert_array_equal(results[0]["after"], np.full(4, 2, np.float32))

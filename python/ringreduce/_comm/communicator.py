@@ -166,7 +166,8 @@ class Communicator(Resilience):
             raise explained from exc
         finally:
             issuer.leave()
-        self._issued_here += 1
+        if not lane.here():  # the lane's calls are not the caller's (refusal.collective)
+            self._issued_here += 1
         if issuer.conflict is not None:  # another thread came in meanwhile
             raise ConcurrentUseError(issuer.message())
         return result
@@ -271,7 +272,7 @@ class Communicator(Resilience):
         error_feedback: Any,
     ) -> Any:
         """all_reduce's general path: any array, async, compressed."""
-        if compressed.takes(self, x, op, compression, error_feedback):
+        if compressed.takes(self, x, op, compression, error_feedback, async_op):
             return compressed.all_reduce(
                 self,
                 x,
@@ -299,7 +300,7 @@ class Communicator(Resilience):
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
         ``compression`` and ``error_feedback`` as in `all_reduce`.
         """
-        if compressed.takes(self, x, op, compression, error_feedback):
+        if compressed.takes(self, x, op, compression, error_feedback, async_op):
             return compressed.reduce_scatter(
                 self,
                 x,

@@ -26,9 +26,10 @@ owner's re-encode error with the owner, so error feedback returns every dropped 
 rank's whole payload instead, decoded and summed in rank order on every rank.
 
 ``async_op=True`` queues the call on the communicator's lane (lane.py): a thread that
-runs compressed calls in issue order while the caller goes on. A compressed call issued
-while the lane holds work goes there too, so call numbers (the dither's seeds), auto's
-decisions and the canary's schedule follow the program's order on every rank.
+runs compressed calls in issue order while the caller goes on. A blocking call runs on
+the caller's thread once the lane is empty. So call numbers (the dither's seeds), auto's
+decisions and the canary's schedule follow the program's order on every rank, and each
+call is issued from the same thread on every rank.
 """
 
 from __future__ import annotations
@@ -160,12 +161,18 @@ def reduce_scatter(
     return _call(comm, x, op, out, async_op, compression, error_feedback, scatter=True)
 
 
-def takes(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) -> bool:
+def takes(
+    comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any, async_op: bool = False
+) -> bool:
     """Whether a call with these arguments goes through this module (Communicator's
     all_reduce and reduce_scatter ask): a codec, "auto" or error feedback was asked for,
-    and it is not an "auto" call that `auto_exact` keeps exact."""
+    and it is not a blocking "auto" call that `auto_exact` keeps exact. An async one
+    always goes to the lane: which thread issues a call must not depend on how far
+    this rank's lane has got (see `_call`)."""
     if compression is None and error_feedback is None:
         return False
+    if async_op:
+        return True
     return not (compression == AUTO and error_feedback is None and auto_exact(comm, x, op))
 
 
@@ -180,8 +187,7 @@ def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:
     st = _STATES.get(comm)
     if st is None or type(x) is not np.ndarray or st.debug or x.dtype not in _FAST_DTYPES:
         return False
-    if comm._lane.busy and not comm._lane.here():
-        return False  # numbered in the lane, behind the calls before it
+    comm._lane.drain()  # the lane's calls are numbered before this one
     try:
         if op not in _SUM_AVG:
             return False
@@ -251,9 +257,15 @@ def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) 
 
 
 def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: bool) -> Any:
+    # Which thread issues a call depends on the call alone, never on how far this rank's
+    # lane has got: call headers carry the issuing thread's tag, and ranks that issued
+    # one call from two threads would raise ConcurrentUseError. An async call goes to
+    # the lane; a blocking one runs here, once the lane's calls before it are done.
     lane = comm._lane
-    if (async_op or lane.busy) and not lane.here():
-        return _queued(comm, x, op, out, async_op, compression, error_feedback, scatter)
+    if not lane.here():
+        if async_op:
+            return _queued(comm, x, op, out, compression, error_feedback, scatter)
+        lane.drain()
     buf, member, codec, residual = _checked(comm, x, op, compression, error_feedback)
     n, size, rank = buf.size, comm.world_size, comm.rank
     lo, hi = _core.chunk_bounds(n, size, rank)
@@ -347,10 +359,10 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
     return result
 
 
-def _queued(comm, x, op, out, async_op, compression, error_feedback, scatter) -> Any:
+def _queued(comm, x, op, out, compression, error_feedback, scatter) -> Any:
     """The call, queued on the lane: its arguments checked here first (a bad one raises
     in the caller, before any rank talks), its result allocated here (the Work returns
-    it). A blocking call waits for its turn and its end."""
+    it)."""
     buf = _checked(comm, x, op, compression, error_feedback)[0]
     lo, hi = _core.chunk_bounds(buf.size, comm.world_size, comm.rank)
     result = output_buffer(out, buf, (hi - lo,) if scatter else buf.shape)[0]
@@ -360,7 +372,7 @@ def _queued(comm, x, op, out, async_op, compression, error_feedback, scatter) ->
         lambda: _call(comm, x, op, result, False, compression, error_feedback, scatter=scatter),
         work,
     )
-    return work if async_op else work.wait()
+    return work
 
 
 def _exact(comm, buf, member, result, residual, scatter) -> Any:

@@ -10,12 +10,15 @@ and exchange overlap the computation that goes on meanwhile (a backward pass).
 Ranks pair calls in the order each issues them, and the program's order must stay the
 one the engine sees:
 
-- every compressed call issued while the lane holds work goes to the lane too (blocking
-  ones then wait for theirs), so call numbers, auto's decisions and the canary's
-  schedule are made in the program's order on every rank;
-- any other collective issued meanwhile waits until the lane is empty before it goes in
-  (`Communicator._issue`; the fast path of all_reduce declines while the lane holds
-  work, through the gate's ``divert``).
+- every async compressed call goes to the lane, and every other call (a blocking
+  compressed one, any other collective) waits until the lane is empty before it goes
+  in (`Communicator._issue`, `compressed._call`; the fast path of all_reduce declines
+  while the lane holds work, through the gate's ``divert``). So call numbers, auto's
+  decisions and the canary's schedule are made in the program's order on every rank;
+- which thread issues a call depends on the call alone (async compressed: the lane;
+  anything else: the caller), never on how far a rank's lane has got: call headers
+  carry the issuing thread's tag, and one call issued from two different threads on
+  two ranks is refused as concurrent use.
 
 The thread exits when the lane is empty, and is started again by the next call; it is
 not a daemon, so a program that ends without waiting still finishes its calls (each is
@@ -111,7 +114,13 @@ class Lane:
             if self._thread is None:
                 self._gate.divert = True
                 self._thread = threading.Thread(target=self._run, name=THREAD_NAME)
-                self._thread.start()
+                try:
+                    self._thread.start()
+                except BaseException:  # no thread (at interpreter exit): nothing queued
+                    self._jobs.clear()
+                    self._thread = None
+                    self._gate.divert = False
+                    raise
         return work
 
     def drain(self) -> None:

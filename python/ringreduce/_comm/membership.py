@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
+from .arming import fetch_named as _fetch
+from .arming import standby_table as _standby_table
 
 if TYPE_CHECKING:
     pass
 
 __all__ = ["Membership", "arm"]
 
-_GRACE = 1.0  # seconds a rank waits for rank 0's table beyond rank 0's own timeout
 
 _POLL = 0.002  # seconds between looks at the host's store
-_LOOK = 0.05  # seconds between looks at whether a member being awaited is still there
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
@@ -381,35 +381,6 @@ def arm(
     return Membership(core, server, addresses, token, options, hold, lobby, frozenset(lobby_ranks))
 
 
-def _standby_table(
-    core: Any, rank: int, size: int, timeout: float, alive: Optional[Callable[[int], bool]]
-) -> List[str]:
-    """Every rank's standby entry, in rank order. Rank 0 reads them and publishes them as
-    one key, which the others read: 2N reads of the store in all, not N² (the store's
-    host served every rank's read of every key). A rank that rank 0 waited for in vain
-    is published there instead, so every rank raises the same error naming it. Rank 0
-    names it within ``timeout``; the others wait a little longer for rank 0's word."""
-    if rank == 0:
-        try:
-            keys = [(f"standby/{r}", r) for r in range(size)]
-            entries = [_fetch(core, key, r, timeout, alive).decode() for key, r in keys]
-        except (PeerError, TimeoutError) as exc:
-            why = str(exc).split(": ", 1)[-1]  # without "rank 0: "
-            core.publish("standby/all", f"!{exc.peer} {type(exc).__name__} {why}".encode())
-            raise
-        core.publish("standby/all", "\n".join(entries).encode())
-        return entries
-    table = _fetch(core, "standby/all", 0, timeout + _GRACE, alive).decode()
-    if table.startswith("!"):
-        peer, kind, why = table[1:].split(" ", 2)
-        err: RingReduceError = (PeerError if kind == "PeerError" else TimeoutError)(
-            f"rank {rank}: {why}"
-        )
-        err.peer = int(peer)
-        raise err
-    return table.split("\n")
-
-
 def _on_this_machine(address: Optional[Tuple[str, int]]) -> bool:
     """Whether this process could listen on ``address``'s host: it is one of this
     machine's addresses (binding to another machine's fails)."""
@@ -427,25 +398,3 @@ def _on_this_machine(address: Optional[Tuple[str, int]]) -> bool:
         except OSError:
             continue
     return False
-
-
-def _fetch(
-    core: Any, key: str, peer: int, timeout: float, alive: Optional[Callable[[int], bool]]
-) -> bytes:
-    """core.fetch(key) of a key rank ``peer`` sets; its errors name that rank."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            return core.fetch(key, max(0.0, left if alive is None else min(left, _LOOK)))
-        except TimeoutError:
-            if time.monotonic() < deadline and (alive is None or alive(peer)):
-                continue
-            gone = time.monotonic() < deadline
-            why = "its process is gone" if gone else f"not within {timeout:g} s"
-            err: RingReduceError = (PeerError if gone else TimeoutError)(
-                f"rank {int(core.rank)}: rank {peer} did not set {key!r} while the "
-                f"communicator was being made: {why}"
-            )
-            err.peer = peer
-            raise err from None

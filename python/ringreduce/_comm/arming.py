@@ -1,0 +1,81 @@
+"""Reading what every rank of a communicator being made publishes in its store, with
+errors that name the rank that did not (`membership.arm`, `growth`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional
+
+from ..errors import PeerError, RingReduceError, TimeoutError
+
+__all__ = ["fetch_named", "standby_table"]
+
+_LOOK = 0.05  # seconds between looks at whether a member being awaited is still there
+_GRACE = 1.0  # seconds a rank waits for rank 0's table beyond rank 0's own timeout
+
+
+def standby_table(
+    core: Any, rank: int, size: int, timeout: float, alive: Optional[Callable[[int], bool]]
+) -> List[str]:
+    """Every rank's standby entry, in rank order. Rank 0 reads them and publishes them as
+    one key, which the others read: 2N reads of the store in all, not N² (the store's
+    host served every rank's read of every key). A rank that rank 0 waited for in vain
+    is published there instead, so every rank raises the same error naming it. Rank 0
+    names it within ``timeout``; the others wait a little longer for rank 0's word, then
+    look for the missing entry themselves."""
+    if rank == 0:
+        try:
+            keys = [(f"standby/{r}", r) for r in range(size)]
+            entries = [fetch_named(core, key, r, timeout, alive).decode() for key, r in keys]
+        except (PeerError, TimeoutError) as exc:
+            why = str(exc).split(": ", 1)[-1]  # without "rank 0: "
+            core.publish("standby/all", f"!{exc.peer} {type(exc).__name__} {why}".encode())
+            raise
+        core.publish("standby/all", "\n".join(entries).encode())
+        return entries
+    try:
+        table = fetch_named(core, "standby/all", 0, timeout + _GRACE, alive).decode()
+    except TimeoutError as exc:
+        # Rank 0 came late, or is stuck: name the rank whose entry is missing, as rank 0
+        # would (rank 0 itself when every entry is there).
+        for r in range(size):
+            try:
+                core.fetch(f"standby/{r}", 0.0)
+            except TimeoutError:
+                err = TimeoutError(
+                    f"rank {rank}: rank {r} did not set 'standby/{r}' while the "
+                    f"communicator was being made: not within {timeout:g} s"
+                )
+                err.peer = r
+                raise err from exc
+        raise
+    if table.startswith("!"):
+        peer, kind, why = table[1:].split(" ", 2)
+        err: RingReduceError = (PeerError if kind == "PeerError" else TimeoutError)(
+            f"rank {rank}: {why}"
+        )
+        err.peer = int(peer)
+        raise err
+    return table.split("\n")
+
+
+def fetch_named(
+    core: Any, key: str, peer: int, timeout: float, alive: Optional[Callable[[int], bool]]
+) -> bytes:
+    """core.fetch(key) of a key rank ``peer`` sets; its errors name that rank."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return core.fetch(key, max(0.0, left if alive is None else min(left, _LOOK)))
+        except TimeoutError:
+            if time.monotonic() < deadline and (alive is None or alive(peer)):
+                continue
+            gone = time.monotonic() < deadline
+            why = "its process is gone" if gone else f"not within {timeout:g} s"
+            err: RingReduceError = (PeerError if gone else TimeoutError)(
+                f"rank {int(core.rank)}: rank {peer} did not set {key!r} while the "
+                f"communicator was being made: {why}"
+            )
+            err.peer = peer
+            raise err from None

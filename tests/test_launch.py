@@ -121,6 +121,20 @@ def test_free_port_avoids_the_ephemeral_range(monkeypatch):
         s.bind(("127.0.0.1", p))
 
 
+def test_free_port_leaves_the_standby_band_to_the_ranks():
+    """Every rank of a fault-tolerant job binds a standby store in the band below the
+    ephemeral range (membership.py); a port a launcher picks there could be taken by one
+    of them before the job binds it, so free ports come from neither range."""
+    from ringreduce.launch import ports
+
+    first, end = ports.standby_band()
+    lo, _ = ports._ephemeral_range()
+    assert first < end == max(2048, lo)
+    for _ in range(200):
+        p = free_port(span=2)
+        assert not (first <= p < end) and not (first <= p + 1 < end), (p, first, end)
+
+
 def test_line_without_newline_and_py_script(tmp_path):
     script = tmp_path / "prog.py"  # not executable: a .py program runs under this python
     script.write_text("import os, sys\nprint('arg', sys.argv[1], os.environ['RANK'], end='')\n")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
+from ..launch.ports import standby_band
 from .arming import fetch_named as _fetch
 from .arming import standby_table as _standby_table
 
@@ -315,25 +316,18 @@ def standby_server(toward: str, timeout: float, token: str) -> Tuple[Any, str]:
 
 
 def _standby_server(host: str, timeout: float, token: str) -> Any:
-    """This rank's standby store, on a free port below the kernel's ephemeral range: every
-    rank of every communicator serves one, and ports the kernel hands out (port 0) are
-    what launchers probe for free ones to give their jobs a moment later."""
-    low = _ephemeral_low()
+    """This rank's standby store, on a free port of the standby band (launch.ports), just
+    below the kernel's ephemeral range: every rank of every communicator serves one; ports
+    the kernel hands out (port 0) are what other programs' connects take, and the band is
+    one that launchers (``free_port``) never give a job."""
+    first, end = standby_band()
     for _ in range(16):
-        port = random.randrange(max(1024, low - 12000), low)
+        port = random.randrange(first, end)
         try:
             return _core.TcpStore(host, port, True, timeout, min(timeout, 5.0), token)
         except RingReduceError:
             continue  # taken: another one
     return _core.TcpStore(host, 0, True, timeout, min(timeout, 5.0), token)
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return max(2048, int(f.read().split()[0]))
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def arm(

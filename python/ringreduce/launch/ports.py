@@ -7,6 +7,10 @@ kernel draws from for every outgoing connection and every other ``bind(0)`` on t
 so between the probe and the store's bind another process's ``connect`` can take it (or
 the port after it), and the job fails with "Address already in use". A random port below
 the ephemeral range can only be taken by a program that asks for that number.
+
+The band just below the ephemeral range (``standby_band()``) is left to the ranks' own
+standby stores (fault tolerance), which each rank binds while the job runs: a port a
+launcher picks there could be taken by one of them between the probe and the bind.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from __future__ import annotations
 import random
 import socket
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "standby_band"]
 
 _RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _LOWEST = 10000  # leave the well-known and registered low ports alone
+_STANDBY_WIDTH = 12000  # ports just below the ephemeral range, for standby stores
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -29,12 +34,21 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+def standby_band() -> tuple[int, int]:
+    """[first, end) of the ports the ranks' standby stores bind (membership.py), just
+    below the ephemeral range; ``free_port`` never returns one."""
+    lo = max(2048, _ephemeral_range()[0])
+    return max(1024, lo - _STANDBY_WIDTH), lo
+
+
 def _candidate_ranges(span: int) -> list[tuple[int, int]]:
-    """[first, last] ranges of start ports whose whole run avoids the ephemeral range."""
+    """[first, last] ranges of start ports whose whole run avoids the ephemeral range and
+    the standby band."""
     lo, hi = _ephemeral_range()
+    below = min(lo, standby_band()[0])
     ranges = []
-    if lo - span >= _LOWEST:
-        ranges.append((_LOWEST, lo - span))
+    if below - span >= _LOWEST:
+        ranges.append((_LOWEST, below - span))
     if hi + 1 <= 65536 - span:
         ranges.append((hi + 1, 65536 - span))
     return ranges

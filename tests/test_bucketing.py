@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 from _grads import MEMORY, SHAPES, handing_over, int_grad
 
+import ringreduce as rr
 from ringreduce.bucketing import GradientBucketer
+
+from _ranks import free_port
 
 MLP_SIZES = (6, 16, 12, 3)
 LR = 0.1
@@ -241,3 +244,53 @@ def test_buckets_launch_in_plan_order_whatever_order_grads_arrive(group_factory,
         ):
             for i, g in enumerate(grads):
                 np.testing.assert_array_equal(g, np.full(4, float(n * 100 * i + n * (n - 1) / 2)))
+
+
+# ----------------------------------------------------------------------------- write-back
+
+
+class _DoublingComm:
+    """A one-rank communicator whose asynchronous all_reduce "adds a second rank's equal
+    contribution" (doubles the bucket) when waited for, and records, at each wait, which
+    gradients already hold their reduced value."""
+
+    def __init__(self, comm, grads: list) -> None:
+        self._comm, self._grads, self.seen = comm, grads, []
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)
+
+    def all_reduce(self, buf, op="sum", out=None, async_op=False):
+        if not async_op:
+            return self._comm.all_reduce(buf, op=op, out=out)
+        outer = self
+
+        class Work:
+            def wait(self, timeout=None):
+                outer.seen.append([bool(np.all(g == 2)) for g in outer._grads])
+                np.multiply(buf, 2, out=buf)
+
+            def done(self):
+                return False
+
+        return Work()
+
+
+def test_each_bucket_is_written_back_once_done_before_the_next_wait():
+    """As DDP's reducer does: the first bucket's gradients are already back in the arrays
+    handed over when wait() waits for the second bucket, so the copy back overlaps the
+    later buckets' reduction instead of following all of them."""
+    grads = [np.ones(1 << 16, np.float32), np.ones(1 << 16, np.float32)]
+    with rr.init("tcp", rank=0, world_size=1, master_port=free_port()) as comm:
+        fake = _DoublingComm(comm, grads)
+        # 256 KiB each, buckets of at most 0.25 MiB: one bucket per gradient.
+        bucketer = GradientBucketer(fake, bucket_mb=0.25, first_bucket_mb=0.25, average=False)
+        handles = [bucketer.register(f"p{i}", g.shape, g.dtype) for i, g in enumerate(grads)]
+        assert len(bucketer.plan) == 2
+        for i in reversed(range(2)):  # backward order: the last parameter first
+            bucketer.ready(handles[i], grads[i])
+        bucketer.wait()
+    # The bucket of the last parameter launched first; when the second bucket is waited
+    # for, the first one's gradient already holds its reduced value.
+    assert fake.seen == [[False, False], [False, True]]
+    assert all(np.all(g == 2) for g in grads)

@@ -145,10 +145,8 @@ class GradientBucketer(CompressionState, Observability):
         Raises ValueError for a repeated name, RuntimeError once the plan is fixed.
         """
         if self._buckets is not None:
-            raise RuntimeError(
-                "register() after the bucket plan was fixed by the first "
-                "ready(), wait() or all_reduce_tree()"
-            )
+            raise RuntimeError("register() after the bucket plan was fixed by the first "
+                               "ready(), wait() or all_reduce_tree()")  # fmt: skip
         spec = make_spec(name, shape, dtype, self._names, floating_only=self._average)
         self._names.add(name)
         self._specs.append(spec)
@@ -189,20 +187,16 @@ class GradientBucketer(CompressionState, Observability):
             self._memory.place(np.zeros(0) if first is None else first)
         plan = self._plan_indices()
         if self._world_size > 1:
-            settings = {
-                "bucket_mb": self._bucket_mb,
-                "first_bucket_mb": self._first_bucket_mb,
-                "average": self._average,
-                "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
-            }
+            wire = None if self._comm_dtype is None else self._comm_dtype.name
+            settings = {"bucket_mb": self._bucket_mb, "first_bucket_mb": self._first_bucket_mb,
+                        "average": self._average, "comm_dtype": wire}  # fmt: skip
             if self._compress is not None:
                 settings.update(self._compress.settings())
             check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
         buckets: list[_Bucket] = []
         self._slots = [(0, 0)] * len(self._specs)
         for b, params in enumerate(plan):
-            offsets = []
-            total = 0
+            offsets, total = [], 0
             for i in params:
                 self._slots[i] = (b, total)
                 offsets.append(total)
@@ -378,21 +372,25 @@ class GradientBucketer(CompressionState, Observability):
                 bucket.pending = 0
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
+            written = 0  # buckets whose gradients are written back
             try:
-                # Every bucket, the polled ones too: a Work is done when it failed as well,
-                # and only its wait() raises (a compressed call's too: it runs on the lane).
+                # Every bucket, the polled ones too: a failed Work is done, and only its
+                # wait() raises. Each bucket is written back as soon as it is done, while
+                # later ones are still reduced, as DDP's reducer does.
                 for bucket in buckets:
                     bucket.work.wait()
                     bucket.done = bucket.done or time.perf_counter()
+                    self._write_back(bucket)
+                    written += 1
             except PeerError:
                 if not self._fault_tolerant:
                     raise
-                replay(self, buckets)
+                replay(self, buckets)  # every bucket again: write every one back
+                written = 0
             self._next_done = len(buckets)
             blocked_end = time.perf_counter()
-            for index, arr in enumerate(self._given):
-                if arr is not None:
-                    self._memory.write_back(arr, self._view(index))
+            for bucket in buckets[written:]:
+                self._write_back(bucket)
             end = time.perf_counter()
             self._timeline.record_buckets(self._step, buckets, start, blocked_end, end)
             self._step += 1
@@ -400,6 +398,13 @@ class GradientBucketer(CompressionState, Observability):
             # After a failed collective the step cannot be resumed; start clean so the
             # caller sees the error, not a confusing state on the next call.
             self._reset_step_state()
+
+    def _write_back(self, bucket: _Bucket) -> None:
+        """The reduced gradients of ``bucket`` into the arrays `ready` was given."""
+        for index in bucket.params:
+            arr = self._given[index]
+            if arr is not None:
+                self._memory.write_back(arr, self._view(index))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

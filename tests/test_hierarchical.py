@@ -348,8 +348,23 @@ def test_debug_log_names_the_knob_and_why_hierarchical_cannot_run(capfd):
     lines = [line for line in logged if line not in shm]
     assert len(lines) == 3, lines
     for line in lines:
-        assert "RINGREDUCE_ALGORITHM=hierarchical, but the 3 ranks' hosts hold different " in line
+        assert (
+            "RINGREDUCE_ALGORITHM=hierarchical, but the hierarchical all_reduce cannot run " in line
+        )
+        assert "(it needs several hosts with the same number of ranks, more than one" in line
         assert line.endswith(": ring"), line
+
+
+def test_debug_log_says_ranks_on_one_host_share_it(capfd, monkeypatch):
+    # All on one host: the reason is that, not hosts "of different sizes" (the hosts are
+    # not compared at all there).
+    monkeypatch.setenv("RINGREDUCE_DEBUG", "algorithm")
+    with RankGroup(3, transport="shm", context=_ranks.SPAWN) as group:
+        assert group.run(_algorithms_by_size, [1 << 18]) == [[["ring"]]] * 3
+    lines = [line for line in capfd.readouterr().err.splitlines() if "count=262144," in line]
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert line.endswith("bandwidth-bound; all 3 ranks share one host: ring"), line
 
 
 def test_unknown_debug_topic_is_an_error_naming_it(monkeypatch):

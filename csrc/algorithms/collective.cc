@@ -145,9 +145,10 @@ std::string hosts_sentence(const RingContext& ctx) {
   const Hierarchy* h = ctx.hierarchy;
   const std::string n = std::to_string(ctx.transport.size());
   if (h == nullptr || h->hosts() == 0) {
-    return "the " + n +
-           " ranks' hosts hold different numbers of ranks, so the hierarchical "
-           "all_reduce cannot line up its rings";
+    // Hosts not compared (this rank alone on its host), or of different sizes.
+    return "the hierarchical all_reduce cannot run on these " + n +
+           " ranks (it needs several hosts with the same number of ranks, more than one, "
+           "on each)";
   }
   if (h->hosts() == 1) return "all " + n + " ranks share one host";
   if (h->local_size() == 1) return "the " + n + " ranks are on " + n + " hosts, one rank each";

@@ -70,6 +70,12 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
         stats_.bytes_received_between_hosts = between.bytes_received;
       }
     }
+  } else {
+    // Every rank on this host: one host of all of them, which is what
+    // RINGREDUCE_DEBUG=algorithm says when it explains the choice.
+    hierarchy_.peers = {rank_};
+    for (int r = 0; r < size_; ++r) hierarchy_.host_ranks.push_back(r);
+    hierarchy_.local_index = rank_;
   }
   if (p2p) {
     p2p_ = std::make_unique<PointToPoint>(std::move(p2p), options_.timeout_seconds,

@@ -125,9 +125,9 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
                 p.grad = None
         loss_fn(net(x), target).backward()
 
-    def gradsync(**compression: Any) -> Any:
+    def gradsync(net: Any, **compression: Any) -> Any:
         return rr.torch.GradSync(
-            model,
+            net,
             comm,
             bucket_mb=args.bucket_mb,
             first_bucket_mb=args.first_bucket_mb,
@@ -139,39 +139,102 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     runs: list[np.ndarray] = []
     buckets = 0
     summary: dict[str, Any] = {}
-    for _ in range(args.runs):
-        results: dict[str, list[float]] = {}
-        results["compute"] = timed_steps(lambda: compute(model), comm, args.warmup, args.steps)
-        results["flat"] = timed_steps(
-            lambda: (compute(model), flat_all_reduce(model, comm)), comm, args.warmup, args.steps
+
+    # GradSync, like DDP, gets a replica of its own, made once: its hooks never fire in
+    # the other modes, and it lives across runs as it does in training.
+    syncs: dict[str, tuple[Any, Any]] = {}
+    for name, compression in [("gradsync", {})] + (
+        [(modes[-1], {"compression": args.compression, "error_feedback": True})]
+        if args.compression
+        else []
+    ):
+        replica = copy.deepcopy(model)
+        syncs[name] = (replica, gradsync(replica, **compression))
+
+    def run_gradsync(results: dict, name: str = "gradsync") -> None:
+        nonlocal buckets, summary
+        replica, sync = syncs[name]
+        results[name] = timed_steps(
+            lambda: (compute(replica), sync.wait()), comm, args.warmup, args.steps
         )
-        sync = gradsync()
-        results["gradsync"] = timed_steps(
-            lambda sync=sync: (compute(model), sync.wait()), comm, args.warmup, args.steps
-        )
-        sync.remove()
-        buckets, summary = len(sync.bucketer.plan), sync.summary()
-        if args.compression:
-            for p in model.parameters():
-                p.grad = None
-            sync = gradsync(compression=args.compression, error_feedback=True)
-            results[modes[-1]] = timed_steps(
-                lambda sync=sync: (compute(model), sync.wait()), comm, args.warmup, args.steps
+        if name == "gradsync":
+            buckets, summary = len(sync.bucketer.plan), sync.summary()
+
+    order: dict[str, Callable[[dict], None]] = {
+        "compute": lambda res: res.update(
+            compute=timed_steps(lambda: compute(model), comm, args.warmup, args.steps)
+        ),
+        "flat": lambda res: res.update(
+            flat=timed_steps(
+                lambda: (compute(model), flat_all_reduce(model, comm)),
+                comm,
+                args.warmup,
+                args.steps,
             )
-            sync.remove()
-        for p in model.parameters():
-            p.grad = None  # the other modes start from gradients of their own
-        results["ddp"] = timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
-        results["ddp-rr"] = timed_steps(lambda: compute(ddp_rr), comm, args.warmup, args.steps)
+        ),
+        "gradsync": run_gradsync,
+        "ddp": lambda res: res.update(
+            ddp=timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
+        ),
+        "ddp-rr": lambda res: res.update(
+            {"ddp-rr": timed_steps(lambda: compute(ddp_rr), comm, args.warmup, args.steps)}
+        ),
+    }
+    if args.compression:
+        order[modes[-1]] = lambda res: run_gradsync(res, modes[-1])
+    names = list(order)
+    for run in range(args.runs):
+        # Each run starts at another mode (the same on every rank), so that no mode is
+        # always timed right after the same other one: what a mode leaves behind (freed
+        # gradients, the allocator's state, a busy engine) then weighs on all alike.
+        results: dict[str, list[float]] = {}
+        for name in names[run % len(names) :] + names[: run % len(names)]:
+            order[name](results)
         # The job is as slow as its slowest rank.
         medians = np.array([statistics.median(results[m]) for m in modes])
         runs.append(comm.all_reduce(medians, op="max"))
 
+    alternated = alternate(args, comm, compute, model, syncs["gradsync"], ddp_rr)
     if rank == 0:
         report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm,
                modes)  # fmt: skip
+        if alternated is not None:
+            c, g, d = alternated
+            print(
+                f"Alternating step by step ({args.alternate} rounds, one step of each mode "
+                f"per round): compute {c * 1e3:.1f} ms, GradSync {g * 1e3:.1f} ms "
+                f"({g / c:.2f}x), DDP on ringreduce {d * 1e3:.1f} ms ({d / c:.2f}x)"
+            )
     dist.destroy_process_group()
     comm.close()
+
+
+def alternate(args: argparse.Namespace, comm: Any, compute: Callable, model: Any,
+              gradsync: tuple, ddp_rr: Any) -> Any:  # fmt: skip
+    """With --alternate K: K rounds of one step each of compute, GradSync and DDP on the
+    ringreduce backend (the order reversed every other round), so that the two systems
+    meet the same machine state step by step; the median seconds of each (slowest rank),
+    or None."""
+    import numpy as np
+
+    if not args.alternate:
+        return None
+    replica, sync = gradsync
+    steps = {
+        "compute": lambda: compute(model),
+        "gradsync": lambda: (compute(replica), sync.wait()),
+        "ddp-rr": lambda: compute(ddp_rr),
+    }
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for k in range(args.alternate + 2):  # the first two rounds warm up
+        for name in list(steps)[:: 1 if k % 2 else -1]:
+            comm.barrier()
+            start = time.perf_counter()
+            steps[name]()
+            if k >= 2:
+                times[name].append(time.perf_counter() - start)
+    medians = np.array([statistics.median(times[name]) for name in steps])
+    return tuple(comm.all_reduce(medians, op="max"))
 
 
 def report(runs: list, world: int, n_params: int, args: argparse.Namespace, threads: int,
@@ -233,6 +296,13 @@ def main() -> None:
     parser.add_argument("--transport", default="auto", help="ringreduce transport (default: auto)")
     parser.add_argument(
         "--compression", help="also time GradSync with this codec (bf16, int8) and error feedback"
+    )
+    parser.add_argument(
+        "--alternate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="then K rounds alternating compute, GradSync and DDP on ringreduce step by step",
     )
     args = parser.parse_args()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:

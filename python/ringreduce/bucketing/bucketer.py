@@ -26,7 +26,7 @@ from .plan import (
 )
 from .recovery import launch_fault_tolerant, replay
 from .trace import Observability, Timeline
-from .tree import Tree, reduce_tree
+from .tree import TreeReduction
 
 __all__ = ["GradientBucketer", "Handle"]
 
@@ -34,7 +34,7 @@ Handle = int
 """What `GradientBucketer.register` returns: the parameter's registration index."""
 
 
-class GradientBucketer(CompressionState, Observability):
+class GradientBucketer(CompressionState, Observability, TreeReduction):
     """Buckets gradients and all-reduces each bucket as soon as it is full.
 
     Args:
@@ -145,8 +145,10 @@ class GradientBucketer(CompressionState, Observability):
         Raises ValueError for a repeated name, RuntimeError once the plan is fixed.
         """
         if self._buckets is not None:
-            raise RuntimeError("register() after the bucket plan was fixed by the first "
-                               "ready(), wait() or all_reduce_tree()")  # fmt: skip
+            raise RuntimeError(
+                "register() after the bucket plan was fixed by the first "
+                "ready(), wait() or all_reduce_tree()"
+            )
         spec = make_spec(name, shape, dtype, self._names, floating_only=self._average)
         self._names.add(name)
         self._specs.append(spec)
@@ -187,16 +189,20 @@ class GradientBucketer(CompressionState, Observability):
             self._memory.place(np.zeros(0) if first is None else first)
         plan = self._plan_indices()
         if self._world_size > 1:
-            wire = None if self._comm_dtype is None else self._comm_dtype.name
-            settings = {"bucket_mb": self._bucket_mb, "first_bucket_mb": self._first_bucket_mb,
-                        "average": self._average, "comm_dtype": wire}  # fmt: skip
+            settings = {
+                "bucket_mb": self._bucket_mb,
+                "first_bucket_mb": self._first_bucket_mb,
+                "average": self._average,
+                "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
+            }
             if self._compress is not None:
                 settings.update(self._compress.settings())
             check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
         buckets: list[_Bucket] = []
         self._slots = [(0, 0)] * len(self._specs)
         for b, params in enumerate(plan):
-            offsets, total = [], 0
+            offsets = []
+            total = 0
             for i in params:
                 self._slots[i] = (b, total)
                 offsets.append(total)
@@ -359,6 +365,10 @@ class GradientBucketer(CompressionState, Observability):
         Then every array given to `ready` since the last `wait` (the latest one, for a
         parameter handed over several times under `no_sync`) holds the reduced gradient,
         bitwise identical on every rank. Inside `no_sync` this does nothing.
+
+        Each bucket is written back as soon as it is done. When a collective fails (and
+        the bucketer is not ``fault_tolerant``), the buckets done before it therefore hold
+        reduced gradients and the others do not: redo such a step from new gradients.
         """
         if self._no_sync_depth:
             return
@@ -372,7 +382,7 @@ class GradientBucketer(CompressionState, Observability):
                 bucket.pending = 0
             self._launch_ready_buckets(buckets)
             self._poll(buckets)
-            written = 0  # buckets whose gradients are written back
+            written, copying = 0, 0.0  # buckets written back, and the seconds it took
             try:
                 # Every bucket, the polled ones too: a failed Work is done, and only its
                 # wait() raises. Each bucket is written back as soon as it is done, while
@@ -380,31 +390,35 @@ class GradientBucketer(CompressionState, Observability):
                 for bucket in buckets:
                     bucket.work.wait()
                     bucket.done = bucket.done or time.perf_counter()
-                    self._write_back(bucket)
+                    self._poll(buckets)  # later buckets' ends, before this copy delays them
+                    copying += self._write_back(bucket)
                     written += 1
             except PeerError:
                 if not self._fault_tolerant:
                     raise
                 replay(self, buckets)  # every bucket again: write every one back
-                written = 0
+                written, copying = 0, 0.0
             self._next_done = len(buckets)
-            blocked_end = time.perf_counter()
             for bucket in buckets[written:]:
-                self._write_back(bucket)
+                copying += self._write_back(bucket)
+            # The copies are write-back time, not communication exposed in wait().
             end = time.perf_counter()
-            self._timeline.record_buckets(self._step, buckets, start, blocked_end, end)
+            self._timeline.record_buckets(self._step, buckets, start, end - copying, end)
             self._step += 1
         finally:
             # After a failed collective the step cannot be resumed; start clean so the
             # caller sees the error, not a confusing state on the next call.
             self._reset_step_state()
 
-    def _write_back(self, bucket: _Bucket) -> None:
-        """The reduced gradients of ``bucket`` into the arrays `ready` was given."""
+    def _write_back(self, bucket: _Bucket) -> float:
+        """The reduced gradients of ``bucket`` into the arrays `ready` was given; returns
+        the seconds it took."""
+        t0 = time.perf_counter()
         for index in bucket.params:
             arr = self._given[index]
             if arr is not None:
                 self._memory.write_back(arr, self._view(index))
+        return time.perf_counter() - t0
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -425,26 +439,3 @@ class GradientBucketer(CompressionState, Observability):
             yield
         finally:
             self._no_sync_depth -= 1
-
-    # ----------------------------------------------------------------- trees
-
-    def all_reduce_tree(self, tree: Tree) -> Tree:
-        """Reduces a whole tree of gradients in buckets: dicts, lists and tuples of
-        arrays, or any JAX pytree (registered dataclasses, flax and equinox modules,
-        flattened by ``jax.tree_util`` when the tree has such nodes).
-
-        For gradients that arrive all at once (e.g. ``jax.grad`` output): the first call
-        registers each leaf under its path (``"['dense']['w']"``, ``"[0].w"``) unless
-        parameters were registered already, in which case the leaves, in depth-first order,
-        must match the registrations. Leaves go to `ready` last first, then `wait` runs.
-
-        Returns a tree of the same structure. A writable leaf (numpy array, torch tensor)
-        is reduced in place and returned as the same object; a JAX array (read-only) is
-        replaced by a new JAX array of its dtype holding the result. None leaves stay
-        None. Inside `no_sync` the leaves are accumulated and the tree is returned
-        unchanged.
-        """
-        if self._ready_count and not self._no_sync_depth:
-            raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
-        registered = len(self._specs) if self._specs or self._buckets is not None else None
-        return reduce_tree(self, tree, registered, in_no_sync=bool(self._no_sync_depth))

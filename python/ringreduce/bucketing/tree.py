@@ -127,3 +127,28 @@ def reduce_tree(bucketer: Any, tree: Tree, registered: int | None, *, in_no_sync
     if in_no_sync:
         return tree
     return rebuild([to_jax(r, leaf) for r, (_, leaf) in zip(results, leaves)])
+
+
+class TreeReduction:
+    """GradientBucketer's `all_reduce_tree` (bucketer.py), over its `ready` and `wait`."""
+
+    def all_reduce_tree(self, tree: Tree) -> Tree:
+        """Reduces a whole tree of gradients in buckets: dicts, lists and tuples of
+        arrays, or any JAX pytree (registered dataclasses, flax and equinox modules,
+        flattened by ``jax.tree_util`` when the tree has such nodes).
+
+        For gradients that arrive all at once (e.g. ``jax.grad`` output): the first call
+        registers each leaf under its path (``"['dense']['w']"``, ``"[0].w"``) unless
+        parameters were registered already, in which case the leaves, in depth-first order,
+        must match the registrations. Leaves go to `ready` last first, then `wait` runs.
+
+        Returns a tree of the same structure. A writable leaf (numpy array, torch tensor)
+        is reduced in place and returned as the same object; a JAX array (read-only) is
+        replaced by a new JAX array of its dtype holding the result. None leaves stay
+        None. Inside `no_sync` the leaves are accumulated and the tree is returned
+        unchanged.
+        """
+        if self._ready_count and not self._no_sync_depth:
+            raise RuntimeError("all_reduce_tree() in the middle of a step: call wait() first")
+        registered = len(self._specs) if self._specs or self._buckets is not None else None
+        return reduce_tree(self, tree, registered, in_no_sync=bool(self._no_sync_depth))

@@ -121,7 +121,7 @@ def test_free_port_avoids_the_ephemeral_range(monkeypatch):
         s.bind(("127.0.0.1", p))
 
 
-def test_free_port_leaves_the_standby_band_to_the_ranks():
+def test_free_port_leaves_the_standby_band_to_the_ranks(monkeypatch):
     """Every rank of a fault-tolerant job binds a standby store in the band below the
     ephemeral range (membership.py); a port a launcher picks there could be taken by one
     of them before the job binds it, so free ports come from neither range."""
@@ -133,6 +133,10 @@ def test_free_port_leaves_the_standby_band_to_the_ranks():
     for _ in range(200):
         p = free_port(span=2)
         assert not (first <= p < end) and not (first <= p + 1 < end), (p, first, end)
+    # An ephemeral range that starts low leaves no room below the band: then the band is
+    # shared again, rather than falling back to the kernel's ephemeral ports.
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (20000, 65535))
+    assert ports._candidate_ranges(2) == [(10000, 19998)]
 
 
 def test_line_without_newline_and_py_script(tmp_path):

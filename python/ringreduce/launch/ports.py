@@ -42,10 +42,11 @@ def standby_band() -> tuple[int, int]:
 
 
 def _candidate_ranges(span: int) -> list[tuple[int, int]]:
-    """[first, last] ranges of start ports whose whole run avoids the ephemeral range and
-    the standby band."""
+    """[first, last] ranges of start ports whose whole run avoids the ephemeral range and,
+    where there is room below it, the standby band."""
     lo, hi = _ephemeral_range()
-    below = min(lo, standby_band()[0])
+    band = min(lo, standby_band()[0])
+    below = band if band - span >= _LOWEST else lo
     ranges = []
     if below - span >= _LOWEST:
         ranges.append((_LOWEST, below - span))

@@ -13,8 +13,12 @@ communicator on purpose (killed ranks, mismatches, timeouts).
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
+import signal
+import tempfile
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -75,7 +79,19 @@ def take_parent_env(init_kwargs: dict) -> None:
         os.environ.update(parent_env)
 
 
+_STACKS: Any = None  # a rank's open stacks file (faulthandler writes to it)
+
+
+def stacks_path(pid: int) -> str:
+    """Where rank process ``pid`` writes its threads' Python stacks on SIGUSR2."""
+    return os.path.join(tempfile.gettempdir(), f"ringreduce-test-stacks-{pid}.txt")
+
+
 def _serve(rank: int, size: int, port: int, conn, init_kwargs: dict) -> None:
+    # A rank that hangs can be asked where it is (RankGroup dumps it into the failure).
+    global _STACKS
+    _STACKS = open(stacks_path(os.getpid()), "w")  # noqa: SIM115 - lives as long as the rank
+    faulthandler.register(signal.SIGUSR2, file=_STACKS, all_threads=True)
     take_parent_env(init_kwargs)
     os.environ.update(init_kwargs.pop("env", {}))
     transport, hosts = TRANSPORTS[init_kwargs.pop("transport", "tcp")]
@@ -186,7 +202,29 @@ class RankGroup:
         outcomes: list = [None] * self.n
         for rank in range(len(self.conns)):
             outcomes[rank] = self._collect_one(rank, max(0.0, deadline - time.monotonic()))
+        hung = [r for r, o in enumerate(outcomes) if o[0] == "hung"]
+        for rank in hung:
+            status, value, text = outcomes[rank]
+            outcomes[rank] = (status, value, text + self._stacks(rank))
+        if hung:
+            # Its ranks are still inside the call: no later test can use this group (the
+            # conftest starts a new one once these are gone).
+            for p in self.procs:
+                p.kill()
+            for p in self.procs:
+                p.join(10)
         return outcomes
+
+    def _stacks(self, rank: int) -> str:
+        """Where a hung rank's threads are, as faulthandler prints them."""
+        pid = self.procs[rank].pid
+        try:
+            os.kill(pid, signal.SIGUSR2)
+            time.sleep(1.0)
+            with open(stacks_path(pid)) as f:
+                return "\nits threads, when it was given up:\n" + f.read()[-6000:]
+        except OSError as exc:
+            return f"\n(its threads could not be dumped: {exc})"
 
     def _raise_if_failed(self, outcomes: list, what: str) -> None:
         bad = [(r, o) for r, o in enumerate(outcomes) if o[0] != "ok"]
@@ -226,6 +264,9 @@ class RankGroup:
             if p.is_alive():
                 p.kill()
                 p.join(5)
+            if p.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(stacks_path(p.pid))
 
     def kill(self, rank: int) -> None:
         """SIGKILLs one rank (failure tests)."""

@@ -137,8 +137,6 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
 
     modes = MODES + ((f"gradsync-{args.compression}",) if args.compression else ())
     runs: list[np.ndarray] = []
-    buckets = 0
-    summary: dict[str, Any] = {}
 
     # GradSync, like DDP, gets a replica of its own, made once: its hooks never fire in
     # the other modes, and it lives across runs as it does in training.
@@ -151,50 +149,29 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
         replica = copy.deepcopy(model)
         syncs[name] = (replica, gradsync(replica, **compression))
 
-    def run_gradsync(results: dict, name: str = "gradsync") -> None:
-        nonlocal buckets, summary
-        replica, sync = syncs[name]
-        results[name] = timed_steps(
-            lambda: (compute(replica), sync.wait()), comm, args.warmup, args.steps
-        )
-        if name == "gradsync":
-            buckets, summary = len(sync.bucketer.plan), sync.summary()
-
-    order: dict[str, Callable[[dict], None]] = {
-        "compute": lambda res: res.update(
-            compute=timed_steps(lambda: compute(model), comm, args.warmup, args.steps)
-        ),
-        "flat": lambda res: res.update(
-            flat=timed_steps(
-                lambda: (compute(model), flat_all_reduce(model, comm)),
-                comm,
-                args.warmup,
-                args.steps,
-            )
-        ),
-        "gradsync": run_gradsync,
-        "ddp": lambda res: res.update(
-            ddp=timed_steps(lambda: compute(ddp), comm, args.warmup, args.steps)
-        ),
-        "ddp-rr": lambda res: res.update(
-            {"ddp-rr": timed_steps(lambda: compute(ddp_rr), comm, args.warmup, args.steps)}
-        ),
+    # One training step of each mode.
+    steps: dict[str, Callable[[], Any]] = {
+        "compute": lambda: compute(model),
+        "flat": lambda: (compute(model), flat_all_reduce(model, comm)),
+        "ddp": lambda: compute(ddp),
+        "ddp-rr": lambda: compute(ddp_rr),
     }
-    if args.compression:
-        order[modes[-1]] = lambda res: run_gradsync(res, modes[-1])
-    names = list(order)
+    for name, (replica, sync) in syncs.items():
+        steps[name] = lambda replica=replica, sync=sync: (compute(replica), sync.wait())
     for run in range(args.runs):
         # Each run starts at another mode (the same on every rank), so that no mode is
         # always timed right after the same other one: what a mode leaves behind (freed
         # gradients, the allocator's state, a busy engine) then weighs on all alike.
         results: dict[str, list[float]] = {}
-        for name in names[run % len(names) :] + names[: run % len(names)]:
-            order[name](results)
+        for name in modes[run % len(modes) :] + modes[: run % len(modes)]:
+            results[name] = timed_steps(steps[name], comm, args.warmup, args.steps)
         # The job is as slow as its slowest rank.
         medians = np.array([statistics.median(results[m]) for m in modes])
         runs.append(comm.all_reduce(medians, op="max"))
 
-    alternated = alternate(args, comm, compute, model, syncs["gradsync"], ddp_rr)
+    sync = syncs["gradsync"][1]
+    buckets, summary = len(sync.bucketer.plan), sync.summary()
+    alternated = alternate(args, comm, steps)
     if rank == 0:
         report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm,
                modes)  # fmt: skip
@@ -209,8 +186,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     comm.close()
 
 
-def alternate(args: argparse.Namespace, comm: Any, compute: Callable, model: Any,
-              gradsync: tuple, ddp_rr: Any) -> Any:  # fmt: skip
+def alternate(args: argparse.Namespace, comm: Any, steps: dict) -> Any:
     """With --alternate K: K rounds of one step each of compute, GradSync and DDP on the
     ringreduce backend (the order reversed every other round), so that the two systems
     meet the same machine state step by step; the median seconds of each (slowest rank),
@@ -219,12 +195,7 @@ def alternate(args: argparse.Namespace, comm: Any, compute: Callable, model: Any
 
     if not args.alternate:
         return None
-    replica, sync = gradsync
-    steps = {
-        "compute": lambda: compute(model),
-        "gradsync": lambda: (compute(replica), sync.wait()),
-        "ddp-rr": lambda: compute(ddp_rr),
-    }
+    steps = {name: steps[name] for name in ("compute", "gradsync", "ddp-rr")}
     times: dict[str, list[float]] = {name: [] for name in steps}
     for k in range(args.alternate + 2):  # the first two rounds warm up
         for name in list(steps)[:: 1 if k % 2 else -1]:

@@ -19,10 +19,11 @@ from .issuer import Issuer
 from .lane import Lane
 from .membership import Membership
 from .ops import ReduceOp
+from .p2p import PointToPoint
 from .refusal import collective
 from .resilience import Resilience
 from .shaping import Call
-from .work import Deferred, Work
+from .work import Work
 
 __all__ = ["Communicator", "build_info"]
 
@@ -34,7 +35,7 @@ def build_info() -> dict:
     return dict(_core.build_info())
 
 
-class Communicator(Resilience):
+class Communicator(PointToPoint, Resilience):
     """A group of ranks that run collectives together. Create with ``ringreduce.init()``.
 
     Threads: ranks pair collectives in the order each rank issues them, so a
@@ -203,11 +204,6 @@ class Communicator(Resilience):
         with self._inflight_lock:
             self._inflight = [(h, k) for h, k in self._inflight if not h.done()]
             self._inflight.append((handle, keep))
-
-    def _p2p(self, handle: Any, result: Any, keep: tuple, async_op: bool) -> Any:
-        self._keep_alive(handle, keep)
-        work = Work(self, handle, result, keep)
-        return work if async_op else work.wait()
 
     # -- collectives ------------------------------------------------------
     def all_reduce(
@@ -407,29 +403,6 @@ class Communicator(Resilience):
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """``root``'s ``obj`` (anything picklable), returned on every rank."""
         return composite.broadcast_object(self, obj, root)
-
-    # -- point-to-point -----------------------------------------------------
-    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Any:
-        """Sends x to rank dst, to be taken by its ``recv`` with the same tag.
-
-        Point-to-point messages travel on links of their own, in no order with the
-        collectives; between two ranks, messages with one tag arrive in the order they
-        were sent. Blocking: returns once x has left (it may not have arrived yet).
-        """
-        dst = shaping.peer_rank(dst, "dst", self.rank, self.world_size)
-        buf = shaping.send_buffer(x)
-        handle = self._core.send(buf.ptr, buf.nbytes, dst, int(tag))
-        return self._p2p(handle, None, (x, buf.obj), async_op)
-
-    def recv(
-        self, out: Any, src: Optional[int] = None, *, tag: int = 0, async_op: bool = False
-    ) -> Any:
-        """Receives into ``out`` the next message with ``tag`` from rank src (None: from
-        any rank), which must be ``out``'s size. Returns the sender's rank."""
-        src = shaping.peer_rank(src, "src", self.rank, self.world_size, allow_any=True)
-        buf = shaping.recv_buffer(out)
-        handle = self._core.recv(buf.ptr, buf.nbytes, src, int(tag))
-        return self._p2p(handle, Deferred(lambda: int(handle.source)), (out,), async_op)
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:

@@ -17,7 +17,10 @@ import contextlib
 import faulthandler
 import multiprocessing as mp
 import os
+import re
+import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import traceback
@@ -80,6 +83,29 @@ def take_parent_env(init_kwargs: dict) -> None:
 
 
 _STACKS: Any = None  # a rank's open stacks file (faulthandler writes to it)
+
+
+def _native_stacks(pid: int) -> str:
+    """Every thread's C/C++ stack in process ``pid``, where gdb is installed: a rank stuck
+    outside Python (a destructor, a lock in the engine or in torch) shows no Python frame."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return ""
+    try:
+        done = subprocess.run(
+            [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 25"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"\n(gdb could not read its native stacks: {exc})"
+    # The interpreter's own frames (its eval loop) say nothing the Python stacks do not.
+    inner = re.compile(r" at (Python|Objects|Modules|\./Include)/")
+    lines = [
+        ln[:240]
+        for ln in done.stdout.splitlines()
+        if ln.startswith(("Thread ", "#")) and not inner.search(ln)
+    ]
+    return "\nits native stacks (gdb):\n" + "\n".join(lines)[-12000:]
 
 
 def stacks_path(pid: int) -> str:
@@ -222,9 +248,10 @@ class RankGroup:
             os.kill(pid, signal.SIGUSR2)
             time.sleep(1.0)
             with open(stacks_path(pid)) as f:
-                return "\nits threads, when it was given up:\n" + f.read()[-6000:]
+                text = "\nits threads, when it was given up:\n" + f.read()[-6000:]
         except OSError as exc:
-            return f"\n(its threads could not be dumped: {exc})"
+            text = f"\n(its threads could not be dumped: {exc})"
+        return text + _native_stacks(pid)
 
     def _raise_if_failed(self, outcomes: list, what: str) -> None:
         bad = [(r, o) for r, o in enumerate(outcomes) if o[0] != "ok"]

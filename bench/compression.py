@@ -144,21 +144,30 @@ def tx_bytes() -> int:
 
 
 def rank_collective(comm: Any, opts: dict) -> dict:
+    from ringreduce.compression import configure
+
     rows = []
     for size in [parse_size(s) for s in opts["sizes"].split(",")]:
         x = np.random.default_rng(comm.rank).standard_normal(size // 4, dtype=np.float32)
         for codec in opts["codecs"].split(","):
-            compression = None if codec == "fp32" else codec
-            for _ in range(2):  # warm-up; auto's calibration
-                comm.all_reduce(x, compression=compression)
-            times, wire = [], 0
-            for _ in range(opts["reps"]):
-                comm.barrier()
-                before = tx_bytes()
-                t0 = time.perf_counter()
-                comm.all_reduce(x, compression=compression)
-                times.append(time.perf_counter() - t0)
-                wire += tx_bytes() - before
+            # "int8/never": int8 with calls run whole (the pieces setting after "/").
+            name, _, how = codec.partition("/")
+            compression = None if name == "fp32" else name
+            default = configure().pieces
+            configure(pieces=how or default)
+            try:
+                for _ in range(2):  # warm-up; auto's calibration
+                    comm.all_reduce(x, compression=compression)
+                times, wire = [], 0
+                for _ in range(opts["reps"]):
+                    comm.barrier()
+                    before = tx_bytes()
+                    t0 = time.perf_counter()
+                    comm.all_reduce(x, compression=compression)
+                    times.append(time.perf_counter() - t0)
+                    wire += tx_bytes() - before
+            finally:
+                configure(pieces=default)
             worst = comm.all_reduce(np.array([min(times), wire / opts["reps"]]), "max")
             rows.append({"size": size, "codec": codec, "seconds": float(worst[0]),
                          "wire": float(worst[1])})  # fmt: skip
@@ -365,7 +374,12 @@ def main() -> None:
     p.add_argument("-n", type=int, default=4, help="ranks (one per emulated host)")
     p.add_argument("--link", default="shm", help="shm, or a tc rate: 1gbit, 10gbit")
     p.add_argument("--sizes", default="64K,1M,16M,64M,256M")
-    p.add_argument("--codecs", default=",".join(CODECS))
+    p.add_argument(
+        "--codecs",
+        default=",".join(CODECS),
+        help="codecs, fp32 and auto; NAME/always and NAME/never run NAME's large calls in "
+        "pieces or whole (the pieces setting; NAME alone: its default, auto)",
+    )
     p.add_argument(
         "--rates",
         default="250mbit,500mbit,1gbit,2gbit,4gbit,8gbit",

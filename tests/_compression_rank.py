@@ -286,3 +286,84 @@ def reuse(comm, n=5003):
         "same_paths": runs[0][0] == runs[1][0]
         and all(a.tobytes() == runs[1][1][k].tobytes() for k, a in runs[0][1].items()),
     }
+
+
+def in_pieces(comm, piece_values, sizes, feedback_calls):
+    """Every codec x (float32, bfloat16) x size with calls cut into pieces of
+    ``piece_values`` values per chunk: (all_reduce result, reduce_scatter block, the same
+    all_reduce in place, the engine collectives one all_reduce took, the running sum of
+    ``feedback_calls`` float32 int4 calls with error feedback) per case. Pieces always
+    (where the transport allows), and the canary off, so that an all_reduce's collectives
+    are its pieces' alone."""
+    old = settings().piece_values, settings().canary_every, settings().pieces
+    configure(piece_values=piece_values, canary_every=0, pieces="always")
+    try:
+        got = {}
+        for codec in CODECS:
+            for dtype in ("float32", "bfloat16"):
+                for n in sizes:
+                    x = contribution(comm.rank, n, dtype)
+                    ops = comm.stats()["ops"]
+                    y = comm.all_reduce(x, compression=codec)
+                    ops = comm.stats()["ops"] - ops
+                    block = comm.reduce_scatter(x, compression=codec)
+                    inplace = x.copy()
+                    comm.all_reduce(inplace, compression=codec, out=inplace)
+                    later = comm.all_reduce(x, compression=codec, async_op=True).wait()
+                    got[codec, dtype, n] = (y, block, inplace, ops, later)
+        n = sizes[-1]
+        x = contribution(comm.rank, n, "float32")
+        ef = ErrorFeedback().key("x")
+        total = np.zeros(n)
+        for _ in range(feedback_calls):
+            total += comm.all_reduce(x, compression="int4", error_feedback=ef)
+        return got, total
+    finally:
+        configure(piece_values=old[0], canary_every=old[1], pieces=old[2])
+
+
+def mismatch_in_pieces(comm):
+    """Ranks reduce counts cut into different numbers of pieces of the same row size
+    (1 and 4 pieces of 512 values): all must raise at the first piece, leaving nothing
+    queued, so the next call works."""
+    old = settings().piece_values, settings().pieces
+    configure(piece_values=512, pieces="always")
+    try:
+        x = np.ones(1024 if comm.rank == 0 else 4096, np.float32)
+        try:
+            comm.all_reduce(x, compression="int8")
+            outcome = ("none", "")
+        except Exception as exc:  # noqa: BLE001
+            outcome = (type(exc).__name__, str(exc))
+        return outcome, comm.all_reduce(np.ones(8192, np.float32), compression="int8")
+    finally:
+        configure(piece_values=old[0], pieces=old[1])
+
+
+def pieces_chosen(comm, sizes, calls):
+    """pieces="auto" with pieces of 512 values: per size, the engine collectives of each
+    of ``calls`` int8 all_reduce calls, the size class's agreed ratio, the results, and
+    the collectives of two bf16 calls run on the lane (async_op)."""
+    from ringreduce._comm.compressed import _state
+
+    old = settings().piece_values, settings().canary_every
+    configure(piece_values=512, canary_every=0)
+    try:
+        got = {}
+        for n in sizes:
+            x = contribution(comm.rank, n, "float32")
+            ops, ys = [], []
+            for _ in range(calls):
+                before = comm.stats()["ops"]
+                ys.append(comm.all_reduce(x, compression="int8"))
+                ops.append(comm.stats()["ops"] - before)
+            ratio = _state(comm).pieces.ratios.get(("int8", int(n).bit_length()))
+            lane = []  # bf16 on the lane: measured and agreed there
+            for _ in range(2):
+                before = comm.stats()["ops"]
+                comm.all_reduce(x, compression="bf16", async_op=True).wait()
+                lane.append(comm.stats()["ops"] - before)
+            got[n] = (ops, ratio, ys, lane)
+        return got
+    finally:
+        configure(piece_values=old[0], canary_every=old[1])

@@ -51,6 +51,7 @@ from ..compression import policy as _policy
 from ..compression.codecs import AUTO, Codec, get_codec
 from . import compressed_auto as _auto
 from . import compressed_hop as _hop
+from .compressed_pieces import PieceChoice
 from .lane import LaneWork
 from .ops import ReduceOp, _op_member
 
@@ -76,6 +77,7 @@ class _State:
         self.debug = "algorithm" in debug_topics()
         self.codecs: Dict[str, _canary.CodecStats] = {}
         self.scratch = _hop.Scratch()
+        self.pieces = PieceChoice()  # which size classes run in pieces (compressed_pieces)
         self.timing = False  # auto's calibration is timing tiny calls through the codecs
 
     def of(self, name: str) -> _canary.CodecStats:
@@ -335,18 +337,20 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
             if scatter:
                 reduced = reduced[lo:hi]
         else:
-            reduced = _hop.one_hop(
-                comm,
-                codec,
-                v,
-                flat.dtype != _F32,
-                residual,
-                call_no,
-                stat,
-                scratch,
-                target,
-                scatter,
-            )
+            piece_values, measured = st.pieces.plan(comm, codec.name, n, _policy.settings())
+            start, codec_before = st.pieces.measure(), stat.codec_seconds
+            reduced = _hop.one_hop(comm, codec, v, flat.dtype != _F32, residual, call_no,
+                                   stat, scratch, target, scatter, piece_values)  # fmt: skip
+            if measured is not None:
+                chosen = st.pieces.decide(comm, measured, start, stat.codec_seconds - codec_before)
+                if st.debug:
+                    sys.stderr.write(
+                        f"ringreduce rank {rank}: {codec.name} calls of {1 << (measured[1] - 1)}"
+                        f"-{(1 << measured[1]) - 1} values run {'in pieces' if chosen else 'whole'}"
+                        f": the spare CPU over its first call (the host's idle time per "
+                        f"rank) was {st.pieces.ratios[measured]:.2f}x the codec's time, on "
+                        "the rank with the least\n"
+                    )
         if sample is not None:
             _check_canary(comm, st, codec, call_no, sample, reduced, (lo, hi), scatter)
         if member is ReduceOp.AVG:

@@ -29,6 +29,7 @@ from .. import _core
 from ..compression import rows as _rows
 from ..compression.codecs import Codec, _Kernel, seed_key, use_kernels
 from ..compression.rows import HEADER
+from .compressed_pieces import pieces
 
 __all__ = ["Scratch", "gathered", "one_hop", "seed", "widened"]
 
@@ -38,11 +39,12 @@ _SEED = 0x52494E47  # "RING": the base of every seed, the same on every rank
 WORKER, OWNER, GATHER, SAMPLE = 1, 2, 3, 4
 
 
-def seed(call_no: int, phase: int, rank: int, chunk: int) -> int:
+def seed(call_no: int, phase: int, rank: int, chunk: int, piece: int = 0) -> int:
     """The seed of one encode: a function of the call's number (the same on every rank),
-    the phase, the encoding rank and the chunk. Ranks' rounding noise is independent, so
-    it grows as sqrt(N) in a sum, not N."""
-    return (_SEED << 96) | (call_no << 40) | (phase << 32) | (rank << 16) | chunk
+    the phase, the piece of a call run in pieces (`pieces`; 0 otherwise), the encoding
+    rank and the chunk. Ranks' rounding noise is independent, so it grows as sqrt(N) in
+    a sum, not N."""
+    return (_SEED << 96) | (call_no << 40) | ((phase | piece << 3) << 32) | (rank << 16) | chunk
 
 
 # ---- scratch buffers ---------------------------------------------------------------
@@ -207,78 +209,148 @@ def one_hop(
     scratch: Scratch,
     target: np.ndarray,
     scatter: bool,
+    piece_values: int = 0,
 ) -> np.ndarray:
     """The scatter and gather phases (compressed.py's docstring); the float32 sum in
     sum units, in ``target``: this rank's chunk (reduce_scatter; ``target`` may be
     anything but a view of the other chunks of x) or the whole array (all_reduce; may
-    be x itself: x is read before target is written). ``x``: float32, contiguous;
-    ``owned``: x is scratch this call may change (the widened input, not x itself)."""
+    be x itself: each piece of x is read before that piece of target is written).
+    ``x``: float32, contiguous; ``owned``: x is scratch this call may change (the
+    widened input, not x itself).
+
+    Large calls may run in pieces (`compressed_pieces`, ``piece_values``), so that the
+    codec's work overlaps the exchanges. Each piece has seeds of its own, so the bits differ from a
+    call in one piece, but are the same on every rank."""
     n, size, rank = x.size, comm.world_size, comm.rank
     bounds = [_core.chunk_bounds(n, size, k) for k in range(size)]
-    row = _rows.row_bytes(codec, max(hi - lo for lo, hi in bounds))
+    parts = pieces(bounds, piece_values)
+    count = len(parts)
+    row = _rows.row_bytes(codec, max(hi - lo for part in parts for lo, hi in part))
     header = _rows.header(n, codec, call_no)
     what = "reduce_scatter" if scatter else "all_reduce"
     kernel = _kernel(codec)
-    t_codec = 0.0
+    clock = [0.0]  # codec seconds
 
-    # Scatter phase: chunk k of every rank to rank k, encoded straight into its row.
-    send = scratch.get("send", (size, row))
-    send[:, :HEADER] = header
-    t0 = time.perf_counter()
-    for k, (lo, hi) in enumerate(bounds):
-        if k != rank and hi > lo:  # the worker error stays with its sender
-            _encode(
-                codec,
-                kernel,
-                x[lo:hi],
-                seed(call_no, WORKER, rank, k),
-                send[k, HEADER:],
-                None if residual is None else residual[lo:hi],
-            )
-    t_codec += time.perf_counter() - t0
-    recv = scratch.get("recv", (size, row)) if size > 1 else send
-    _exchange(comm, stat, lambda: comm.all_to_all(send, out=recv), send)
-    _rows.check_headers(recv, header, codec, rank, what)
+    send = scratch.get("send", (count, size, row))
+    send[:, :, :HEADER] = header
+    recv = scratch.get("recv", (count, size, row)) if size > 1 else send
 
-    # The owner's sum: its own contribution, never encoded, plus the N-1 payloads.
+    # The owner's sum starts as its own contribution, never encoded.
     lo, hi = bounds[rank]
-    m = hi - lo
     t0 = time.perf_counter()
     own = x[lo:hi]
-    acc = target if scatter else own if owned else scratch.get("acc", m, _F32)
+    acc = target if scatter else own if owned else scratch.get("acc", hi - lo, _F32)
     if residual is not None:
         np.add(own, residual[lo:hi], out=acc)
     elif acc is not own:
         acc[...] = own
-    if m:
-        _decode_add(codec, kernel, [recv[j, HEADER:] for j in range(size) if j != rank], m, acc)
-    t_codec += time.perf_counter() - t0
-    if scatter:
-        if residual is not None:
-            residual[lo:hi] = 0  # sent whole: nothing owed
-        stat.codec_seconds += t_codec
-        return acc
+    clock[0] += time.perf_counter() - t0
 
-    # Gather phase: every owner's sum, encoded once, to every rank; recv's own row (its
-    # contents spent) holds it, and send (spent too) receives every rank's.
-    mine = recv[rank]
-    mine[:HEADER] = header
-    t0 = time.perf_counter()
-    if m:
-        owed = None
-        if residual is not None:  # the server error, in sum units, stays with the owner
-            owed = residual[lo:hi]
-            owed.fill(-0.0)  # acc + -0.0 is acc, bit for bit (signed zeros included)
-        _encode(codec, kernel, acc, seed(call_no, OWNER, rank, rank), mine[HEADER:], owed)
-    t_codec += time.perf_counter() - t0
-    rows = _exchange(comm, stat, lambda: comm.all_gather(mine, out=send), mine[None])
-    _rows.check_headers(rows, header, codec, rank, what)
-    t0 = time.perf_counter()
-    for k, (lo_k, hi_k) in enumerate(bounds):
-        if hi_k > lo_k:
-            _decode(codec, kernel, rows[k, HEADER:], hi_k - lo_k, target[lo_k:hi_k])
-    stat.codec_seconds += t_codec + time.perf_counter() - t0
-    return target
+    def scatter_encode(p: int) -> None:  # chunk k of every rank to rank k, in its row
+        t0 = time.perf_counter()
+        for k, (a, b) in enumerate(parts[p]):
+            if k != rank and b > a:  # the worker error stays with its sender
+                _encode(
+                    codec,
+                    kernel,
+                    x[a:b],
+                    seed(call_no, WORKER, rank, k, p),
+                    send[p, k, HEADER:],
+                    None if residual is None else residual[a:b],
+                )
+        clock[0] += time.perf_counter() - t0
+
+    def owner_sum(p: int) -> None:  # + the N-1 payloads; then the sum encoded once
+        a, b = parts[p][rank]
+        t0 = time.perf_counter()
+        mine = acc[a - lo : b - lo]
+        if b > a:
+            payloads = [recv[p, j, HEADER:] for j in range(size) if j != rank]
+            _decode_add(codec, kernel, payloads, b - a, mine)
+        if not scatter:
+            # The gather's row is recv's own (its contents spent); the server error, in
+            # sum units, stays with the owner.
+            row_out = recv[p, rank]
+            row_out[:HEADER] = header
+            if b > a:
+                owed = None
+                if residual is not None:
+                    owed = residual[a:b]
+                    owed.fill(-0.0)  # mine + -0.0 is mine, bit for bit (signed zeros too)
+                _encode(codec, kernel, mine, seed(call_no, OWNER, rank, rank, p),
+                        row_out[HEADER:], owed)  # fmt: skip
+        clock[0] += time.perf_counter() - t0
+
+    def decode_all(p: int) -> None:  # every owner's sum of piece p, into target
+        rows = send[p]  # spent by the scatter, so it received the gather
+        _rows.check_headers(rows, header, codec, rank, what)
+        t0 = time.perf_counter()
+        for k, (a, b) in enumerate(parts[p]):
+            if b > a:
+                _decode(codec, kernel, rows[k, HEADER:], b - a, target[a:b])
+        clock[0] += time.perf_counter() - t0
+
+    background = count > 1  # pieces are queued to the engine, so they overlap the codec
+    pending: List[Any] = []
+
+    def launch(kind: str, p: int) -> Any:
+        if size == 1:
+            return None  # a world of one: the rows are where they would arrive
+        if kind == "scatter":
+            work = comm.all_to_all(send[p], out=recv[p], async_op=background)
+        else:
+            work = comm.all_gather(recv[p, rank], out=send[p], async_op=background)
+        if background:
+            pending.append(work)
+            return work
+        return None
+
+    def finish(work: Any) -> None:
+        if work is not None:
+            work.wait()
+            pending.remove(work)
+
+    # Piece p+1 is encoded while piece p travels, and sent once piece p's headers showed
+    # that every rank makes the same call (so ranks that do not, with counts that cut
+    # differently, leave nothing queued when they raise); piece p's gather travels while
+    # piece p+1's scatter does. The order of the exchanges is the same on every rank.
+    before = comm._core.stats()["bytes_sent"] if size > 1 else 0
+    try:
+        scatter_encode(0)
+        scattered = launch("scatter", 0)
+        gathering = None
+        for p in range(count):
+            if p + 1 < count:
+                scatter_encode(p + 1)
+            finish(scattered)
+            _rows.check_headers(recv[p], header, codec, rank, what)
+            if p + 1 < count:
+                scattered = launch("scatter", p + 1)
+            owner_sum(p)
+            if scatter:
+                continue
+            previous, gathering = gathering, launch("gather", p)
+            if p >= 1:
+                finish(previous)
+                decode_all(p - 1)
+        if not scatter:
+            finish(gathering)
+            decode_all(count - 1)
+    except BaseException:
+        # Pieces still queued write into this communicator's scratch: they end (or fail,
+        # within the communicator's timeout) before the next call may take it.
+        for work in pending:
+            try:
+                work.wait()
+            except Exception:
+                pass
+        raise
+    if size > 1:
+        stat.wire_bytes += comm._core.stats()["bytes_sent"] - before
+    if scatter and residual is not None:
+        residual[lo:hi] = 0  # sent whole: nothing owed
+    stat.codec_seconds += clock[0]
+    return acc if scatter else target
 
 
 def gathered(

@@ -55,10 +55,17 @@ class Settings:
     communicator (the first included); 0 turns it off. ``canary_sample``: how many
     coordinates it compares. ``max_error``: relative error past which a codec falls
     back to the exact path, by codec name (a codec not named uses its ``max_error``).
+    ``piece_values``: a call whose chunks (its count / the world size) hold at least twice
+    this many values may run in pieces of at least this many values per chunk (up to
+    16), each encoded while the one before travels; 0 runs every call whole.
+    ``pieces``: "auto" (in pieces where the first call of a size class showed the link
+    leaving the CPU idle for longer than the codec works), "always" or "never".
     """
 
     canary_every: int = 50
     canary_sample: int = 1024
+    piece_values: int = 1 << 18
+    pieces: str = "auto"
     max_error: Dict[str, float] = field(default_factory=dict)
 
     def threshold(self, codec: Codec) -> float:
@@ -78,10 +85,21 @@ def configure(
     canary_every: Optional[int] = None,
     canary_sample: Optional[int] = None,
     max_error: Optional[Dict[str, float]] = None,
+    piece_values: Optional[int] = None,
+    pieces: Optional[str] = None,
 ) -> Settings:
     """Changes the settings of this process's compressed collectives; returns them.
-    Every rank must use the same ``canary_every`` and ``canary_sample`` (the canary is a
-    collective). ``max_error`` updates the thresholds of the codecs it names."""
+    Every rank must use the same ``canary_every``, ``canary_sample`` (the canary is a
+    collective), ``piece_values`` and ``pieces`` (how a call is cut into exchanges).
+    ``max_error`` updates the thresholds of the codecs it names."""
+    if pieces is not None:
+        if pieces not in ("auto", "always", "never"):
+            raise ValueError(f"pieces must be 'auto', 'always' or 'never', got {pieces!r}")
+        _SETTINGS.pieces = pieces
+    if piece_values is not None:
+        if int(piece_values) < 0:
+            raise ValueError(f"piece_values must be >= 0 (0: calls run whole), got {piece_values}")
+        _SETTINGS.piece_values = int(piece_values)
     if canary_every is not None:
         if int(canary_every) < 0:
             raise ValueError(f"canary_every must be >= 0 (0: off), got {canary_every}")

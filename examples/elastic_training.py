@@ -31,6 +31,13 @@ import ringreduce as rr
 IN, HIDDEN, OUT, BATCH = 8, 32, 1, 64
 
 
+def say(line: str) -> None:
+    """Prints one line in one write: a newcomer shares its starter's stdout, and print()
+    may write the text and its newline apart (unbuffered), letting another line in."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def init_weights(seed: int = 0) -> list:
     rng = np.random.default_rng(seed)
     return [rng.normal(0, 0.3, (IN, HIDDEN)), np.zeros(HIDDEN), rng.normal(0, 0.3, (HIDDEN, OUT))]
@@ -74,8 +81,7 @@ def average(comm: rr.Communicator, g: np.ndarray) -> tuple:
         except rr.PeerError as exc:
             survivors = comm.shrink()
             if survivors.rank == 0:
-                print(f"rank(s) {sorted(exc.failed)} died; {survivors.world_size} go on",
-                      flush=True)  # fmt: skip
+                say(f"rank(s) {sorted(exc.failed)} died; {survivors.world_size} go on")
             comm.close()
             comm = survivors
 
@@ -90,7 +96,7 @@ def grow_back(comm: rr.Communicator, size: int, lost: list, w: list, step: int, 
     grown = comm.grow(size, timeout=60)
     grown.share_state(state_of(w, step, lost))
     if grown.rank == 0:
-        print(f"step {step:3d}  shard(s) {lost} back on newcomers", flush=True)
+        say(f"step {step:3d}  shard(s) {lost} back on newcomers")
     comm.close()
     return grown, started
 
@@ -138,9 +144,9 @@ def main() -> None:
         w = [wi - args.lr * gi for wi, gi in zip(w, unflat(mean, grads))]
         mean_loss, comm = average(comm, np.array([loss]))
         if comm.rank == 0:
-            print(f"step {step:3d}  ranks {comm.world_size}  loss {mean_loss[0]:.6f}", flush=True)
+            say(f"step {step:3d}  ranks {comm.world_size}  loss {mean_loss[0]:.6f}")
     digest = hashlib.sha256(b"".join(wi.tobytes() for wi in w)).hexdigest()[:16]
-    print(f"shard {shard}: weights {digest}", flush=True)
+    say(f"shard {shard}: weights {digest}")
     if args.save:
         np.savez(os.path.join(args.save, f"shard{shard}.npz"), *w)
     comm.close()

@@ -184,15 +184,16 @@ def non_finite(comm, codec):
         return comm.all_reduce(x, compression=codec), x
 
 
-def mismatch(comm):
-    """Ranks reduce different counts whose rows are the same size: both must raise."""
-    x = np.ones(100 + comm.rank, np.float32)
+def mismatch(comm, counts=(100, 101), after=8):
+    """Ranks reduce different counts (``counts``, by rank) whose rows are the same size:
+    both must raise; then a call of ``after`` values on every rank."""
+    x = np.ones(counts[comm.rank], np.float32)
     try:
         comm.all_reduce(x, compression="int8")
         outcome = ("none", "")
     except Exception as exc:  # noqa: BLE001
         outcome = (type(exc).__name__, str(exc))
-    return outcome, comm.all_reduce(np.ones(8, np.float32), compression="int8")
+    return outcome, comm.all_reduce(np.ones(after, np.float32), compression="int8")
 
 
 def auto(comm, n, calls):
@@ -291,8 +292,9 @@ def reuse(comm, n=5003):
 def in_pieces(comm, piece_values, sizes, feedback_calls):
     """Every codec x (float32, bfloat16) x size with calls cut into pieces of
     ``piece_values`` values per chunk: (all_reduce result, reduce_scatter block, the same
-    all_reduce in place, the engine collectives one all_reduce took, the running sum of
-    ``feedback_calls`` float32 int4 calls with error feedback) per case. Pieces always
+    all_reduce in place, the engine collectives one all_reduce took) per case; and the
+    running sums of ``feedback_calls`` float32 int4 calls with error feedback and without
+    it. Pieces always
     (where the transport allows), and the canary off, so that an all_reduce's collectives
     are its pieces' alone."""
     old = settings().piece_values, settings().canary_every, settings().pieces
@@ -313,11 +315,13 @@ def in_pieces(comm, piece_values, sizes, feedback_calls):
                     got[codec, dtype, n] = (y, block, inplace, ops, later)
         n = sizes[-1]
         x = contribution(comm.rank, n, "float32")
-        ef = ErrorFeedback().key("x")
-        total = np.zeros(n)
-        for _ in range(feedback_calls):
-            total += comm.all_reduce(x, compression="int4", error_feedback=ef)
-        return got, total
+        totals = []
+        for ef in (ErrorFeedback().key("x"), None):
+            total = np.zeros(n)
+            for _ in range(feedback_calls):
+                total += comm.all_reduce(x, compression="int4", error_feedback=ef)
+            totals.append(total)
+        return got, totals
     finally:
         configure(piece_values=old[0], canary_every=old[1], pieces=old[2])
 
@@ -329,13 +333,7 @@ def mismatch_in_pieces(comm):
     old = settings().piece_values, settings().pieces
     configure(piece_values=512, pieces="always")
     try:
-        x = np.ones(1024 if comm.rank == 0 else 4096, np.float32)
-        try:
-            comm.all_reduce(x, compression="int8")
-            outcome = ("none", "")
-        except Exception as exc:  # noqa: BLE001
-            outcome = (type(exc).__name__, str(exc))
-        return outcome, comm.all_reduce(np.ones(8192, np.float32), compression="int8")
+        return mismatch(comm, (1024, 4096), 8192)
     finally:
         configure(piece_values=old[0], pieces=old[1])
 
@@ -345,9 +343,11 @@ def pieces_chosen(comm, sizes, calls):
     of ``calls`` int8 all_reduce calls, the size class's agreed ratio, the results, and
     the collectives of two bf16 calls run on the lane (async_op)."""
     from ringreduce._comm.compressed import _state
+    from ringreduce._comm.compressed_pieces import PieceChoice
 
     old = settings().piece_values, settings().canary_every
     configure(piece_values=512, canary_every=0)
+    _state(comm).pieces = PieceChoice()  # measured afresh, also when the test runs again
     try:
         got = {}
         for n in sizes:

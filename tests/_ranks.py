@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 
 def _context():
@@ -85,27 +85,47 @@ def take_parent_env(init_kwargs: dict) -> None:
 _STACKS: Any = None  # a rank's open stacks file (faulthandler writes to it)
 
 
-def _native_stacks(pid: int) -> str:
-    """Every thread's C/C++ stack in process ``pid``, where gdb is installed: a rank stuck
-    outside Python (a destructor, a lock in the engine or in torch) shows no Python frame."""
+def _native_stacks(pids: List[int], seconds: float = 45.0) -> Dict[int, str]:
+    """Every thread's C/C++ stack in each process of ``pids``, where gdb is installed (a
+    rank stuck outside Python, in a destructor or a lock in the engine or in torch, shows
+    no Python frame): one gdb per process, all at once, within ``seconds`` in all."""
     gdb = shutil.which("gdb")
-    if gdb is None:
-        return ""
-    try:
-        done = subprocess.run(
-            [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 25"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"\n(gdb could not read its native stacks: {exc})"
+    if gdb is None or not pids:
+        return {pid: "" for pid in pids}
+    cmd = [gdb, "-batch", "-nx", "-ex", "thread apply all bt 25", "-p"]
+    runs = {}
+    for pid in pids:
+        try:
+            runs[pid] = subprocess.Popen(
+                [*cmd, str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        except OSError as exc:
+            runs[pid] = exc
+    deadline = time.monotonic() + seconds
     # The interpreter's own frames (its eval loop) say nothing the Python stacks do not.
     inner = re.compile(r" at (Python|Objects|Modules|\./Include)/")
-    lines = [
-        ln[:240]
-        for ln in done.stdout.splitlines()
-        if ln.startswith(("Thread ", "#")) and not inner.search(ln)
-    ]
-    return "\nits native stacks (gdb):\n" + "\n".join(lines)[-12000:]
+    texts = {}
+    for pid, run in runs.items():
+        if isinstance(run, OSError):
+            texts[pid] = f"\n(gdb could not start: {run})"
+            continue
+        try:
+            out, err = run.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.communicate()
+            texts[pid] = f"\n(gdb gave no stacks within {seconds:.0f} s)"
+            continue
+        lines = [
+            ln[:240]
+            for ln in out.splitlines()
+            if ln.startswith(("Thread ", "#")) and not inner.search(ln)
+        ]
+        if not lines:  # e.g. ptrace forbids attaching (kernel.yama.ptrace_scope)
+            texts[pid] = "\n(gdb read no stacks: " + " ".join(err.split())[-400:] + ")"
+        else:
+            texts[pid] = "\nits native stacks (gdb):\n" + "\n".join(lines)[-12000:]
+    return texts
 
 
 def stacks_path(pid: int) -> str:
@@ -229,9 +249,10 @@ class RankGroup:
         for rank in range(len(self.conns)):
             outcomes[rank] = self._collect_one(rank, max(0.0, deadline - time.monotonic()))
         hung = [r for r, o in enumerate(outcomes) if o[0] == "hung"]
+        stacks = self._stacks(hung)
         for rank in hung:
             status, value, text = outcomes[rank]
-            outcomes[rank] = (status, value, text + self._stacks(rank))
+            outcomes[rank] = (status, value, text + stacks[rank])
         if hung:
             # Its ranks are still inside the call: no later test can use this group (the
             # conftest starts a new one once these are gone).
@@ -241,17 +262,25 @@ class RankGroup:
                 p.join(10)
         return outcomes
 
-    def _stacks(self, rank: int) -> str:
-        """Where a hung rank's threads are, as faulthandler prints them."""
-        pid = self.procs[rank].pid
-        try:
-            os.kill(pid, signal.SIGUSR2)
+    def _stacks(self, ranks: List[int]) -> Dict[int, str]:
+        """Where each hung rank's threads are: as faulthandler prints them, then (gdb)
+        their native stacks."""
+        pids = {rank: self.procs[rank].pid for rank in ranks}
+        for pid in pids.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR2)
+        if pids:
             time.sleep(1.0)
-            with open(stacks_path(pid)) as f:
-                text = "\nits threads, when it was given up:\n" + f.read()[-6000:]
-        except OSError as exc:
-            text = f"\n(its threads could not be dumped: {exc})"
-        return text + _native_stacks(pid)
+        native = _native_stacks(list(pids.values()))
+        texts = {}
+        for rank, pid in pids.items():
+            try:
+                with open(stacks_path(pid)) as f:
+                    text = "\nits threads, when it was given up:\n" + f.read()[-6000:]
+            except OSError as exc:
+                text = f"\n(its threads could not be dumped: {exc})"
+            texts[rank] = text + native[pid]
+        return texts
 
     def _raise_if_failed(self, outcomes: list, what: str) -> None:
         bad = [(r, o) for r, o in enumerate(outcomes) if o[0] != "ok"]

@@ -338,7 +338,8 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
                 reduced = reduced[lo:hi]
         else:
             piece_values, measured = st.pieces.plan(comm, codec.name, n, _policy.settings())
-            start, codec_before = st.pieces.measure(), stat.codec_seconds
+            start = st.pieces.measure() if measured is not None else None
+            codec_before = stat.codec_seconds
             reduced = _hop.one_hop(comm, codec, v, flat.dtype != _F32, residual, call_no,
                                    stat, scratch, target, scatter, piece_values)  # fmt: skip
             if measured is not None:

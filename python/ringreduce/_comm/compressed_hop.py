@@ -312,8 +312,10 @@ def one_hop(
 
     # Piece p+1 is encoded while piece p travels, and sent once piece p's headers showed
     # that every rank makes the same call (so ranks that do not, with counts that cut
-    # differently, leave nothing queued when they raise); piece p's gather travels while
-    # piece p+1's scatter does. The order of the exchanges is the same on every rank.
+    # differently, leave nothing queued when they raise). The engine runs exchanges one
+    # at a time, in order: piece p's gather is queued behind piece p+1's scatter, so the
+    # link has work while the owner decodes and re-encodes piece p. The order of the
+    # exchanges is the same on every rank.
     before = comm._core.stats()["bytes_sent"] if size > 1 else 0
     try:
         scatter_encode(0)
@@ -337,8 +339,11 @@ def one_hop(
             finish(gathering)
             decode_all(count - 1)
     except BaseException:
-        # Pieces still queued write into this communicator's scratch: they end (or fail,
-        # within the communicator's timeout) before the next call may take it.
+        # Exchanges still queued (or queued by a call that raised once it was queued:
+        # ConcurrentUseError) read and write these buffers, which they keep alive: the
+        # next call gets fresh ones. Those pending here end (or fail, within the
+        # communicator's timeout) before this one raises; Ctrl-C stops the waiting.
+        scratch.clear()
         for work in pending:
             try:
                 work.wait()

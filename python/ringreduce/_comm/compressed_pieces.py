@@ -35,8 +35,9 @@ __all__ = ["MAX_PIECES", "THRESHOLD", "PieceChoice", "host_idle_seconds", "piece
 MAX_PIECES = 16
 # Pieces when the spare CPU covers this much of the codec's time: they hide up to the
 # spare time, and their own cost (more, smaller exchanges) is small next to half the
-# codec's. Measured on 4 emulated hosts (docs/compression.md): at 1 Gbit/s, where pieces
-# paid, 0.89-17; at 10 Gbit/s, where they did not, 0-0.34.
+# codec's. Measured on 4 emulated hosts (docs/compression.md): 0.89-17 at 1 Gbit/s,
+# where pieces paid (for int4 in two runs of three), 0-0.34 at 10 Gbit/s, where they
+# did not.
 THRESHOLD = 0.5
 
 
@@ -44,7 +45,8 @@ def pieces(bounds: Sequence[Any], piece_values: int) -> List[List[Any]]:
     """The chunks' bounds cut into pieces, each piece one (lo, hi) per chunk: every chunk
     is cut at the same offsets, multiples of one step of whole ``BLOCK``s (so a piece's
     blocks, and their scales, are the chunk's), at least ``piece_values`` values long
-    and long enough for ``MAX_PIECES`` pieces at most; one piece (the chunks) when the
+    and long enough for ``MAX_PIECES`` pieces at most (the last may be shorter: every
+    piece's rows are the longest piece's size); one piece (the chunks) when the
     longest chunk holds fewer than twice ``piece_values`` or it is 0. Every rank cuts
     alike: the bounds depend on the count and the world size only."""
     longest = max(hi - lo for lo, hi in bounds)

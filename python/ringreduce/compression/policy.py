@@ -56,10 +56,12 @@ class Settings:
     coordinates it compares. ``max_error``: relative error past which a codec falls
     back to the exact path, by codec name (a codec not named uses its ``max_error``).
     ``piece_values``: a call whose chunks (its count / the world size) hold at least twice
-    this many values may run in pieces of at least this many values per chunk (up to
-    16), each encoded while the one before travels; 0 runs every call whole.
-    ``pieces``: "auto" (in pieces where the first call of a size class showed the link
-    leaving the CPU idle for longer than the codec works), "always" or "never".
+    this many values may run in pieces of this many values per chunk or more (up to 16;
+    the last may be shorter), each encoded while the one before travels; 0 runs every
+    call whole.
+    ``pieces``: "auto" (in pieces where the first call of a codec and size class showed
+    spare CPU for at least half the codec's time on every rank: `compressed_pieces`),
+    "always" or "never".
     """
 
     canary_every: int = 50

@@ -144,7 +144,7 @@ def tx_bytes() -> int:
 
 
 def rank_collective(comm: Any, opts: dict) -> dict:
-    from ringreduce.compression import configure
+    from ringreduce.compression import configure, settings
 
     rows = []
     for size in [parse_size(s) for s in opts["sizes"].split(",")]:
@@ -153,7 +153,7 @@ def rank_collective(comm: Any, opts: dict) -> dict:
             # "int8/never": int8 with calls run whole (the pieces setting after "/").
             name, _, how = codec.partition("/")
             compression = None if name == "fp32" else name
-            default = configure().pieces
+            default = settings().pieces
             configure(pieces=how or default)
             try:
                 for _ in range(2):  # warm-up; auto's calibration

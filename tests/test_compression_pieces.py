@@ -73,11 +73,11 @@ def test_plan_runs_whole_measures_once_then_follows_the_choice():
     assert choice.plan(_Comm(), "int8", big, always) == (1000, None)
     key = ("int8", big.bit_length())
     assert choice.plan(_Comm(), "int8", big, on) == (0, key)  # first: whole, measured
-    choice.by_class[key] = True
+    choice.ratios[key] = THRESHOLD  # measured: pieces pay
     assert choice.plan(_Comm(), "int8", big, on) == (1000, None)
     assert choice.plan(_Comm(), "int8", 2 * big, on) == (0, ("int8", key[1] + 1))  # a class
     assert choice.plan(_Comm(), "bf16", big, on) == (0, ("bf16", key[1]))  # and a codec
-    choice.by_class[key] = False
+    choice.ratios[key] = THRESHOLD / 2  # measured: they do not
     assert choice.plan(_Comm(), "int8", big, on) == (0, None)
 
 

@@ -219,8 +219,8 @@ def one_hop(
     widened input, not x itself).
 
     Large calls may run in pieces (`compressed_pieces`, ``piece_values``), so that the
-    codec's work overlaps the exchanges. Each piece has seeds of its own, so the bits differ from a
-    call in one piece, but are the same on every rank."""
+    codec's work overlaps the exchanges. Each piece has seeds of its own, so the bits
+    differ from a call in one piece, but are the same on every rank."""
     n, size, rank = x.size, comm.world_size, comm.rank
     bounds = [_core.chunk_bounds(n, size, k) for k in range(size)]
     parts = pieces(bounds, piece_values)

@@ -62,11 +62,11 @@ def pieces(bounds: Sequence[Any], piece_values: int) -> List[List[Any]]:
 
 class PieceChoice:
     """One communicator's choices (see the module's docstring): by (codec name, size
-    class), whether its calls run in pieces, once measured."""
+    class), the agreed min(spare / C) once measured; its calls run in pieces from
+    ``THRESHOLD``."""
 
     def __init__(self) -> None:
-        self.by_class: Dict[Tuple[str, int], bool] = {}
-        self.ratios: Dict[Tuple[str, int], float] = {}  # the agreed min(spare / C)
+        self.ratios: Dict[Tuple[str, int], float] = {}
 
     def plan(
         self, comm: Any, codec: str, n: int, settings: Any
@@ -85,10 +85,10 @@ class PieceChoice:
         if settings.pieces == "always":
             return piece_values, None
         key = (codec, int(n).bit_length())
-        chosen = self.by_class.get(key)
-        if chosen is None:
+        ratio = self.ratios.get(key)
+        if ratio is None:
             return 0, key
-        return (piece_values if chosen else 0), None
+        return (piece_values if ratio >= THRESHOLD else 0), None
 
     def measure(self) -> Tuple[float, float, Optional[float]]:
         """The clocks a measured call starts from: (wall, process CPU, the host's idle
@@ -113,8 +113,7 @@ class PieceChoice:
         agreed = comm.all_reduce(np.array([mine]), "min")
         ratio = float(agreed[0])
         self.ratios[key] = ratio
-        chosen = self.by_class[key] = ratio >= THRESHOLD
-        return chosen
+        return ratio >= THRESHOLD
 
 
 _TICKS = None

@@ -52,7 +52,7 @@ if(RR_WITH_CUDA_VALUE)
 
   # No --use_fast_math: the float16 conversions need IEEE rounding and
   # subnormals, and the kernels must give the same bits as the CPU ones.
-  add_library(rr_cuda_kernels STATIC csrc/reduce/cuda_kernels.cu)
+  add_library(rr_cuda_kernels STATIC csrc/reduce/cuda_kernels.cu csrc/kernels/codec_cuda.cu)
   set_target_properties(rr_cuda_kernels PROPERTIES
     CUDA_STANDARD 17
     CUDA_STANDARD_REQUIRED ON

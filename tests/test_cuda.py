@@ -320,3 +320,103 @@ def _grad_sync_on_cuda_equals_cpu(comm):
 @needs_torch_cuda
 def test_grad_sync_with_cuda_parameters(gpu_pair):
     assert all(diff < 1e-12 for diff in gpu_pair.run(_grad_sync_on_cuda_equals_cpu))
+
+
+# ---- codec kernels (csrc/kernels/codec_cuda.cu) and compressed collectives ------------
+
+
+def _codec_values(n: int, seed: int) -> np.ndarray:
+    """Gaussian values with a block of zeros, a block of tiny values (below 2**-100) and
+    a block with inf and nan, where n reaches them."""
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    x[512:1024] = 0.0
+    x[1024:1536] *= np.float32(2.0**-110)
+    if n > 1600:
+        x[1600], x[1601], x[1602] = np.inf, -np.inf, np.nan
+    return x
+
+
+@pytest.mark.parametrize("codec", ["bf16", "fp16", "int8", "int4"])
+def test_codec_kernels_give_the_cpu_bits(codec):
+    dc = _core.DeviceCodec(0, False, 60.0)
+    key = 0x1234_5678_9ABC_DEF0
+    for n in (1, 7, 512, 1031, 2048 + 5, 70_001):
+        x = _codec_values(n, n)
+        res = (np.random.default_rng(n + 1).standard_normal(n) * 1e-3).astype(np.float32)
+        size = _core.codec_payload_bytes(codec, n)
+        cpu_res = res.copy()
+        cpu = np.zeros(size, np.uint8)
+        _core.codec_encode(codec, x, key, cpu, cpu_res)
+        with DeviceBuffer.from_array(x) as dx, DeviceBuffer.from_array(res) as dres:
+            got = np.zeros(size, np.uint8)
+            dc.begin(0)
+            dc.encode(codec, dx.ptr, n, key, got, dres.ptr)
+            assert got.tobytes() == cpu.tobytes(), f"{codec} n={n}: payload"
+            assert same_bits(dres.download(np.float32, n), cpu_res), f"{codec} n={n}: residual"
+            # Residual written only: x's own encode and what it dropped.
+            plain = np.zeros(size, np.uint8)
+            _core.codec_encode(codec, x, key, plain)
+            back = np.zeros(n, np.float32)
+            _core.codec_decode(codec, plain, n, back)
+            dc.encode(codec, dx.ptr, n, key, got, dres.ptr, True)
+            assert got.tobytes() == plain.tobytes(), f"{codec} n={n}: payload, residual out"
+            with np.errstate(invalid="ignore"):  # inf - inf in the non-finite block
+                owed = x - back
+            assert same_bits(dres.download(np.float32, n), owed), f"{codec} n={n}"
+        with DeviceBuffer(4 * n) as dout:
+            dc.decode(codec, cpu, n, dout.ptr)
+            want = np.zeros(n, np.float32)
+            _core.codec_decode(codec, cpu, n, want)
+            assert same_bits(dout.download(np.float32, n), want), f"{codec} n={n}: decode"
+            acc = np.random.default_rng(n + 2).standard_normal(n).astype(np.float32)
+            dout.upload(acc)
+            payloads = [cpu, plain, cpu]
+            dc.decode_add(codec, payloads, n, dout.ptr)
+            _core.codec_decode_add(codec, payloads, n, acc)
+            assert same_bits(dout.download(np.float32, n), acc), f"{codec} n={n}: decode_add"
+
+
+def test_conversions_give_numpys_bits():
+    import ml_dtypes
+
+    dc = _core.DeviceCodec(0, False, 60.0)
+    x = _codec_values(5000, 9) * np.float32(3e4)  # past float16's range too
+    for name, dtype in (("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+        with DeviceBuffer.from_array(x) as dx, DeviceBuffer(2 * x.size) as dh:
+            dc.begin(0)
+            dc.convert(DTYPE_CODES[name], dh.ptr, DTYPE_CODES["float32"], dx.ptr, x.size)
+            narrow = dh.download(dtype, x.size)
+            with np.errstate(over="ignore"):
+                want = x.astype(dtype)
+            assert same_bits(narrow, want), name
+            dc.convert(DTYPE_CODES["float32"], dx.ptr, DTYPE_CODES[name], dh.ptr, x.size)
+            assert same_bits(dx.download(np.float32, x.size), narrow.astype(np.float32)), name
+
+
+def _compressed_on_device_arrays(comm, n):
+    from ringreduce._comm import compressed
+
+    got = []
+    for codec in ("bf16", "fp16", "int8", "int4"):
+        for dtype in ("float32", "bfloat16"):
+            x = contribution(comm.rank, n, dtype, "sum")
+            res = np.full(n, 1e-3, np.float32)
+            compressed._STATES.pop(comm, None)
+            host_res = res.copy()
+            host = comm.all_reduce(x, "avg", compression=codec, error_feedback=host_res)
+            compressed._STATES.pop(comm, None)
+            dres = DeviceArrayView.from_array(res)
+            out = DeviceArrayView.from_array(np.zeros(n, x.dtype))
+            comm.all_reduce(
+                DeviceArrayView.from_array(x), "avg", compression=codec, error_feedback=dres,
+                out=out,
+            )  # fmt: skip
+            got.append(
+                same_bits(out.get(), host) and same_bits(dres.get(), host_res) or (codec, dtype)
+            )
+    return got
+
+
+def test_compressed_all_reduce_of_device_arrays_gives_the_host_bits(gpu_pair):
+    for got in gpu_pair.run(_compressed_on_device_arrays, (1 << 20) + 3, timeout=300):
+        assert all(g is True for g in got), got

@@ -288,6 +288,8 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("local_world_size", &rr::Communicator::local_size)
       .def_property_readonly("transport", &rr::Communicator::transport_name)
       .def_property_readonly("timeout", &rr::Communicator::timeout)
+      .def_property_readonly("fake_device", &rr::Communicator::fake_device,
+                             "Whether device arrays run on the CPU emulation (tests).")
       .def("interrupt", &rr::Communicator::interrupt,
            "The caller stopped waiting (Ctrl-C): the running or next collective fails on the "
            "worker as interrupted, the peers are told, and the communicator is broken.")

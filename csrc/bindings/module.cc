@@ -29,6 +29,7 @@ void register_cuda(py::module_& m, py::module_& testing);
 void register_communicator(py::module_& m);
 // The codec kernels of compressed all-reduce (codec_bindings.cc).
 void register_codecs(py::module_& m);
+void register_device_codec(py::module_& m);
 void register_fast_path(py::module_& m);
 
 namespace {
@@ -300,6 +301,7 @@ PYBIND11_MODULE(_core, m) {
   register_fast_path(m);
   register_rules(m);
   register_codecs(m);
+  register_device_codec(m);
 
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
   m.def("local_ip_towards", &rr::local_ip_towards, py::arg("host"),

@@ -69,6 +69,7 @@ class Communicator {
   int local_size() const { return placement_.local_size; }
   const char* transport_name() const { return transport_name_; }
   double timeout() const { return options_.timeout_seconds; }
+  bool fake_device() const { return options_.fake_device; }
 
   // Queues a collective for the worker thread. The buffers must stay valid
   // until the Work finishes. Throws at once if the communicator is closed or

@@ -22,6 +22,7 @@
 
 #include "common/error.h"
 #include "executor/devices.h"
+#include "kernels/codec_cuda.h"
 #include "reduce/cuda_kernels.h"
 
 namespace rr {
@@ -148,6 +149,46 @@ class CudaDevice final : public Device {
 
   void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) override {
     check(cuda_divide(dtype, data, n, divisor, stream(lane)), "divide kernel launch", device_);
+  }
+
+  void* allocate(size_t bytes) override {
+    CurrentDevice current(device_);
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc", device_);
+    return p;
+  }
+
+  void release(void* ptr) override {
+    CurrentDevice current(device_);
+    check(cudaFree(ptr), "cudaFree", device_);
+  }
+
+  void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,
+              bool residual_out_only, size_t n, uint64_t key, uint8_t* payload) override {
+    check(codec::cuda_encode(kind, x, residual, residual_out_only, n, key, payload, stream(lane)),
+          "codec encode kernel launch", device_);
+  }
+
+  void decode(Lane lane, codec::CodecKind kind, const uint8_t* payload, size_t n,
+              float* out) override {
+    check(codec::cuda_decode(kind, payload, n, out, stream(lane)), "codec decode kernel launch",
+          device_);
+  }
+
+  void decode_add(Lane lane, codec::CodecKind kind, const uint8_t* payloads, size_t stride,
+                  size_t count, size_t n, float* acc) override {
+    check(codec::cuda_decode_add(kind, payloads, stride, count, n, acc, stream(lane)),
+          "codec decode_add kernel launch", device_);
+  }
+
+  void convert(Lane lane, DataType to, void* dst, DataType from, const void* src,
+               size_t n) override {
+    check(codec::cuda_convert(to, dst, from, src, n, stream(lane)), "convert kernel launch",
+          device_);
+  }
+
+  void zero(Lane lane, void* ptr, size_t bytes) override {
+    check(cudaMemsetAsync(ptr, 0, bytes, stream(lane)), "cudaMemsetAsync", device_);
   }
 
   void record(Lane lane, int event) override {

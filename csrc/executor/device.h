@@ -27,6 +27,7 @@
 
 #include "common/deadline.h"
 #include "common/dtype.h"
+#include "kernels/codec.h"
 
 namespace rr {
 
@@ -78,6 +79,33 @@ class Device {
                       const void* b, size_t n) = 0;
   // Queues data /= divisor over n elements of a floating dtype.
   virtual void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) = 0;
+
+  // ---- compressed collectives on device arrays (kernels/codec.h) ----
+  // The codec's operations on device memory, the same bits as the CPU loops;
+  // the payloads are device memory too (the caller copies them to the host
+  // and back with copy()).
+
+  // Device memory of its own, for the codec's scratch; release() frees it.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;
+  // Queues payload = encode(x) (n values; payload_bytes(kind, n) bytes). With a
+  // residual: encodes x + residual and leaves what the encode dropped in it;
+  // with residual_out_only, encodes x alone and writes what it dropped.
+  virtual void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,
+                      bool residual_out_only, size_t n, uint64_t key, uint8_t* payload) = 0;
+  // Queues out[0, n) = the values of payload.
+  virtual void decode(Lane lane, codec::CodecKind kind, const uint8_t* payload, size_t n,
+                      float* out) = 0;
+  // Queues acc[i] += the values of payload j, for j = 0 .. count-1 in order;
+  // payload j starts at payloads + j * stride.
+  virtual void decode_add(Lane lane, codec::CodecKind kind, const uint8_t* payloads,
+                          size_t stride, size_t count, size_t n, float* acc) = 0;
+  // Queues dst = src converted, n values; float32 to or from float16 or
+  // bfloat16 (round to nearest even, as numpy and ml_dtypes cast).
+  virtual void convert(Lane lane, DataType to, void* dst, DataType from, const void* src,
+                       size_t n) = 0;
+  // Queues bytes zero bytes at ptr.
+  virtual void zero(Lane lane, void* ptr, size_t bytes) = 0;
 
   virtual void record(Lane lane, int event) = 0;
   virtual void lane_wait(Lane lane, int event) = 0;

@@ -10,7 +10,9 @@
 // though, a lane runs ahead (which a GPU may also do), so that a lane writing
 // memory another lane has yet to read shows up as well. Staging memory is
 // poisoned at every call, so reading a slot before its copy ran shows too.
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -19,7 +21,10 @@
 
 #include "common/error.h"
 #include "executor/devices.h"
+#include "kernels/codec.h"
+#include "kernels/codec_scalar.h"
 #include "reduce/cpu_kernels.h"
+#include "reduce/half.h"
 
 namespace rr {
 namespace {
@@ -64,6 +69,67 @@ class FakeDevice final : public Device {
 
   void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) override {
     enqueue(lane, [=] { divide_by(dtype, data, n, divisor); });
+  }
+
+  void* allocate(size_t bytes) override {
+    void* p = std::malloc(bytes > 0 ? bytes : 1);
+    if (p == nullptr) throw Error("fake device: out of memory for " + std::to_string(bytes));
+    std::memset(p, kPoison, bytes);
+    return p;
+  }
+
+  void release(void* ptr) override { std::free(ptr); }
+
+  void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,
+              bool residual_out_only, size_t n, uint64_t key, uint8_t* payload) override {
+    enqueue(lane, [=] {
+      // The CPU loop adds the residual in: -0.0 leaves every value's bits as
+      // they are (signed zeros too), so what it writes is x's residual alone.
+      if (residual != nullptr && residual_out_only) std::fill(residual, residual + n, -0.0f);
+      codec::encode(kind, x, residual, n, key, payload);
+    });
+  }
+
+  void decode(Lane lane, codec::CodecKind kind, const uint8_t* payload, size_t n,
+              float* out) override {
+    enqueue(lane, [=] { codec::decode(kind, payload, n, out); });
+  }
+
+  void decode_add(Lane lane, codec::CodecKind kind, const uint8_t* payloads, size_t stride,
+                  size_t count, size_t n, float* acc) override {
+    enqueue(lane, [=] {
+      std::vector<const uint8_t*> each(count);
+      for (size_t j = 0; j < count; ++j) each[j] = payloads + j * stride;
+      codec::decode_add(kind, each.data(), count, n, acc);
+    });
+  }
+
+  void convert(Lane lane, DataType to, void* dst, DataType from, const void* src,
+               size_t n) override {
+    const bool widen = to == DataType::kFloat32;
+    const DataType half = widen ? from : to;
+    if ((half != DataType::kFloat16 && half != DataType::kBFloat16) ||
+        (!widen && from != DataType::kFloat32)) {
+      throw InvalidArgument("fake device: convert is between float32 and float16 or bfloat16");
+    }
+    const bool bf16 = half == DataType::kBFloat16;
+    enqueue(lane, [=] {
+      if (widen) {
+        const uint16_t* s = static_cast<const uint16_t*>(src);
+        float* d = static_cast<float*>(dst);
+        for (size_t i = 0; i < n; ++i) d[i] = bf16 ? bfloat16_to_float(s[i]) : half_to_float(s[i]);
+      } else {
+        const float* s = static_cast<const float*>(src);
+        uint16_t* d = static_cast<uint16_t*>(dst);
+        for (size_t i = 0; i < n; ++i) {
+          d[i] = bf16 ? codec::to_bf16(s[i]) : codec::to_half_as_numpy(s[i]);
+        }
+      }
+    });
+  }
+
+  void zero(Lane lane, void* ptr, size_t bytes) override {
+    enqueue(lane, [=] { std::memset(ptr, 0, bytes); });
   }
 
   void record(Lane lane, int event) override {

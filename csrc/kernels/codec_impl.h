@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "kernels/codec.h"
+#include "kernels/codec_scalar.h"
 #include "kernels/codec_table.h"
 #include "kernels/dither.h"
 #include "reduce/half.h"
@@ -56,15 +57,6 @@ inline BlockRange block_range(const float* v, size_t m) {
 
 // ---- bf16 -----------------------------------------------------------------
 
-// float32 -> bfloat16 as ml_dtypes casts it: round to nearest even, and every
-// nan to the sign and 0x7fc0 (half.h's float_to_bfloat16 keeps nan payloads).
-inline uint16_t to_bf16(float f) {
-  const uint32_t x = float_bits(f);
-  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-  const uint32_t nan = ((x >> 16) & 0x8000u) | 0x7fc0u;
-  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
 struct BFloat16 {
   using Code = uint16_t;
   static constexpr bool kScaled = false;
@@ -81,15 +73,6 @@ struct BFloat16 {
 };
 
 // ---- fp16 -----------------------------------------------------------------
-
-// numpy's float32 -> float16 of a nan: the top 10 payload bits kept (one set
-// if none is), where F16C and half.h make every nan 0x7e00.
-inline uint16_t numpy_half_nan(float f) {
-  const uint32_t x = float_bits(f);
-  uint32_t h = 0x7c00u + ((x & 0x007fffffu) >> 13);
-  if (h == 0x7c00u) ++h;
-  return static_cast<uint16_t>(((x >> 16) & 0x8000u) | h);
-}
 
 // codes[i] = float16(v[i] * factor), rounded to nearest even.
 inline void scaled_to_half(const float* v, float factor, size_t m, uint16_t* codes) {

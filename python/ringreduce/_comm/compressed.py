@@ -44,12 +44,14 @@ import ml_dtypes
 import numpy as np
 
 from .. import _core
+from .._arrays.buffer import describe
 from .._arrays.inout import input_buffer, output_buffer
 from .._env import debug_topics
 from ..compression import canary as _canary
 from ..compression import policy as _policy
 from ..compression.codecs import AUTO, Codec, get_codec
 from . import compressed_auto as _auto
+from . import compressed_device as _device
 from . import compressed_hop as _hop
 from .compressed_pieces import PieceChoice
 from .lane import LaneWork
@@ -216,10 +218,7 @@ def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) 
     codec = compression if compression in (None, AUTO) else get_codec(compression)
     buf = input_buffer(x, "x")
     if buf.host is None:
-        raise TypeError(
-            f"x: compression runs on host memory for now, and x is on {buf.where}; copy it "
-            "to the host or pass compression=None"
-        )
+        _device.refuse(codec)
     if buf.dtype not in _OK_DTYPES:
         if buf.dtype == "float64" and codec in (None, AUTO):
             pass  # exact: "auto" never compresses float64
@@ -236,7 +235,9 @@ def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) 
             )
     residual = None
     if error_feedback is not None:
-        if isinstance(error_feedback, np.ndarray):
+        if buf.host is None:
+            residual = _device.residual_of(error_feedback, buf)
+        elif isinstance(error_feedback, np.ndarray):
             residual = error_feedback
             if (
                 residual.dtype != _F32
@@ -309,21 +310,31 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
         _auto.calibrate(comm, st, time.perf_counter() - t0, buf.nbytes)
         return got
 
-    flat = buf.host.reshape(-1)
-    sample = None
+    idx = None
     every = _policy.settings().canary_every
     if every and call_no % every == 0:
         idx = _canary.sample_indices(
             n, _policy.settings().canary_sample, _hop.seed(call_no, _hop.SAMPLE, 0, 0)
         )
-        sample = (idx, flat[idx].astype(_F32))
     stat = st.of(codec.name)
     stat.calls += 1
-    dst = out_buf.host.reshape(-1)
     # One call at a time in the communicator's buffers (see Scratch); x is read before
     # dst is written, so out=x is fine.
     scratch = st.scratch if st.scratch.lock.acquire(blocking=False) else _hop.Scratch(False)
     try:
+        if buf.host is None:
+            check = idx is not None and (
+                idx,
+                lambda sample, sums: _check_canary(
+                    comm, st, codec, call_no, sample, sums, (lo, hi), scatter
+                ),
+            )
+            _device.call(comm, st, codec, buf, member, residual, out_buf, call_no, stat,
+                         scratch, scatter, check or None)  # fmt: skip
+            return result
+        flat = buf.host.reshape(-1)
+        sample = None if idx is None else (idx, flat[idx].astype(_F32))
+        dst = out_buf.host.reshape(-1)
         # What this rank sends: its input as float32 (x itself when it is float32),
         # plus the residual that earlier calls owe the sum.
         v = _hop.widened(flat, scratch)
@@ -385,6 +396,10 @@ def _exact(comm, buf, member, result, residual, scatter) -> Any:
     compressed calls is sent along (in float32) and so cleared: what it owed reaches the
     sum."""
     op = member.name.lower()
+    if residual is not None and buf.host is None:  # a device residual (compressed_device)
+        out_buf = describe(result, "out")
+        return _device.exact_with_residual(comm, _state(comm), buf, op, result, residual,
+                                           out_buf, scatter)  # fmt: skip
     if residual is None or not residual.any():
         if scatter:
             return comm.reduce_scatter(buf.obj, op, out=result)

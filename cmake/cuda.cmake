@@ -59,6 +59,10 @@ if(RR_WITH_CUDA_VALUE)
     POSITION_INDEPENDENT_CODE ON)
   target_include_directories(rr_cuda_kernels PUBLIC csrc)
   target_compile_options(rr_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
+  # The codec kernels must give the CPU loops' bits: no multiply-add may be fused
+  # anywhere in them (their own arithmetic is explicitly rounded already; this
+  # covers what they inline, such as the dither's scaling).
+  set_source_files_properties(csrc/kernels/codec_cuda.cu PROPERTIES COMPILE_OPTIONS "--fmad=false")
   target_link_libraries(rr_cuda_kernels PUBLIC CUDA::cudart_static)
   target_link_libraries(_core PRIVATE rr_cuda_kernels)
 

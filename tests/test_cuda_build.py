@@ -96,3 +96,24 @@ def test_bad_codes_are_value_errors_in_a_cuda_build():
         _core.testing.cuda_reduce(2, 99, 0, 0, 0, 1)
     with pytest.raises(ValueError):
         _core.testing.cuda_divide(6, 0, 1, 2)
+
+
+@needs_cuda_build
+def test_codec_kernels_are_built_without_fused_multiply_adds():
+    # A fused multiply-add rounds once where the CPU loops round twice: the bits would
+    # differ from theirs (docs/compression.md, "Device arrays").
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    ptx = run_tool(tool, "--dump-ptx", _core.__file__)
+    entries = {}
+    for chunk in ptx.split(".entry ")[1:]:
+        name = chunk.split("(", 1)[0]
+        if "5codec7kernels" in name:
+            entries[name] = chunk.split("\n}\n", 1)[0]
+    kinds = {
+        k for k in ("encode_kernel", "decode_kernel", "convert_kernel") for n in entries if k in n
+    }
+    assert kinds == {"encode_kernel", "decode_kernel", "convert_kernel"}, sorted(entries)
+    fused = [n for n, body in entries.items() if "fma." in body]
+    assert not fused, fused

@@ -138,7 +138,8 @@ def device_refusals(comm):
     x = contribution(comm.rank, 100, "float32")
     cases = {
         "python_codec": dict(compression=PythonInt8(8, "int8-python", 0.1)),
-        "error_feedback_object": dict(compression="int8", error_feedback=ErrorFeedback()),
+        # No array kind registered for FakeCudaArray here: nowhere to allocate a residual.
+        "feedback_beside_unknown_arrays": dict(compression="int8", error_feedback=ErrorFeedback()),
         "host_residual": dict(compression="int8", error_feedback=np.zeros(100, np.float32)),
         "short_residual": dict(compression="int8", error_feedback=fake(np.zeros(99, np.float32))),
         "integers": dict(compression="int8", x=fake(np.arange(100, dtype=np.int32))),
@@ -154,3 +155,51 @@ def device_refusals(comm):
     out = np.empty(100, np.float32)
     comm.all_reduce(fake(x), compression="int8", out=fake(out))
     return got, out
+
+
+def device_feedback_objects(comm, n, calls):
+    """An ErrorFeedback used by device calls against one used by host calls, each from
+    call number 0: (results equal, residuals equal, norms equal, where the residual was
+    kept, whether a state saved from the device run and loaded into a fresh
+    ErrorFeedback continues as the host run does)."""
+    x = contribution(comm.rank, n, "float32")
+    with fake_kind():
+        runs = []
+        for on_device in (False, True):
+            _fresh_numbers(comm)
+            ef = ErrorFeedback()
+            got = []
+            for _ in range(calls):
+                if on_device:
+                    out = np.empty(n, np.float32)
+                    comm.all_reduce(fake(x), compression="int4", error_feedback=ef.key("x"),
+                                    out=fake(out))  # fmt: skip
+                else:
+                    out = comm.all_reduce(x, compression="int4", error_feedback=ef.key("x"))
+                got.append(out.tobytes())
+            runs.append((got, ef))
+        (host, ef_h), (device, ef_d) = runs
+        kept = type(ef_d._store["x"]).__name__
+        saved, host_saved = ef_d.state_dict(), ef_h.state_dict()
+        norms = (ef_h.norm(), ef_d.norm())
+        # One more call each: the host run goes on; the device run restarts from its
+        # checkpoint (numpy residuals, moved to the device by the call).
+        from ringreduce._comm import compressed
+
+        calls_now = compressed._STATES[comm].calls
+        more_h = comm.all_reduce(x, compression="int4", error_feedback=ef_h.key("x")).tobytes()
+        restored = ErrorFeedback()
+        restored.load_state_dict(saved)
+        compressed._STATES[comm].calls = calls_now
+        out = np.empty(n, np.float32)
+        comm.all_reduce(fake(x), compression="int4", error_feedback=restored.key("x"),
+                        out=fake(out))  # fmt: skip
+        return {
+            "results": host == device,
+            "residuals": host_saved["residuals"]["x"].tobytes()
+            == saved["residuals"]["x"].tobytes(),
+            "norm": norms[0] == norms[1] > 0,
+            "kept": kept,
+            "restored": more_h == out.tobytes(),
+            "moved": type(restored._store["x"]).__name__,
+        }

@@ -103,6 +103,12 @@ class FakeKind(ArrayKind):
         n = int(np.prod(shape, dtype=np.int64))
         return FakeCudaArray(flat.array[offset : offset + n].reshape(shape), device=flat.device.id)
 
+    def to_host(self, x):
+        return x.array.copy()
+
+    def from_host(self, like, host):
+        return self._new(like, np.array(host, copy=True))
+
 
 @contextlib.contextmanager
 def fake_kind() -> Iterator[FakeKind]:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from _bucketing_compression_rank import SHAPES as FT_SHAPES
 from _bucketing_compression_rank import grads
+from _grads import MEMORY, handing_over
 
 from ringreduce._comm.compressed import _state
 from ringreduce.bucketing import GradientBucketer
@@ -110,6 +111,56 @@ def test_each_bucket_is_the_compressed_all_reduce_of_the_flat_bucket(
     for rank_diffs in group_factory(3).run(equals_by_hand_rank, codec, ef, dtype):
         for d in rank_diffs:
             assert all(v == 0.0 for v in d.values()), d
+
+
+def device_buckets_rank(comm, codec: str) -> list:
+    """Three steps of a compressed bucketer with error feedback, gradients in host memory
+    and then on the fake device, each run from call number 0: per run, the reduced
+    gradients and the saved residuals as bytes, and the type of each flat residual."""
+    runs = []
+    for memory in MEMORY:
+        with handing_over(memory) as (wrap, _):
+            _state(comm).calls = 0
+            b = make(comm, 4.0, compression=codec, error_feedback=True)
+            got = []
+            for s in range(3):
+                out = grads_of(comm.rank, s)
+                for h, name in reversed(list(enumerate(SHAPES))):
+                    b.ready(h, wrap(out[name]))
+                b.wait()
+                got.append({k: v.tobytes() for k, v in out.items()})
+            saved = b.state_dict()["error_feedback"]["residuals"]
+            flats = sorted({type(f).__name__ for f in b._compress._flats})
+            runs.append((got, {k: v.tobytes() for k, v in saved.items()}, flats))
+    return runs
+
+
+@pytest.mark.parametrize("codec", ["int8", "bf16"])
+def test_device_buckets_compress_to_the_host_buckets_bits(group_factory, codec):
+    for (host, host_res, host_flats), (dev, dev_res, dev_flats) in group_factory(
+        2, fake_device=True
+    ).run(device_buckets_rank, codec):
+        assert host_flats == ["ndarray"] and dev_flats == ["FakeCudaArray"]
+        assert len(host_res) == len(SHAPES) and dev_res == host_res
+        assert dev == host
+
+
+def powersgd_on_device_rank(comm) -> str:
+    with handing_over("fake-device") as (wrap, _):
+        b = make(comm, 4.0, powersgd_rank=1)
+        g = grads_of(comm.rank, 0)
+        try:
+            for h, name in reversed(list(enumerate(SHAPES))):
+                b.ready(h, wrap(g[name]))
+            b.wait()
+        except TypeError as e:
+            return str(e)
+    return "no error"
+
+
+def test_powersgd_refuses_device_gradients_by_name(group_factory):
+    for message in group_factory(2, fake_device=True).run(powersgd_on_device_rank):
+        assert "PowerSGD runs on host gradients" in message and "cuda:0" in message, message
 
 
 def rebucketing_rank(comm) -> dict:

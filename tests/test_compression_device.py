@@ -69,8 +69,21 @@ def test_device_calls_refuse_what_they_cannot_do(group_factory):
     results = group_factory(2, fake_device=True).run(dr.device_refusals)
     for got, _ in results:
         assert "no device kernels" in got["python_codec"] and "TypeError" in got["python_codec"]
-        assert "host memory" in got["error_feedback_object"]
+        unknown = got["feedback_beside_unknown_arrays"]
+        assert "TypeError" in unknown and "FakeCudaArray" in unknown, unknown
         assert "ValueError" in got["host_residual"] and "float32" in got["host_residual"]
         assert "ValueError" in got["short_residual"] and "100 values" in got["short_residual"]
         assert "int32" in got["integers"] and "floating-point" in got["integers"]
     assert results[0][1].tobytes() == results[1][1].tobytes()
+
+
+def test_error_feedback_objects_keep_device_residuals_on_the_device(group_factory):
+    for got in group_factory(2, fake_device=True).run(dr.device_feedback_objects, 2053, 3):
+        assert got == {
+            "results": True,
+            "residuals": True,
+            "norm": True,
+            "kept": "FakeCudaArray",
+            "restored": True,
+            "moved": "FakeCudaArray",
+        }

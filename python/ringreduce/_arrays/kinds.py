@@ -63,6 +63,15 @@ class ArrayKind:
         """The elements [offset, offset + prod(shape)) of a 1-D array, shaped."""
         raise NotImplementedError
 
+    def to_host(self, x: Any) -> np.ndarray:
+        """A numpy copy of x (state that outlives a step, such as residuals, is saved
+        from device arrays this way)."""
+        raise NotImplementedError
+
+    def from_host(self, like: Any, host: np.ndarray) -> Any:
+        """A new array on like's device holding a copy of ``host`` (its dtype)."""
+        raise NotImplementedError
+
 
 class NumpyKind(ArrayKind):
     """numpy arrays, and any host memory read through the buffer protocol or DLPack."""
@@ -94,6 +103,12 @@ class NumpyKind(ArrayKind):
 
     def view(self, flat, offset, shape):
         return flat[offset : offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+
+    def to_host(self, x):
+        return np.array(x, copy=True)
+
+    def from_host(self, like, host):
+        return np.array(host, copy=True)
 
 
 class TorchKind(ArrayKind):
@@ -147,6 +162,14 @@ class TorchKind(ArrayKind):
         n = int(np.prod(shape, dtype=np.int64))
         return flat[offset : offset + n].view(shape)
 
+    def to_host(self, x):
+        return x.detach().cpu().numpy().copy()
+
+    def from_host(self, like, host):
+        import torch
+
+        return torch.from_numpy(np.array(host, copy=True)).to(like.device)
+
 
 class CupyKind(NumpyKind):
     """cupy arrays: numpy's operations, on the array's device."""
@@ -184,6 +207,17 @@ class CupyKind(NumpyKind):
 
     def copy(self, x):
         return x.copy()
+
+    def to_host(self, x):
+        import cupy
+
+        return cupy.asnumpy(x)
+
+    def from_host(self, like, host):
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.array(host)
 
 
 _NUMPY = NumpyKind()

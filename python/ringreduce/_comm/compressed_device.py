@@ -9,11 +9,10 @@ the host path's: a call on device arrays gives what the same call on host copies
 them gives, residuals included, on every rank. Tests run this on the fake device
 (the CPU emulation of csrc/executor/fake_device.cc).
 
-Not on device arrays yet: codecs with Python methods (they run on host arrays), calls
-in pieces (a device call is always whole), and ``ErrorFeedback`` objects (their
-residuals are host arrays; pass a float32 device array of x's size as
-``error_feedback``). The canary copies the input and the sums to the host on the calls
-it samples.
+Not on device arrays yet: codecs with Python methods (they run on host arrays), and
+calls in pieces (a device call is always whole). An ``ErrorFeedback`` keeps a device
+call's residual on the device, in an array of the input's library (torch, cupy). The
+canary copies the input and the sums to the host on the calls it samples.
 """
 
 from __future__ import annotations
@@ -73,13 +72,11 @@ def refuse(codec: Any) -> None:
 
 
 def residual_of(error_feedback: Any, buf: Buffer) -> Buffer:
-    """The device residual of a call on device array ``buf``: a writable, contiguous
-    float32 device array of its size on its device."""
-    if hasattr(error_feedback, "residual"):
-        raise TypeError(
-            "error_feedback: an ErrorFeedback keeps its residuals in host memory, and x is "
-            f"on {buf.where}; pass a float32 array of x's size on the same device instead"
-        )
+    """The device residual of a call on device array ``buf``: an `ErrorFeedback`'s, kept
+    beside x on its device (an array of x's library), or the array given, which must be
+    a writable, contiguous float32 device array of x's size on x's device."""
+    if hasattr(error_feedback, "residual_like"):  # an ErrorFeedback (or a key's view)
+        return describe(error_feedback.residual_like(buf.obj, buf.size), "error_feedback")
     res = describe(error_feedback, "error_feedback")
     if (
         res.device != buf.device

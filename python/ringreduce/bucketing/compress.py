@@ -3,10 +3,10 @@
 (compression/powersgd.py), with the error-feedback state kept per parameter name.
 
 Terms:
-- *flat residual*: one float32 array per bucket, as long as the bucket, handed to the
-  collective as ``error_feedback=`` (the collective updates it in place). Parameter p's
-  residual is the slice of its bucket's flat residual at p's offset, so a step costs no
-  copy of residuals at all.
+- *flat residual*: one float32 array per bucket, as long as the bucket and where it is
+  (a GPU array beside a CUDA bucket), handed to the collective as ``error_feedback=``
+  (the collective updates it in place). Parameter p's residual is the slice of its
+  bucket's flat residual at p's offset, so a step costs no copy of residuals at all.
 - The `ErrorFeedback` keeps the same residuals *by parameter name*: it is filled from
   the flat residuals when it is read (`CompressedBuckets.error_feedback`, `state_dict`)
   and read into them when the buckets are made and when a state is loaded. A bucketer
@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays.buffer import describe
+from .._arrays.kinds import kind_of
 from ..compression.codecs import AUTO, Codec, get_codec
 from ..compression.feedback import ErrorFeedback
 from ..compression.powersgd import PowerSGD
@@ -130,28 +132,45 @@ class CompressedBuckets:
     def setup(self, buckets: list[Any], specs: list[Any]) -> None:
         """Called once the plan is fixed: notes every bucket's parameters (name, offset,
         size), makes the flat residuals and reads the saved ones into them."""
+        if self.powersgd is not None and buckets:
+            where = describe(buckets[0].buffer, "bucket").where
+            if where != "host memory":
+                raise TypeError(
+                    f"powersgd_rank: PowerSGD runs on host gradients, and these are on "
+                    f"{where}; use compression= (a codec: it encodes on the GPU) or keep "
+                    "the gradients in host memory"
+                )
         self._layout = layouts = [
             [(specs[i].name, at, specs[i].numel) for i, at in zip(b.params, b.offsets)]
             for b in buckets
         ]
         if self._ef is None:
             return
-        self._flats = [np.zeros(sum(n for _, _, n in layout), np.float32) for layout in layouts]
+        # Each flat residual lives where its bucket does (on the GPU for CUDA buckets).
+        self._flats = [
+            kind_of(b.buffer).zeros(b.buffer, (sum(n for _, _, n in layout),), np.float32)
+            for b, layout in zip(buckets, layouts)
+        ]
         self._saved = [None] * len(layouts)
         self._read_ef()
 
     def _read_ef(self) -> None:
         assert self._ef is not None
         have = set(self._ef.keys())
-        for flat, layout in zip(self._flats, self._layout):
+        for i, layout in enumerate(self._layout):
+            flat = self._flats[i]
+            host = flat if isinstance(flat, np.ndarray) else np.zeros(flat.shape, np.float32)
             for name, at, n in layout:
-                flat[at : at + n] = self._ef.key(name).residual(n) if name in have else 0
+                host[at : at + n] = self._ef.key(name).residual(n) if name in have else 0
+            if host is not flat:
+                self._flats[i] = kind_of(flat).from_host(flat, host)
 
     def _write_ef(self) -> None:
         assert self._ef is not None
         for flat, layout in zip(self._flats, self._layout):
+            host = flat if isinstance(flat, np.ndarray) else kind_of(flat).to_host(flat)
             for name, at, n in layout:
-                self._ef.key(name).residual(n)[:] = flat[at : at + n]
+                self._ef.key(name).residual(n)[:] = host[at : at + n]
 
     def issue(self, comm: Any, bucket: Any, views: list[Any]) -> Any:
         """Reduces one bucket; returns its Work (a LaneWork for a codec).
@@ -169,14 +188,20 @@ class CompressedBuckets:
         """Fault tolerance: keeps the bucket's residual as it was at launch, since the
         call changes it and a replay after a shrink must start from it again."""
         if self._ef is not None:
-            self._saved[bucket.index] = self._flats[bucket.index].copy()
+            flat = self._flats[bucket.index]
+            self._saved[bucket.index] = kind_of(flat).copy(flat)
 
     def restore(self, bucket: Any, factor: float) -> None:
         """The bucket's residual as at launch (x factor: a 16-bit bucket's residual is
         in units of the gradient divided by the old world size)."""
         saved = self._saved[bucket.index] if self._ef is not None else None
         if saved is not None:
-            np.multiply(saved, np.float32(factor), out=self._flats[bucket.index])
+            flat = self._flats[bucket.index]
+            if isinstance(flat, np.ndarray):
+                np.multiply(saved, np.float32(factor), out=flat)
+            else:
+                kind_of(flat).assign(flat, saved)
+                kind_of(flat).scale(flat, np.float32(factor))
 
     # ---- state -------------------------------------------------------------------------
 

@@ -11,6 +11,10 @@ from the exact sum by (the last residuals) / K.
 
 Residuals are keyed by name, not by position in a bucket, so a bucketing layer that
 regroups its parameters keeps each parameter's residual (``ef.key(param_name)``).
+
+A key's residual lives where its calls run: a numpy array for host arrays, an array of
+the input's own library on its GPU for device arrays (`residual_like`); it moves when
+a key's calls move, and `state_dict` always holds numpy copies.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 import numpy as np
+
+from .._arrays.kinds import kind_of
 
 __all__ = ["ErrorFeedback"]
 
@@ -66,13 +72,39 @@ class ErrorFeedback:
         stored = self._store.get(self._prefix)
         if stored is None:
             stored = self._store[self._prefix] = np.zeros(int(n), np.float32)
-        elif stored.size != n:
+        self._check_size(stored, n)
+        if not isinstance(stored, np.ndarray):  # on a device until now: moved here
+            stored = self._store[self._prefix] = _host(stored)
+        return stored
+
+    def residual_like(self, like: Any, n: int) -> Any:
+        """This key's residual on the device of array ``like`` (a CUDA array of a library
+        ringreduce has an array kind for: torch, cupy): float32, length n, zeros on first
+        use, an array of like's library, moved there if it was elsewhere (a checkpoint
+        loaded, or the key's calls moved). The stored array itself, as `residual`."""
+        kind = kind_of(like)
+        if kind is None:
+            raise TypeError(
+                f"ErrorFeedback: cannot keep a residual beside a {type(like).__name__} "
+                "(ringreduce allocates torch and cupy arrays only); pass a float32 array "
+                "of x's size on its device as error_feedback="
+            )
+        stored = self._store.get(self._prefix)
+        if stored is None:
+            stored = self._store[self._prefix] = kind.zeros(like, (int(n),), np.float32)
+        self._check_size(stored, n)
+        if kind_of(stored) is not kind or _device_of(stored) != _device_of(like):
+            stored = self._store[self._prefix] = kind.from_host(like, _host(stored))
+        return stored
+
+    def _check_size(self, stored: Any, n: int) -> None:
+        size = int(np.prod(stored.shape))
+        if size != n:
             raise ValueError(
                 f"ErrorFeedback: key {self._prefix or '(root)'!r} holds a residual of "
-                f"{stored.size} values, but this call reduces {n}; use one key per array "
+                f"{size} values, but this call reduces {n}; use one key per array "
                 "(ef.key(name)), or reset() it"
             )
-        return stored
 
     def _mine(self, key: str) -> bool:
         p = self._prefix
@@ -94,16 +126,15 @@ class ErrorFeedback:
 
     def norm(self) -> float:
         """The L2 norm of all residuals of this view's subtree (what is still owed)."""
-        return float(
-            np.sqrt(sum(float(np.dot(v, v)) for k, v in self._store.items() if self._mine(k)))
-        )
+        held = [_host(v) for k, v in self._store.items() if self._mine(k)]
+        return float(np.sqrt(sum(float(np.dot(v, v)) for v in held)))
 
     def state_dict(self) -> Dict[str, Any]:
         """{"version": 1, "residuals": {key: float32 array (a copy)}} of this subtree."""
         return {
             "version": _VERSION,
             "residuals": {
-                self._relative(k): v.copy() for k, v in self._store.items() if self._mine(k)
+                self._relative(k): _host(v) for k, v in self._store.items() if self._mine(k)
             },
         }
 
@@ -131,3 +162,21 @@ class ErrorFeedback:
 
     def __repr__(self) -> str:
         return f"<ringreduce.ErrorFeedback {self._prefix or '(root)'!r}: {len(self.keys())} keys>"
+
+
+def _host(v: Any) -> np.ndarray:
+    """A numpy copy of a stored residual, wherever it lives."""
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    kind = kind_of(v)
+    if kind is None:  # pragma: no cover - only arrays of known kinds are stored
+        raise TypeError(f"ErrorFeedback: cannot read a residual held in {type(v).__name__}")
+    return np.asarray(kind.to_host(v), np.float32).reshape(-1)
+
+
+def _device_of(v: Any) -> Any:
+    """Where an array lives, as its library says (None for numpy)."""
+    if isinstance(v, np.ndarray):
+        return None
+    device = getattr(v, "device", None)
+    return getattr(device, "id", getattr(device, "index", device))

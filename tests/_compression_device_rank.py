@@ -119,6 +119,17 @@ def device_other_paths(comm, n):
             lambda: comm.all_reduce(fake(x), compression="int8", async_op=True).wait(),
         )
     got["async"] = host.tobytes() == device.array.tobytes()
+    # Another thread's call holds the communicator's DeviceCodec: this one makes its own.
+    from ringreduce._comm import compressed
+
+    st = compressed._STATES[comm]
+    st.calls = 1000
+    host = comm.all_reduce(x, compression="int8")
+    device = np.empty(n, np.float32)
+    with st.device_codecs[0][1]:
+        st.calls = 1000
+        comm.all_reduce(fake(x), compression="int8", out=fake(device))
+    got["held"] = host.tobytes() == device.tobytes()
     bad = x.copy()
     bad[3] = np.inf if comm.rank == 0 else 1.0
     bad[700] = np.nan if comm.rank == 1 else 2.0

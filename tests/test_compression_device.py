@@ -60,6 +60,7 @@ def test_device_paths_beside_the_codec(group_factory):
             ("exact", "float32"): (True, True),
             ("exact", "bfloat16"): (True, True),
             "async": True,
+            "held": True,
             "non_finite": True,
             "stats": True,
         }, rank

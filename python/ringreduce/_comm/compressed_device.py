@@ -17,9 +17,11 @@ canary copies the input and the sums to the host on the calls it samples.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import types
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -51,13 +53,24 @@ class DeviceArray:
         return {"shape": self.shape, "typestr": "<f4", "data": (self.ptr, False), "version": 3}
 
 
-def codec_of(comm: Any, st: Any, device: int) -> Any:
-    """The communicator's DeviceCodec for ``device`` (made once, kept in its state)."""
+@contextlib.contextmanager
+def _codec(comm: Any, st: Any, device: int) -> Iterator[Any]:
+    """The communicator's DeviceCodec for ``device`` (made once, kept in its state), or,
+    while another thread's call holds it (calls from two threads at once, which the
+    communicator reports as an error), one of this call's own: two calls never share
+    its scratch or its lanes."""
     kept = st.__dict__.setdefault("device_codecs", {})
+    fake = bool(getattr(comm._core, "fake_device", False))
     if device not in kept:
-        fake = bool(getattr(comm._core, "fake_device", False))
-        kept[device] = _core.DeviceCodec(device, fake, float(comm.timeout))
-    return kept[device]
+        kept[device] = (_core.DeviceCodec(device, fake, float(comm.timeout)), threading.Lock())
+    dc, lock = kept[device]
+    if not lock.acquire(blocking=False):
+        yield _core.DeviceCodec(device, fake, float(comm.timeout))
+        return
+    try:
+        yield dc
+    finally:
+        lock.release()
 
 
 def refuse(codec: Any) -> None:
@@ -102,10 +115,15 @@ def _download(dc: Any, ptr: int, count: int, dtype: Any) -> np.ndarray:
 def call(comm, st, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary):
     """Runs one compressed call of device array ``buf`` into ``out_buf`` (whole, in the
     one-hop scheme of compressed_hop.one_hop with one piece, so the same seeds and
-    bits). ``canary(sample, sums)`` checks the quality canary on host copies, or is
-    None when this call is not sampled."""
+    bits). ``canary``: (the sample's indices, a function checking the quality canary on
+    host copies of the sample and the sums), or None when this call is not sampled."""
+    with _codec(comm, st, buf.device) as dc:
+        _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter,
+                 canary)  # fmt: skip
+
+
+def _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary):
     kernel = _hop._kernel(codec)
-    dc = codec_of(comm, st, buf.device)
     dc.begin(buf.stream)
     n, size, rank = buf.size, comm.world_size, comm.rank
     bounds = [_core.chunk_bounds(n, size, k) for k in range(size)]
@@ -188,7 +206,11 @@ def exact_with_residual(comm: Any, st: Any, buf: Buffer, op: str, result: Any, r
     left: ``x + residual`` is reduced in float32 and the residual cleared (what it owed
     reaches the sum). Unlike the host path, which looks whether the residual is all
     zeros first, this always reduces in float32."""
-    dc = codec_of(comm, st, buf.device)
+    with _codec(comm, st, buf.device) as dc:
+        return _exact(dc, comm, buf, op, result, res, out_buf, scatter)
+
+
+def _exact(dc, comm, buf, op, result, res, out_buf, scatter):
     dc.begin(buf.stream)
     n = buf.size
     wide = dc.buffer("wide", n * _F32)

@@ -129,3 +129,15 @@ def random_operands(dtype: str, count: int, seed: int) -> np.ndarray:
     where = rng.random(count) < 0.05
     x[where] = rng.choice(specials, size=int(where.sum()))
     return x
+
+
+def codec_values(n: int, seed: int) -> np.ndarray:
+    """float32 values for the codec kernels: Gaussian, with a block of zeros, a block
+    below 2**-100 (lifted before scaling) and a block holding inf, -inf and nan, where n
+    reaches them (blocks of 512 values)."""
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    x[512:1024] = 0.0
+    x[1024:1536] *= np.float32(2.0**-110)
+    if n > 1600:
+        x[1600], x[1601], x[1602] = np.inf, -np.inf, np.nan
+    return x

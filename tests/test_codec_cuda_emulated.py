@@ -16,6 +16,7 @@ import subprocess
 import ml_dtypes
 import numpy as np
 import pytest
+from _kernels import codec_values
 
 from ringreduce import _core
 
@@ -51,17 +52,6 @@ def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _values(n: int) -> np.ndarray:
-    """Gaussian values with a block of zeros, a block below 2**-100 and one with inf,
-    -inf and nan, where n reaches them."""
-    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
-    x[512:1024] = 0.0
-    x[1024:1536] *= np.float32(2.0**-110)
-    if n > 1600:
-        x[1600], x[1601], x[1602] = np.inf, -np.inf, np.nan
-    return x
-
-
 def _cpu_encode(codec, x, residual=None):
     payload = np.zeros(_core.codec_payload_bytes(codec, x.size), np.uint8)
     _core.codec_encode(codec, x, KEY, payload, residual)
@@ -78,7 +68,7 @@ def _emulated_encode(so, codec, x, residual=None, out_only=False):
 @pytest.mark.parametrize("codec", list(KINDS))
 def test_encode_gives_the_cpu_loops_bytes(emulated, codec):
     for n in SIZES:
-        x = _values(n)
+        x = codec_values(n, n)
         assert _emulated_encode(emulated, codec, x).tobytes() == _cpu_encode(codec, x).tobytes(), n
         start = (np.random.default_rng(n + 1).standard_normal(n) * 1e-3).astype(np.float32)
         cpu_res, emu_res = start.copy(), start.copy()
@@ -100,7 +90,7 @@ def test_encode_gives_the_cpu_loops_bytes(emulated, codec):
 @pytest.mark.parametrize("codec", list(KINDS))
 def test_decode_and_decode_add_give_the_cpu_loops_bits(emulated, codec):
     for n in SIZES:
-        payloads = [_cpu_encode(codec, _values(n) * np.float32(k + 1)) for k in range(3)]
+        payloads = [_cpu_encode(codec, codec_values(n, n) * np.float32(k + 1)) for k in range(3)]
         size = payloads[0].size
         stride = (size + 255) // 256 * 256
         staged = np.zeros(3 * stride, np.uint8)
@@ -120,7 +110,7 @@ def test_decode_and_decode_add_give_the_cpu_loops_bits(emulated, codec):
 
 @pytest.mark.parametrize("half, dtype", [(0, np.float16), (1, ml_dtypes.bfloat16)])
 def test_conversions_give_numpys_bits(emulated, half, dtype):
-    x = _values(5000) * np.float32(3e4)  # past float16's range too
+    x = codec_values(5000, 5000) * np.float32(3e4)  # past float16's range too
     with np.errstate(over="ignore"):
         want = x.astype(dtype)
     narrow = np.zeros(x.size, dtype)

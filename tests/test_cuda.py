@@ -19,6 +19,7 @@ from _kernels import (
     GUARD,
     OP_CODES,
     POISON,
+    codec_values,
     describe,
     divide_reference,
     mismatches,
@@ -325,23 +326,12 @@ def test_grad_sync_with_cuda_parameters(gpu_pair):
 # ---- codec kernels (csrc/kernels/codec_cuda.cu) and compressed collectives ------------
 
 
-def _codec_values(n: int, seed: int) -> np.ndarray:
-    """Gaussian values with a block of zeros, a block of tiny values (below 2**-100) and
-    a block with inf and nan, where n reaches them."""
-    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-    x[512:1024] = 0.0
-    x[1024:1536] *= np.float32(2.0**-110)
-    if n > 1600:
-        x[1600], x[1601], x[1602] = np.inf, -np.inf, np.nan
-    return x
-
-
 @pytest.mark.parametrize("codec", ["bf16", "fp16", "int8", "int4"])
 def test_codec_kernels_give_the_cpu_bits(codec):
     dc = _core.DeviceCodec(0, False, 60.0)
     key = 0x1234_5678_9ABC_DEF0
     for n in (1, 7, 512, 1031, 2048 + 5, 70_001):
-        x = _codec_values(n, n)
+        x = codec_values(n, n)
         res = (np.random.default_rng(n + 1).standard_normal(n) * 1e-3).astype(np.float32)
         size = _core.codec_payload_bytes(codec, n)
         cpu_res = res.copy()
@@ -380,7 +370,7 @@ def test_conversions_give_numpys_bits():
     import ml_dtypes
 
     dc = _core.DeviceCodec(0, False, 60.0)
-    x = _codec_values(5000, 9) * np.float32(3e4)  # past float16's range too
+    x = codec_values(5000, 9) * np.float32(3e4)  # past float16's range too
     for name, dtype in (("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
         with DeviceBuffer.from_array(x) as dx, DeviceBuffer(2 * x.size) as dh:
             dc.begin(0)

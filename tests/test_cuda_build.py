@@ -42,15 +42,21 @@ def find_cuobjdump() -> str | None:
     return None
 
 
+def cuobjdump() -> str:
+    """find_cuobjdump(), or skips the test that needs it."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    return tool
+
+
 def run_tool(*args: str) -> str:
     return subprocess.run(args, check=True, capture_output=True, text=True, timeout=120).stdout
 
 
 @needs_cuda_build
 def test_fatbinary_has_sm80_sm90_and_ptx():
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    tool = cuobjdump()
     elf = run_tool(tool, "--list-elf", _core.__file__)
     ptx = run_tool(tool, "--list-ptx", _core.__file__)
     assert "sm_80" in elf and "sm_90" in elf, elf
@@ -102,9 +108,7 @@ def test_bad_codes_are_value_errors_in_a_cuda_build():
 def test_codec_kernels_are_built_without_fused_multiply_adds():
     # A fused multiply-add rounds once where the CPU loops round twice: the bits would
     # differ from theirs (docs/compression.md, "Device arrays").
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    tool = cuobjdump()
     ptx = run_tool(tool, "--dump-ptx", _core.__file__)
     entries = {}
     for chunk in ptx.split(".entry ")[1:]:

@@ -25,6 +25,9 @@ owner's re-encode error with the owner, so error feedback returns every dropped 
 "gather" codecs (payloads that cannot be summed piecewise) take one all_gather of every
 rank's whole payload instead, decoded and summed in rank order on every rank.
 
+CUDA arrays take compressed_device.py's route: the same exchanges and bits, the codec
+run on the device by its CUDA kernels.
+
 ``async_op=True`` queues the call on the communicator's lane (lane.py): a thread that
 runs compressed calls in issue order while the caller goes on. A blocking call runs on
 the caller's thread once the lane is empty. So call numbers (the dither's seeds), auto's

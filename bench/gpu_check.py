@@ -21,6 +21,9 @@
    torch.cuda tensors (ringreduce's own device arrays without torch), every
    dtype x op on fresh random data against the same reference, and a timed
    float32 all_reduce (bench/_gpu_ring_check.py).
+4. Codec kernels: each compression codec's encode (with a residual) and decode_add on
+   the GPU against the CPU loops, bit for bit, then their speed on 256 MiB
+   (bench/_gpu_codec_check.py).
 
 Device memory comes from the extension itself (no torch or cupy needed).
 Exit status: 0 when every result is right, 1 when any is wrong, 2 when there is
@@ -277,6 +280,10 @@ def main(argv: List[str] | None = None) -> int:
 
     ring_wrong = _gpu_ring_check.run(args.device, seed, args.ring_count)
     total_wrong += ring_wrong if ring_wrong >= 0 else 1
+
+    import _gpu_codec_check
+
+    total_wrong += _gpu_codec_check.run(args.device, seed)
     print(
         f"correctness: {'PASS' if total_wrong == 0 else 'FAIL'} ({total_wrong} wrong); "
         f"{time.time() - started:.0f} s"

@@ -12,6 +12,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -119,3 +120,15 @@ def test_conversions_give_numpys_bits(emulated, half, dtype):
     wide = np.zeros(x.size, np.float32)
     emulated.emulated_convert(half, 1, _addr(wide), _addr(narrow), x.size)
     assert wide.tobytes() == narrow.astype(np.float32).tobytes()
+
+
+def test_gpu_checks_codec_part_runs_on_the_emulated_device():
+    """bench/gpu_check.py's codec part (bench/_gpu_codec_check.py) on the CPU emulation
+    of the device: the script a GPU machine runs works, and finds nothing wrong."""
+    script = os.path.join(ROOT, "bench", "_gpu_codec_check.py")
+    if not os.path.exists(script):
+        pytest.skip("needs the source tree (bench/)")
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line[:4] in KINDS]
+    assert [r[0] for r in rows] == list(KINDS) and all(r[1] == "0" for r in rows), done.stdout

@@ -130,6 +130,20 @@ def device_other_paths(comm, n):
         st.calls = 1000
         comm.all_reduce(fake(x), compression="int8", out=fake(device))
     got["held"] = host.tobytes() == device.tobytes()
+    # Device scratch kept between calls: none past KEEP_BYTES.
+    from ringreduce._comm import compressed_device
+
+    dc = st.device_codecs[0][0]
+    kept = [dc.kept_bytes]
+    old, compressed_device.KEEP_BYTES = compressed_device.KEEP_BYTES, 0
+    try:
+        comm.all_reduce(fake(x), compression="int8", out=fake(device))
+        kept.append(dc.kept_bytes)
+    finally:
+        compressed_device.KEEP_BYTES = old
+    comm.all_reduce(fake(x), compression="int8", out=fake(device))
+    kept.append(dc.kept_bytes)
+    got["kept"] = kept[0] > 0 and kept[1] == 0 and kept[2] == kept[0]
     bad = x.copy()
     bad[3] = np.inf if comm.rank == 0 else 1.0
     bad[700] = np.nan if comm.rank == 1 else 2.0

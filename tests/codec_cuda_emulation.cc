@@ -90,8 +90,8 @@ void emulated_encode(int kind, const float* x, float* residual, int residual_out
          residual, residual_out_only != 0, n, key, payload);
 }
 
-void emulated_decode_add(int kind, const uint8_t* payloads, size_t stride, size_t count,
-                         size_t n, float* acc, int accumulate) {
+void emulated_decode_add(int kind, const uint8_t* payloads, size_t stride, size_t count, size_t n,
+                         float* acc, int accumulate) {
   if (n == 0 || count == 0) return;
   launch(blocks_for(n), kernels::kThreads, kernels::decode_kernel, static_cast<CodecKind>(kind),
          payloads, stride, count, n, acc, accumulate != 0);

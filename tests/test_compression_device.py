@@ -61,6 +61,7 @@ def test_device_paths_beside_the_codec(group_factory):
             ("exact", "bfloat16"): (True, True),
             "async": True,
             "held": True,
+            "kept": True,
             "non_finite": True,
             "stats": True,
         }, rank

@@ -16,6 +16,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -95,6 +96,24 @@ class DeviceCodec {
     return reinterpret_cast<uintptr_t>(p);
   }
 
+  // Frees kept buffers, largest first, until at most `limit` bytes stay kept:
+  // device memory is scarce, and a huge call's scratch need not outlive it.
+  void trim(size_t limit) {
+    while (kept_bytes() > limit) {
+      auto largest = std::max_element(kept_.begin(), kept_.end(), [](const auto& a, const auto& b) {
+        return a.second.second < b.second.second;
+      });
+      device_->release(largest->second.first);
+      kept_.erase(largest);
+    }
+  }
+
+  size_t kept_bytes() const {
+    size_t total = 0;
+    for (const auto& [role, kept] : kept_) total += kept.second;
+    return total;
+  }
+
   void encode(const std::string& name, uintptr_t x, size_t n, uint64_t key,
               const py::array& payload, uintptr_t residual, bool residual_out_only) {
     const rr::codec::CodecKind kind = rr::codec::codec_kind(name.c_str());
@@ -114,8 +133,7 @@ class DeviceCodec {
     decode_into(name, std::vector<py::array>{payload}, n, out, false);
   }
 
-  void decode_add(const std::string& name, const py::sequence& payloads, size_t n,
-                  uintptr_t acc) {
+  void decode_add(const std::string& name, const py::sequence& payloads, size_t n, uintptr_t acc) {
     std::vector<py::array> held;
     for (const py::handle& p : payloads) held.push_back(p.cast<py::array>());
     decode_into(name, held, n, acc, true);
@@ -142,7 +160,9 @@ class DeviceCodec {
   }
 
   void divide(uintptr_t data, size_t n, int divisor) {
-    run([&] { device_->divide(rr::Lane::kToDevice, rr::DataType::kFloat32, at(data), n, divisor); });
+    run([&] {
+      device_->divide(rr::Lane::kToDevice, rr::DataType::kFloat32, at(data), n, divisor);
+    });
   }
 
  private:
@@ -204,6 +224,9 @@ void register_device_codec(py::module_& m) {
            "Later work waits for what the caller queued on `stream` before this.")
       .def("buffer", &DeviceCodec::buffer, py::arg("role"), py::arg("nbytes"),
            "Device memory for `role` (kept and reused): its address.")
+      .def("trim", &DeviceCodec::trim, py::arg("limit"),
+           "Frees kept buffers, largest first, until at most `limit` bytes stay kept.")
+      .def_property_readonly("kept_bytes", &DeviceCodec::kept_bytes)
       .def("encode", &DeviceCodec::encode, py::arg("codec"), py::arg("x"), py::arg("n"),
            py::arg("key"), py::arg("payload"), py::arg("residual") = 0,
            py::arg("residual_out_only") = false,

@@ -23,9 +23,8 @@ cudaError_t cuda_encode(CodecKind kind, const float* x, float* residual, bool re
                         size_t n, uint64_t key, uint8_t* payload, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const size_t nb = (n + kBlock - 1) / kBlock;
-  encode_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(kind, x, residual,
-                                                                     residual_out_only, n, key,
-                                                                     payload);
+  encode_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(
+      kind, x, residual, residual_out_only, n, key, payload);
   return cudaGetLastError();
 }
 
@@ -34,7 +33,7 @@ cudaError_t cuda_decode(CodecKind kind, const uint8_t* payload, size_t n, float*
   if (n == 0) return cudaSuccess;
   const size_t nb = (n + kBlock - 1) / kBlock;
   decode_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(kind, payload, 0, 1, n, out,
-                                                                     false);
+                                                                    false);
   return cudaGetLastError();
 }
 
@@ -43,7 +42,7 @@ cudaError_t cuda_decode_add(CodecKind kind, const uint8_t* payloads, size_t stri
   if (n == 0 || count == 0) return cudaSuccess;
   const size_t nb = (n + kBlock - 1) / kBlock;
   decode_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(kind, payloads, stride, count,
-                                                                     n, acc, true);
+                                                                    n, acc, true);
   return cudaGetLastError();
 }
 

@@ -51,7 +51,9 @@ __device__ __forceinline__ size_t blocks_of(size_t n) { return (n + kBlock - 1) 
 
 __device__ __forceinline__ bool scaled(CodecKind kind) { return kind != CodecKind::kBFloat16; }
 
-__device__ __forceinline__ int qmax_of(CodecKind kind) { return kind == CodecKind::kInt4 ? 7 : 127; }
+__device__ __forceinline__ int qmax_of(CodecKind kind) {
+  return kind == CodecKind::kInt4 ? 7 : 127;
+}
 
 // Bytes of the codes of m values (codec_impl.h's code_bytes).
 __device__ __forceinline__ size_t code_bytes(CodecKind kind, size_t m) {
@@ -118,8 +120,8 @@ __device__ __forceinline__ float scale_of(CodecKind kind, const uint8_t* payload
 }
 
 __global__ void __launch_bounds__(kThreads)
-    encode_kernel(CodecKind kind, const float* x, float* residual, bool residual_out_only,
-                  size_t n, uint64_t key, uint8_t* payload) {
+    encode_kernel(CodecKind kind, const float* x, float* residual, bool residual_out_only, size_t n,
+                  uint64_t key, uint8_t* payload) {
   __shared__ int top_bits, any_bits;
   __shared__ int8_t small[kBlock];  // the integer codes, packed by pairs afterwards
   const size_t nb = blocks_of(n);
@@ -192,8 +194,11 @@ __global__ void __launch_bounds__(kThreads)
       c -= static_cast<float>(c) > y ? 1 : 0;
       if (bad) {
         const int q = qmax_of(kind);
-        if (isnan(v[k])) c = -q - 1;
-        else if (isinf(v[k])) c = v[k] > 0 ? q : -q;
+        if (isnan(v[k])) {
+          c = -q - 1;
+        } else if (isinf(v[k])) {
+          c = v[k] > 0 ? q : -q;
+        }
       }
       if (kind == CodecKind::kInt8) codes[i] = static_cast<uint8_t>(static_cast<int8_t>(c));
       small[i] = static_cast<int8_t>(c);
@@ -227,8 +232,8 @@ __global__ void __launch_bounds__(kThreads)
     float a = accumulate ? acc[lo + i] : 0.0f;
     for (size_t j = 0; j < count; ++j) {
       const uint8_t* p = payloads + j * stride;
-      const float value = decode_one(kind, load_code(kind, p + codes_offset(kind, nb, b), i),
-                                     scale_of(kind, p, b));
+      const float value =
+          decode_one(kind, load_code(kind, p + codes_offset(kind, nb, b), i), scale_of(kind, p, b));
       a = accumulate || j > 0 ? add(a, value) : value;
     }
     acc[lo + i] = a;

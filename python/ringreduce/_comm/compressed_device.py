@@ -36,6 +36,8 @@ from .ops import ReduceOp
 __all__ = ["DeviceArray", "call", "exact_with_residual", "residual_of"]
 
 _F32 = 4  # bytes of a float32
+# Device scratch a communicator keeps between calls; a larger call's goes with it.
+KEEP_BYTES = 256 << 20
 _F32_CODE = dtype_code("float32")
 
 
@@ -58,7 +60,7 @@ def _codec(comm: Any, st: Any, device: int) -> Iterator[Any]:
     """The communicator's DeviceCodec for ``device`` (made once, kept in its state), or,
     while another thread's call holds it (calls from two threads at once, which the
     communicator reports as an error), one of this call's own: two calls never share
-    its scratch or its lanes."""
+    its scratch or its lanes. After each call it keeps at most KEEP_BYTES of scratch."""
     kept = st.__dict__.setdefault("device_codecs", {})
     fake = bool(getattr(comm._core, "fake_device", False))
     if device not in kept:
@@ -70,6 +72,7 @@ def _codec(comm: Any, st: Any, device: int) -> Iterator[Any]:
     try:
         yield dc
     finally:
+        dc.trim(KEEP_BYTES)
         lock.release()
 
 
@@ -194,9 +197,9 @@ def _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch,
     stat.codec_seconds += t_codec + time.perf_counter() - t0
     if canary is not None:
         canary[1](sample, _download(dc, result, count, np.float32))
-    if member is ReduceOp.AVG:
+    if member is ReduceOp.AVG and count:
         dc.divide(result, count, size)
-    if not to_f32:
+    if not to_f32 and count:
         dc.convert(dtype_code(out_buf.dtype), out_buf.ptr, _F32_CODE, result, count)
 
 

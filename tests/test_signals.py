@@ -45,6 +45,11 @@ class Ranks:
 
     def __init__(self, n: int, links: str, timeout: float, mb: float, *extra: str, only=None):
         """n ranks; `only`: start just these of them (the others never come)."""
+        self._args = (n, links, timeout, mb, extra, only)
+        self._start()
+
+    def _start(self) -> None:
+        n, links, timeout, mb, extra, only = self._args
         transport, hosts = _HOSTS[links]
         port = str(free_port())
         if links == "mpi":
@@ -82,7 +87,7 @@ class Ranks:
         self.n = len(self.procs) if links != "mpi" else n
         self.pid = {}  # rank -> pid
         self.ended = {}  # rank -> (what, seconds since the test's mark)
-        self.lines = []
+        self.lines = getattr(self, "lines", [])  # kept across a restart
         self.mark = time.monotonic()
         self._eof = set()
         self._partial = {}
@@ -117,10 +122,23 @@ class Ranks:
             what = line.strip().split(" ", 2)[2]
             self.ended.setdefault(int(words[1]), (what, time.monotonic() - self.mark))
 
-    def wait_ready(self, seconds: float = 60.0) -> None:
+    def wait_ready(self, seconds: float = 60.0, restarts: int = 1) -> None:
+        """Until every rank has made its communicator and run one all_reduce. Ranks that
+        all exited before that (their init timed out: on a loaded machine a rank's
+        interpreter can take longer to start than the tests' short timeouts) are started
+        once more, on a fresh port; what they printed stays in `lines`."""
         until = time.monotonic() + seconds
         while len(self.pid) < self.n and time.monotonic() < until:
             self._read(0.5)
+            if len(self.pid) < self.n and all(p.poll() is not None for p in self.procs):
+                self._read(0.5)  # what they printed last
+                if restarts == 0:
+                    break
+                restarts -= 1
+                self.lines.append("all ranks exited before they were ready: starting them again")
+                for p in self.procs:
+                    p.stdout.close()
+                self._start()
         assert len(self.pid) == self.n, "\n".join(self.lines[-40:])
 
     def signal(self, rank: int, sig: int) -> None:

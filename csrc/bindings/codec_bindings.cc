@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/array_args.h"
 #include "common/error.h"
 #include "kernels/codec.h"
 
@@ -17,25 +18,7 @@ namespace py = pybind11;
 
 namespace {
 
-// The array's data, after checking that it is C-contiguous, of element type T,
-// at least `n` elements long and, for outputs, writable.
-template <typename T>
-T* data_of(const py::array& a, size_t n, const char* what, bool output) {
-  if (!a.dtype().is(py::dtype::of<T>())) {
-    throw rr::InvalidArgument(std::string(what) + ": expected " +
-                              std::string(py::str(py::dtype::of<T>())) + ", got " +
-                              std::string(py::str(a.dtype())));
-  }
-  if (!(a.flags() & py::array::c_style)) {
-    throw rr::InvalidArgument(std::string(what) + ": must be C-contiguous");
-  }
-  if (static_cast<size_t>(a.size()) < n) {
-    throw rr::InvalidArgument(std::string(what) + ": needs " + std::to_string(n) +
-                              " elements, has " + std::to_string(a.size()));
-  }
-  if (output && !a.writeable()) throw rr::InvalidArgument(std::string(what) + ": is read-only");
-  return static_cast<T*>(const_cast<void*>(a.data()));
-}
+using rr::data_of;
 
 void encode(const std::string& name, const py::array& x, uint64_t key, const py::array& payload,
             const py::object& residual) {

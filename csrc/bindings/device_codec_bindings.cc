@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/array_args.h"
 #include "bindings/codes.h"
 #include "bindings/python_interrupt.h"
 #include "common/deadline.h"
@@ -37,18 +38,6 @@ namespace {
 constexpr size_t kAlignment = 256;
 
 size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
-uint8_t* host_bytes(const py::array& a, size_t bytes, const char* what, bool output) {
-  if (!a.dtype().is(py::dtype::of<uint8_t>()) || !(a.flags() & py::array::c_style)) {
-    throw rr::InvalidArgument(std::string(what) + ": expected a C-contiguous uint8 array");
-  }
-  if (static_cast<size_t>(a.nbytes()) < bytes) {
-    throw rr::InvalidArgument(std::string(what) + ": needs " + std::to_string(bytes) +
-                              " bytes, has " + std::to_string(a.nbytes()));
-  }
-  if (output && !a.writeable()) throw rr::InvalidArgument(std::string(what) + ": is read-only");
-  return static_cast<uint8_t*>(const_cast<void*>(a.data()));
-}
 
 template <typename T = void>
 T* at(uintptr_t address) {
@@ -118,7 +107,7 @@ class DeviceCodec {
               const py::array& payload, uintptr_t residual, bool residual_out_only) {
     const rr::codec::CodecKind kind = rr::codec::codec_kind(name.c_str());
     const size_t bytes = rr::codec::payload_bytes(kind, n);
-    uint8_t* host = host_bytes(payload, bytes, "payload", true);
+    uint8_t* host = rr::data_of<uint8_t>(payload, bytes, "payload", true);
     uint8_t* staged = at<uint8_t>(buffer("payload", aligned(bytes)));
     run([&] {
       device_->encode(rr::Lane::kToDevice, kind, at<const float>(x), at<float>(residual),
@@ -171,7 +160,8 @@ class DeviceCodec {
     const rr::codec::CodecKind kind = rr::codec::codec_kind(name.c_str());
     const size_t bytes = rr::codec::payload_bytes(kind, n), stride = aligned(bytes);
     std::vector<const uint8_t*> host;
-    for (const py::array& p : payloads) host.push_back(host_bytes(p, bytes, "payload", false));
+    for (const py::array& p : payloads)
+      host.push_back(rr::data_of<uint8_t>(p, bytes, "payload", false));
     if (host.empty()) return;
     uint8_t* staged = at<uint8_t>(buffer("payload", stride * host.size()));
     run([&] {

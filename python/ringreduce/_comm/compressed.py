@@ -326,14 +326,18 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
     scratch = st.scratch if st.scratch.lock.acquire(blocking=False) else _hop.Scratch(False)
     try:
         if buf.host is None:
-            check = idx is not None and (
-                idx,
-                lambda sample, sums: _check_canary(
-                    comm, st, codec, call_no, sample, sums, (lo, hi), scatter
-                ),
+            check = (
+                None
+                if idx is None
+                else (
+                    idx,
+                    lambda sample, sums: _check_canary(
+                        comm, st, codec, call_no, sample, sums, (lo, hi), scatter
+                    ),
+                )
             )
             _device.call(comm, st, codec, buf, member, residual, out_buf, call_no, stat,
-                         scratch, scatter, check or None)  # fmt: skip
+                         scratch, scatter, check)  # fmt: skip
             return result
         flat = buf.host.reshape(-1)
         sample = None if idx is None else (idx, flat[idx].astype(_F32))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -129,3 +130,40 @@ def test_a_store_port_held_throughout_is_an_error_naming_it():
         holder.close()
     assert rank0.returncode != 0
     assert f"cannot bind 127.0.0.1:{port}" in err and "another program holds it" in err, err
+
+
+def test_a_store_request_left_unanswered_ends_the_connection_s_use():
+    # A stopped host (SIGSTOP, a debugger) keeps its socket open and never answers. The
+    # request times out after its I/O timeout; later ones fail at once, instead of each
+    # waiting again (a failure report makes three in a row) or reading the late reply
+    # of the first as theirs.
+    from ringreduce import _core
+    from ringreduce.errors import TimeoutError as RRTimeout
+
+    port = free_port()
+    host = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from ringreduce import _core\n"
+         f"s = _core.TcpStore('127.0.0.1', {port}, True, 30.0, 5.0, '')\n"
+         "print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert host.stdout.readline().strip() == "ready"
+        client = _core.TcpStore("127.0.0.1", port, False, 10.0, 0.5, "")
+        client.set("k", b"v")
+        assert client.try_get("k") == b"v"
+        host.send_signal(signal.SIGSTOP)
+        with pytest.raises(RRTimeout) as first:
+            client.try_get("k")
+        assert "not used again" not in str(first.value)
+        with pytest.raises(RRTimeout, match="did not answer a request within 0.5 s; this "
+                           "connection to it is not used again"):  # fmt: skip
+            client.try_get("k")
+        with pytest.raises(RRTimeout, match="not used again"):
+            client.set("other", b"x")
+    finally:
+        host.send_signal(signal.SIGCONT)
+        host.kill()
+        host.wait()
+        host.stdout.close()

@@ -353,6 +353,17 @@ class TcpStore : public Store {
                             std::to_string(value.size()) + " bytes) is over the store's limits");
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (unanswered_) {
+      // A request already went unanswered on this connection: its reply may
+      // still come and would be taken for the next one's, and a host that did
+      // not answer then (stopped, or starved of CPU for that long) is not to
+      // be waited for again by every later request, each for io_seconds (a
+      // failure report makes three in a row).
+      throw TimeoutError(std::string(kWhat) + " did not answer a request within " +
+                             format_seconds(io_seconds_) +
+                             " s; this connection to it is not used again",
+                         0);
+    }
     const Deadline deadline = Deadline::after(io_seconds_);
     const std::string msg = encode_store_request(cmd, key, value);
     try {
@@ -368,6 +379,9 @@ class TcpStore : public Store {
       }
     } catch (const PeerError&) {
       lost_ = true;  // the server closed our connection: its process is gone
+      throw;
+    } catch (const TimeoutError&) {
+      unanswered_ = true;
       throw;
     }
   }
@@ -400,7 +414,9 @@ class TcpStore : public Store {
   std::optional<std::string> noticed(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
     pollfd p{fd_.get(), POLLIN, 0};
-    while (::poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
+    // After an unanswered request the stream may stop mid-reply: nothing more
+    // is read from it.
+    while (!unanswered_ && ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
       std::string body;
       try {
         // Whole messages only: the server writes each one in a single send.
@@ -425,6 +441,7 @@ class TcpStore : public Store {
   std::mutex mu_;
   std::map<std::string, std::string> notices_;
   std::atomic<bool> lost_{false};
+  bool unanswered_ = false;  // a request timed out (under mu_)
 };
 
 bool is_loopback(const std::string& host) {

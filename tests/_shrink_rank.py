@@ -7,7 +7,9 @@ per round, in the middle of an all_reduce loop; the survivors of each round catc
 PeerError, check that the communicator is revoked, shrink, and check an all_reduce on
 the new one. "agree": no failure; agree() with rank 1 voting False, then True, then a
 shrink of the whole, healthy world. "shrinkdie=A,B": A dies in the loop, B while the
-others shrink. Prints one JSON line per rank at the end.
+others shrink. "stop=A": A stops itself (SIGSTOP) in the loop; the others time out,
+shrink without it and time the shrink (the test kills A). Prints one JSON line per rank
+at the end.
 """
 
 from __future__ import annotations
@@ -46,6 +48,22 @@ def loop_until_failure(comm, old_rank: int, victim: int) -> dict:
             return {"peer": None}
 
 
+def stop_or_time_out(comm, old_rank: int, victim: int) -> dict:
+    """all_reduce until the loop fails on a stopped peer (this rank stops itself if it is
+    the victim: it is never resumed)."""
+    x = np.ones(1 << 15, dtype=np.float32)
+    start = time.monotonic()
+    while time.monotonic() - start < 60:
+        if old_rank == victim and time.monotonic() - start > 0.3:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        try:
+            comm.all_reduce(x, out=x)
+        except rr.RingReduceError as exc:
+            return {"error": type(exc).__name__, "revoked": comm.revoked}
+        x[:] = 1
+    return {"error": None}
+
+
 def die_once_agreed() -> None:
     """This rank dies inside its next shrink, once the agreement has counted it in: the
     others then make a communicator with it. (A timer would often fire after the shrink,
@@ -66,15 +84,28 @@ def main() -> None:
     rank, size, hosts = int(rank), int(size), int(hosts)
     if hosts:
         os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank * hosts // size}"
+    # shrinkdie: the survivors wait out the timeout for the second victim; stop: for the
+    # first one.
+    timeout = {"shrinkdie": 4, "stop": 2}.get(scenario.split("=")[0], 20)
     comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=int(port),
-                   # shrinkdie: the survivors wait out the timeout for the second victim.
-                   timeout=4 if scenario.startswith("shrinkdie") else 20)  # fmt: skip
+                   master_port=int(port), timeout=timeout)  # fmt: skip
     report = {"rank": rank, "rounds": []}
     if scenario == "agree":
         report["votes"] = [comm.agree(rank != 1), comm.agree(True)]
         new = comm.shrink()
         report["rounds"].append({"new_rank": new.rank, "size": new.world_size, "ok": check(new)})
+        new.close()
+    elif scenario.startswith("stop="):
+        victim = int(scenario.split("=")[1])
+        seen = stop_or_time_out(comm, rank, victim)
+        start = time.monotonic()
+        # Waiting for the stopped rank would take min(2, 8 / 4) = 2 s to give up on it as
+        # the agreement's host, and 1.25 x that for a suspected rank to check in.
+        new = comm.shrink(timeout=8)
+        seen["shrink_s"] = time.monotonic() - start
+        seen.update(new_rank=new.rank, size=new.world_size, ok=check(new))
+        seen["failed_ranks"] = sorted(comm.failed_ranks)
+        report["rounds"].append(seen)
         new.close()
     elif scenario.startswith("shrinkdie="):
         first, second = (int(v) for v in scenario.split("=")[1].split(","))

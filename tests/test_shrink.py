@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,9 +21,10 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "_shrink_rank.py")
 _HOSTS = {"tcp": ("tcp", 0), "shm": ("shm", 0), "shm+tcp": ("auto", 2)}
 
 
-def run_job(n: int, links: str, scenario: str, timeout: float = 90) -> dict:
+def run_job(n: int, links: str, scenario: str, timeout: float = 90, stopped=()) -> dict:
     """Runs the ranks; returns {rank: report} of those that finished (the dead print
-    nothing)."""
+    nothing). The ``stopped`` ranks stop themselves: they are waited for last, and
+    killed once the others are done."""
     transport, hosts = _HOSTS[links]
     port = str(free_port())
     procs = [
@@ -35,7 +38,11 @@ def run_job(n: int, links: str, scenario: str, timeout: float = 90) -> dict:
     ]
     reports, errors = {}, []
     try:
-        for r, p in enumerate(procs):
+        order = [r for r in range(n) if r not in stopped] + list(stopped)
+        for r in order:
+            p = procs[r]
+            if r in stopped:
+                p.kill()
             out, err = p.communicate(timeout=timeout)
             lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             if lines:
@@ -100,3 +107,61 @@ def test_a_rank_that_dies_during_the_shrink_is_left_out_too(links):
         (seen,) = report["rounds"]
         assert seen["failed_ranks"] == [first, second], (rank, seen)
         assert seen["size"] == 2 and seen["new_rank"] == [0, 2].index(rank) and seen["ok"], seen
+
+
+@pytest.mark.parametrize("links, n, victim", [("shm", 4, 2), ("tcp", 4, 1), ("shm", 3, 0)])
+def test_a_stopped_rank_is_left_out_without_waiting_for_it(links, n, victim):
+    # SIGSTOP: the rank's sockets stay open (its standby store accepts connections and
+    # never answers) and its pid lives. Its own machine's /proc says it is stopped, so
+    # the survivors of the revoked communicator count it dead at once, where waiting
+    # for it takes 2 s (giving up on a stopped agreement host) and 2.5 s (a suspected
+    # rank's grace to check in). Victim 0 also hosts the rendezvous store, which the
+    # survivors' failure reports then find unanswering.
+    reports = run_job(n, links, f"stop={victim}", stopped=[victim])
+    survivors = [r for r in range(n) if r != victim]
+    assert sorted(reports) == survivors, reports
+    for rank, report in reports.items():
+        (seen,) = report["rounds"]
+        assert seen["error"] in ("TimeoutError", "PeerError") and seen["revoked"], seen
+        assert seen["failed_ranks"] == [victim], (rank, seen)
+        assert seen["size"] == n - 1 and seen["new_rank"] == survivors.index(rank), seen
+        assert seen["ok"], seen
+        assert seen["shrink_s"] < 2.0, (rank, seen)
+
+
+def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():
+    from ringreduce._comm import processes
+
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import time; from ringreduce._comm import processes\n"
+         "print(processes.mine(), flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def settles(want: bool, process) -> bool:  # a signal takes effect a moment later
+        deadline = time.monotonic() + 10
+        while processes.halted(process) != want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return processes.halted(process) == want
+
+    try:
+        process = processes.parse(child.stdout.readline().split())
+        assert process is not None and process.pid == child.pid
+        assert not processes.halted(process)
+        elsewhere = process._replace(machine="another-boot/pid:[1]")
+        reused = process._replace(start=str(int(process.start) + 1))
+        assert processes.halted(reused)  # the pid is another process's now
+        child.send_signal(signal.SIGSTOP)
+        assert settles(True, process)
+        assert not processes.halted(elsewhere)  # nothing to say about another machine
+        child.send_signal(signal.SIGCONT)
+        assert settles(False, process)
+        child.kill()
+        child.wait()
+        assert processes.halted(process)
+        assert processes.parse([]) is None and processes.parse(["x", "1", "m"]) is None
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()

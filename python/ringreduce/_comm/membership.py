@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
 from ..launch.ports import standby_band
+from . import processes
 from .arming import fetch_named as _fetch
 from .arming import standby_table as _standby_table
 
@@ -62,7 +63,9 @@ class Membership:
         hold: tuple = (),
         lobby: Optional[Tuple[str, int]] = None,
         lobby_ranks: FrozenSet[int] = frozenset(),
+        procs: Tuple[Optional[processes.Process], ...] = (),
     ):
+        self._core = core
         self.rank = int(core.rank)
         self.size = int(core.world_size)
         self.id = str(core.id)
@@ -77,6 +80,7 @@ class Membership:
         self._hold = hold  # stores a communicator made by shrink meets through
         self.lobby = lobby  # the job's rendezvous address, where newcomers look (growth)
         self.lobby_ranks = lobby_ranks  # the ranks on that address's machine (can serve it)
+        self.processes = procs  # every rank's process, where published (None: not)
 
     # -- revocation -----------------------------------------------------------------
     def note(self, exc: BaseException) -> None:
@@ -85,6 +89,18 @@ class Membership:
         peer = getattr(exc, "peer", None)
         if isinstance(exc, (PeerError, TimeoutError)) and peer is not None and peer != self.rank:
             self.failed.add(int(peer))
+
+    def halted(self, rank: int) -> bool:
+        """True when rank's process, on this machine, is stopped or gone, and this
+        communicator is revoked: a stopped rank makes no progress until resumed, and a
+        revoked communicator is past waiting for it (a healthy one's ``agree`` still
+        waits for it, as for any slow rank)."""
+        if not 0 <= rank < len(self.processes) or not self._core.failure:
+            return False
+        return processes.halted(self.processes[rank])
+
+    def _process(self, rank: int) -> Optional[processes.Process]:
+        return self.processes[rank] if 0 <= rank < len(self.processes) else None
 
     # -- agreement -------------------------------------------------------------------
     def agree(self, flag: bool, timeout: float) -> Dict[str, Any]:
@@ -154,8 +170,8 @@ class Membership:
                 if r in reports or r in dead or now - probed.get(r, 0.0) < _PROBE_EVERY:
                     continue
                 probed[r] = now
-                if _refused(self.addresses[r]):
-                    dead.add(r)  # its process is gone: nothing listens on its port
+                if _refused(self.addresses[r]) or self.halted(r):
+                    dead.add(r)  # its process is gone (nothing listens on its port) or stopped
             missing = [r for r in range(self.size) if r not in reports and r not in dead]
             if all(r in suspected for r in missing):
                 # Everyone not suspected is in. A suspected rank may be a live one that a
@@ -179,6 +195,8 @@ class Membership:
 
     def _await(self, store: Any, key: str, deadline: float, host: int) -> Dict[str, Any]:
         while True:
+            if host != self.rank and self.halted(host):  # its store would not answer
+                raise PeerError(f"rank {host}, the agreement's host, is stopped or gone")
             try:
                 value = store.try_get(key)
             except RingReduceError as exc:
@@ -197,7 +215,7 @@ class Membership:
     def _connect(self, host: int, deadline: float) -> Optional[Any]:
         """A client of rank host's standby store, or None when its process is gone."""
         address = self.addresses[host]
-        if host != self.rank and _refused(address):
+        if host != self.rank and (self.halted(host) or _refused(address)):
             return None
         # A stopped process still accepts connections but never answers: give up on it
         # after a bounded wait, the same on every survivor.
@@ -230,7 +248,9 @@ class Membership:
             # A member that dies while the communicator is made fails the making at
             # once, named: its standby store no longer accepts connections.
             olds = [self.addresses[m] for m in members]
-            meeting_store = _MeetingStore(store, host == self.rank, olds)
+            meeting_store = _MeetingStore(
+                store, host == self.rank, olds, [self._process(m) for m in members]
+            )
             hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
             core = None
             try:
@@ -261,26 +281,50 @@ class _MeetingStore:
     store goes away with it)."""
 
     def __init__(
-        self, store: Any, hosted_here: bool, members: Optional[List[Tuple[str, int]]] = None
+        self,
+        store: Any,
+        hosted_here: bool,
+        members: Optional[List[Tuple[str, int]]] = None,
+        procs: Optional[List[Optional[processes.Process]]] = None,
     ):
         self._store = store
         self._hosted_here = hosted_here
         self._members = members or []  # each new rank's standby address, where known
+        self._procs = procs or []  # and its process, where known (a revoked one's members)
 
     def set(self, key: str, value: bytes) -> None:
+        self._host_answers()
         self._store.set(key, value)
 
     def try_get(self, key: str) -> Optional[bytes]:
+        self._host_answers()
         return self._store.try_get(key)
 
     def set_if_absent(self, key: str, value: bytes) -> bytes:
+        self._host_answers()
         return self._store.set_if_absent(key, value)
 
     def hosted_here(self) -> bool:
         return self._hosted_here
 
     def host_lost(self) -> bool:
-        return bool(self._store.host_lost())
+        return bool(self._store.host_lost()) or self._host_stopped()
+
+    def _host_stopped(self) -> bool:
+        """The host (the new rank 0) is stopped on this machine, or gone."""
+        return not self._hosted_here and bool(self._procs) and processes.halted(self._procs[0])
+
+    def _host_answers(self) -> None:
+        """Raises PeerError naming the host when it is stopped: each request to its store
+        would wait out the store's I/O timeout, and the making fails at once instead
+        (the members then agree again, without it)."""
+        if self._host_stopped():
+            err = PeerError(
+                "rank 0 of the communicator being made, whose standby store the members "
+                "meet on, is stopped (or gone) on this machine"
+            )
+            err.peer = 0
+            raise err
 
     def ends_with_attempt(self) -> bool:
         """False: the host's standby store outlives a failed making (the members agree
@@ -288,7 +332,11 @@ class _MeetingStore:
         return False
 
     def peer_gone(self, rank: int) -> bool:
-        """True when rank ``rank``'s process is gone: its standby store refuses."""
+        """True when rank ``rank``'s process is gone (its standby store refuses) or, on
+        this machine, stopped: a member stopped while the communicator is made would
+        hold up every other member until the timeout."""
+        if 0 <= rank < len(self._procs) and processes.halted(self._procs[rank]):
+            return True
         return 0 <= rank < len(self._members) and _refused(self._members[rank])
 
 
@@ -354,11 +402,13 @@ def arm(
     try:
         rank, size = int(core.rank), int(core.world_size)
         here = 1 if _on_this_machine(lobby) else 0
-        core.publish(f"standby/{rank}", f"{advertise} {server.port} {here}".encode())
-        addresses, lobby_ranks = [], set()
+        entry = f"{advertise} {server.port} {here} {processes.mine()}".strip()
+        core.publish(f"standby/{rank}", entry.encode())
+        addresses, lobby_ranks, procs = [], set(), []
         for r, entry in enumerate(_standby_table(core, rank, size, timeout, alive)):
-            name, port, there = entry.split()
+            name, port, there, *proc = entry.split()
             addresses.append((name, int(port)))
+            procs.append(processes.parse(proc))
             if there == "1":
                 lobby_ranks.add(r)
         # Rank 0 serves the rendezvous store (or, after a shrink, the meeting store) and
@@ -372,7 +422,9 @@ def arm(
     except BaseException:
         server.close()
         raise
-    return Membership(core, server, addresses, token, options, hold, lobby, frozenset(lobby_ranks))
+    return Membership(
+        core, server, addresses, token, options, hold, lobby, frozenset(lobby_ranks), tuple(procs)
+    )
 
 
 def _on_this_machine(address: Optional[Tuple[str, int]]) -> bool:

@@ -154,6 +154,9 @@ def test_a_store_request_left_unanswered_ends_the_connection_s_use():
         client.set("k", b"v")
         assert client.try_get("k") == b"v"
         host.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # a signal takes effect a moment later
+        while _state(host.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         with pytest.raises(RRTimeout) as first:
             client.try_get("k")
         assert "not used again" not in str(first.value)
@@ -167,3 +170,8 @@ def test_a_store_request_left_unanswered_ends_the_connection_s_use():
         host.kill()
         host.wait()
         host.stdout.close()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]

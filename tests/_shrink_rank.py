@@ -8,8 +8,10 @@ PeerError, check that the communicator is revoked, shrink, and check an all_redu
 the new one. "agree": no failure; agree() with rank 1 voting False, then True, then a
 shrink of the whole, healthy world. "shrinkdie=A,B": A dies in the loop, B while the
 others shrink. "stop=A": A stops itself (SIGSTOP) in the loop; the others time out,
-shrink without it and time the shrink (the test kills A). Prints one JSON line per rank
-at the end.
+shrink without it and time the shrink (the test kills A). "resume=A:DIR": A stops
+itself; the others shrink without it, write their report to DIR and keep the shrunk
+communicator until DIR/done exists; the test resumes A, whose shrink must then refuse
+to make a communicator of it alone. Prints one JSON line per rank at the end.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def main() -> None:
         os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank * hosts // size}"
     # shrinkdie: the survivors wait out the timeout for the second victim; stop: for the
     # first one.
-    timeout = {"shrinkdie": 4, "stop": 2}.get(scenario.split("=")[0], 20)
+    timeout = {"shrinkdie": 4, "stop": 2, "resume": 2}.get(scenario.split("=")[0], 20)
     comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
                    master_port=int(port), timeout=timeout)  # fmt: skip
     report = {"rank": rank, "rounds": []}
@@ -107,6 +109,26 @@ def main() -> None:
         seen["failed_ranks"] = sorted(comm.failed_ranks)
         report["rounds"].append(seen)
         new.close()
+    elif scenario.startswith("resume="):
+        victim, where = scenario.split("=")[1].split(":", 1)
+        seen = stop_or_time_out(comm, rank, int(victim))
+        try:
+            new = comm.shrink(timeout=5)
+        except rr.PeerError as exc:
+            seen["left_out"] = str(exc)
+        else:
+            seen.update(new_rank=new.rank, size=new.world_size, ok=check(new))
+            if rank != int(victim):
+                comm.close()  # the old one: its standby stores go, but for the host's
+                with open(os.path.join(where, f"rank{rank}.json"), "w") as f:
+                    json.dump(seen, f)
+                start = time.monotonic()
+                while not os.path.exists(os.path.join(where, "done")):
+                    if time.monotonic() - start > 60:
+                        break
+                    time.sleep(0.05)
+            new.close()
+        report["rounds"].append(seen)
     elif scenario.startswith("shrinkdie="):
         first, second = (int(v) for v in scenario.split("=")[1].split(","))
         seen = loop_until_failure(comm, rank, first)

@@ -165,3 +165,51 @@ def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():
         child.kill()
         child.wait()
         child.stdout.close()
+
+
+@pytest.mark.parametrize("links", ["shm", "tcp"])
+def test_a_rank_resumed_after_the_others_left_it_out_is_refused(links, tmp_path):
+    # Rank 0 is stopped; the others count it dead, shrink (on rank 1's store) and go on.
+    # Resumed, rank 0 finds its calls failing and shrinks too: as the lowest rank it
+    # hosts its own agreement, and without looking elsewhere it would count the others
+    # dead in turn and go on as a world of one. It finds their decision on rank 1's
+    # store, which the shrunk communicator keeps, and refuses.
+    n = 3
+    port = str(free_port())
+    transport, hosts = _HOSTS[links]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, str(r), str(n), port, transport, str(hosts),
+             f"resume=0:{tmp_path}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(n)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"rank{r}.json").exists() for r in (1, 2)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs[1:]), [
+                p.communicate()[1][-2000:] for p in procs if p.poll() is not None
+            ]
+            time.sleep(0.05)
+        survivors = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (1, 2)}
+        procs[0].send_signal(signal.SIGCONT)
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        (tmp_path / "done").touch()
+        for p in procs:
+            try:
+                p.communicate(timeout=30)
+            except (subprocess.TimeoutExpired, ValueError):
+                pass
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for r, seen in survivors.items():
+        assert seen["size"] == 2 and seen["new_rank"] == r - 1 and seen["ok"], seen
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines, err[-3000:]
+    (resumed,) = lines[-1]["rounds"]
+    assert "size" not in resumed, resumed  # no communicator of its own
+    assert "left out of the agreement" in resumed["left_out"], resumed
+    assert "agreed without it on rank 1" in resumed["left_out"], resumed

@@ -37,7 +37,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import _core, _env
 from ..errors import PeerError, RingReduceError, TimeoutError
-from .membership import Membership, _alive, _MeetingStore, _refused, arm, standby_server
+from .meeting import MeetingStore, alive, refused
+from .membership import Membership, arm, standby_server
 
 __all__ = ["grow", "join"]
 
@@ -100,13 +101,13 @@ def grow(membership: Membership, world_size: int, timeout: float) -> Tuple[Any, 
     hold = (meeting, m.server) if host == m.rank else (meeting,)
     try:
         return core, arm(core, addr, m.token, m.options, hold, lobby=m.lobby,
-                         alive=_alive(meeting))  # fmt: skip
+                         alive=alive(meeting))  # fmt: skip
     except BaseException:
         core.close()
         raise
 
 
-class _GrowMeeting(_MeetingStore):
+class _GrowMeeting(MeetingStore):
     """The meeting store of a grow: it knows where the members' standby stores are, and
     a newcomer's once it has taken its seat (the seat names it), so that a rank whose
     process is gone is named at once while the grown communicator is made."""
@@ -126,7 +127,7 @@ class _GrowMeeting(_MeetingStore):
             if len(parts) != 3:
                 return False  # not seated yet: nothing known about it
             where = self._seats[rank] = (parts[1], int(parts[2]))
-        return _refused(where)
+        return refused(where)
 
 
 def _explained(exc: RingReduceError, store: Any, prefix: str, host: int, rank: int) -> Exception:
@@ -243,7 +244,7 @@ def join(
         raise
     try:
         membership = arm(core, host, secret, options, (meeting,), lobby=(host, port),
-                         alive=_alive(meeting), standby=(server, advertise))  # fmt: skip
+                         alive=alive(meeting), standby=(server, advertise))  # fmt: skip
     except BaseException:
         core.close()
         raise

@@ -37,6 +37,7 @@ from ..launch.ports import standby_band
 from . import processes
 from .arming import fetch_named as _fetch
 from .arming import standby_table as _standby_table
+from .meeting import MeetingStore, alive, refused
 
 if TYPE_CHECKING:
     pass
@@ -48,6 +49,7 @@ _POLL = 0.002  # seconds between looks at the host's store
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
+_LOOK_ELSEWHERE = 0.2  # seconds a rank may be missing before the host looks for its decision
 
 
 class Membership:
@@ -157,6 +159,8 @@ class Membership:
         suspected = set(self.failed)
         dead: Set[int] = set()
         probed: Dict[int, float] = {}
+        looked: Set[int] = set()  # missing ranks whose store was searched for a decision
+        started = time.monotonic()
         all_in: Optional[float] = None  # when every unsuspected rank had checked in
         while True:
             for r in range(self.size):
@@ -170,8 +174,11 @@ class Membership:
                 if r in reports or r in dead or now - probed.get(r, 0.0) < _PROBE_EVERY:
                     continue
                 probed[r] = now
-                if _refused(self.addresses[r]) or self.halted(r):
+                if refused(self.addresses[r]) or self.halted(r):
                     dead.add(r)  # its process is gone (nothing listens on its port) or stopped
+                elif r not in looked and now - started >= _LOOK_ELSEWHERE:
+                    looked.add(r)
+                    self._not_left_out(r, deadline)
             missing = [r for r in range(self.size) if r not in reports and r not in dead]
             if all(r in suspected for r in missing):
                 # Everyone not suspected is in. A suspected rank may be a live one that a
@@ -192,6 +199,28 @@ class Membership:
             "failed": sorted(dead),
         }
         store.set(key + "decision", json.dumps(decision).encode())
+
+    def _not_left_out(self, r: int, deadline: float) -> None:
+        """Raises PeerError when rank r, still alive, decided this round already as its
+        host, without this rank. This rank is then one the others counted dead (stopped
+        or too late, and resumed since), and it hosts this agreement only because it is
+        the lowest: it must not go on as a communicator of its own. (A rank that is not
+        the lowest finds the others' decision on their host's store.)"""
+        store = self._connect(r, deadline)  # None: gone or stopped
+        if store is None:
+            return
+        try:
+            value = store.try_get(f"{self.id}agree/{self.rounds}/{r}/decision")
+        except RingReduceError:
+            return
+        finally:
+            store.close()
+        if value is not None and self.rank not in json.loads(value)["members"]:
+            raise PeerError(
+                f"rank {self.rank}: left out of the agreement on communicator {self.id!r}: "
+                f"the other ranks agreed without it on rank {r} (they counted it dead: "
+                "stopped, or too late) and went on"
+            )
 
     def _await(self, store: Any, key: str, deadline: float, host: int) -> Dict[str, Any]:
         while True:
@@ -215,7 +244,7 @@ class Membership:
     def _connect(self, host: int, deadline: float) -> Optional[Any]:
         """A client of rank host's standby store, or None when its process is gone."""
         address = self.addresses[host]
-        if host != self.rank and (self.halted(host) or _refused(address)):
+        if host != self.rank and (self.halted(host) or refused(address)):
             return None
         # A stopped process still accepts connections but never answers: give up on it
         # after a bounded wait, the same on every survivor.
@@ -248,7 +277,7 @@ class Membership:
             # A member that dies while the communicator is made fails the making at
             # once, named: its standby store no longer accepts connections.
             olds = [self.addresses[m] for m in members]
-            meeting_store = _MeetingStore(
+            meeting_store = MeetingStore(
                 store, host == self.rank, olds, [self._process(m) for m in members]
             )
             hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
@@ -259,7 +288,7 @@ class Membership:
                     self.options,
                 )  # fmt: skip
                 return core, arm(core, addr, self.token, self.options, hold, lobby=self.lobby,
-                                 alive=_alive(meeting_store))  # fmt: skip
+                                 alive=alive(meeting_store))  # fmt: skip
             except (PeerError, TimeoutError) as exc:
                 if core is not None:
                     core.abort()
@@ -272,87 +301,6 @@ class Membership:
                 self.failed.add(members[peer])  # suspected: the next agreement decides
                 continue
         raise AssertionError("unreachable: the last attempt raises")
-
-
-class _MeetingStore:
-    """The store a shrunk communicator meets through and reports failures to: a client
-    of the host's standby store, which knows whether it is served in this process and
-    whether its host died (so that the engine names the host, its rank 0, when the
-    store goes away with it)."""
-
-    def __init__(
-        self,
-        store: Any,
-        hosted_here: bool,
-        members: Optional[List[Tuple[str, int]]] = None,
-        procs: Optional[List[Optional[processes.Process]]] = None,
-    ):
-        self._store = store
-        self._hosted_here = hosted_here
-        self._members = members or []  # each new rank's standby address, where known
-        self._procs = procs or []  # and its process, where known (a revoked one's members)
-
-    def set(self, key: str, value: bytes) -> None:
-        self._host_answers()
-        self._store.set(key, value)
-
-    def try_get(self, key: str) -> Optional[bytes]:
-        self._host_answers()
-        return self._store.try_get(key)
-
-    def set_if_absent(self, key: str, value: bytes) -> bytes:
-        self._host_answers()
-        return self._store.set_if_absent(key, value)
-
-    def hosted_here(self) -> bool:
-        return self._hosted_here
-
-    def host_lost(self) -> bool:
-        return bool(self._store.host_lost()) or self._host_stopped()
-
-    def _host_stopped(self) -> bool:
-        """The host (the new rank 0) is stopped on this machine, or gone."""
-        return not self._hosted_here and bool(self._procs) and processes.halted(self._procs[0])
-
-    def _host_answers(self) -> None:
-        """Raises PeerError naming the host when it is stopped: each request to its store
-        would wait out the store's I/O timeout, and the making fails at once instead
-        (the members then agree again, without it)."""
-        if self._host_stopped():
-            err = PeerError(
-                "rank 0 of the communicator being made, whose standby store the members "
-                "meet on, is stopped (or gone) on this machine"
-            )
-            err.peer = 0
-            raise err
-
-    def ends_with_attempt(self) -> bool:
-        """False: the host's standby store outlives a failed making (the members agree
-        again on it), so the host need not linger for the others to read the error."""
-        return False
-
-    def peer_gone(self, rank: int) -> bool:
-        """True when rank ``rank``'s process is gone (its standby store refuses) or, on
-        this machine, stopped: a member stopped while the communicator is made would
-        hold up every other member until the timeout."""
-        if 0 <= rank < len(self._procs) and processes.halted(self._procs[rank]):
-            return True
-        return 0 <= rank < len(self._members) and _refused(self._members[rank])
-
-
-def _alive(store: _MeetingStore) -> Callable[[int], bool]:
-    return lambda rank: not store.peer_gone(rank)
-
-
-def _refused(address: Tuple[str, int]) -> bool:
-    """True when nothing listens on address: the rank's process is gone."""
-    try:
-        with socket.create_connection(address, timeout=0.2):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False  # slow or unreachable is not proof of death
 
 
 def standby_server(toward: str, timeout: float, token: str) -> Tuple[Any, str]:

@@ -1,0 +1,94 @@
+"""Where the members of a communicator being made by shrink (and grow) meet: a client of
+the agreement host's standby store that names the host when it goes or stops, and can
+tell whether a member's process is gone (`membership`, `growth`)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Callable, List, Optional, Tuple
+
+from ..errors import PeerError
+from . import processes
+
+__all__ = ["MeetingStore", "alive", "refused"]
+
+
+class MeetingStore:
+    """The store a shrunk communicator meets through and reports failures to: a client
+    of the host's standby store, which knows whether it is served in this process and
+    whether its host died (so that the engine names the host, its rank 0, when the
+    store goes away with it)."""
+
+    def __init__(
+        self,
+        store: Any,
+        hosted_here: bool,
+        members: Optional[List[Tuple[str, int]]] = None,
+        procs: Optional[List[Optional[processes.Process]]] = None,
+    ):
+        self._store = store
+        self._hosted_here = hosted_here
+        self._members = members or []  # each new rank's standby address, where known
+        self._procs = procs or []  # and its process, where known (a revoked one's members)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._host_answers()
+        self._store.set(key, value)
+
+    def try_get(self, key: str) -> Optional[bytes]:
+        self._host_answers()
+        return self._store.try_get(key)
+
+    def set_if_absent(self, key: str, value: bytes) -> bytes:
+        self._host_answers()
+        return self._store.set_if_absent(key, value)
+
+    def hosted_here(self) -> bool:
+        return self._hosted_here
+
+    def host_lost(self) -> bool:
+        return bool(self._store.host_lost()) or self._host_stopped()
+
+    def _host_stopped(self) -> bool:
+        """The host (the new rank 0) is stopped on this machine, or gone."""
+        return not self._hosted_here and bool(self._procs) and processes.halted(self._procs[0])
+
+    def _host_answers(self) -> None:
+        """Raises PeerError naming the host when it is stopped: each request to its store
+        would wait out the store's I/O timeout, and the making fails at once instead
+        (the members then agree again, without it)."""
+        if self._host_stopped():
+            err = PeerError(
+                "rank 0 of the communicator being made, whose standby store the members "
+                "meet on, is stopped (or gone) on this machine"
+            )
+            err.peer = 0
+            raise err
+
+    def ends_with_attempt(self) -> bool:
+        """False: the host's standby store outlives a failed making (the members agree
+        again on it), so the host need not linger for the others to read the error."""
+        return False
+
+    def peer_gone(self, rank: int) -> bool:
+        """True when rank ``rank``'s process is gone (its standby store refuses) or, on
+        this machine, stopped: a member stopped while the communicator is made would
+        hold up every other member until the timeout."""
+        if 0 <= rank < len(self._procs) and processes.halted(self._procs[rank]):
+            return True
+        return 0 <= rank < len(self._members) and refused(self._members[rank])
+
+
+def alive(store: MeetingStore) -> Callable[[int], bool]:
+    return lambda rank: not store.peer_gone(rank)
+
+
+def refused(address: Tuple[str, int]) -> bool:
+    """True when nothing listens on address: the rank's process is gone."""
+    try:
+        with socket.create_connection(address, timeout=0.2):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False  # slow or unreachable is not proof of death

@@ -52,7 +52,7 @@ def loop_until_failure(comm, old_rank: int, victim: int) -> dict:
 
 def stop_or_time_out(comm, old_rank: int, victim: int) -> dict:
     """all_reduce until the loop fails on a stopped peer (this rank stops itself if it is
-    the victim: it is never resumed)."""
+    the victim, and fails once the test resumes it, if ever)."""
     x = np.ones(1 << 15, dtype=np.float32)
     start = time.monotonic()
     while time.monotonic() - start < 60:

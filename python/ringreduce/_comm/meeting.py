@@ -29,7 +29,7 @@ class MeetingStore:
         self._store = store
         self._hosted_here = hosted_here
         self._members = members or []  # each new rank's standby address, where known
-        self._procs = procs or []  # and its process, where known (a revoked one's members)
+        self._procs = procs or []  # and its process, where known and stops count as gone
 
     def set(self, key: str, value: bytes) -> None:
         self._host_answers()

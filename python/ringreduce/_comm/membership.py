@@ -277,9 +277,10 @@ class Membership:
             # A member that dies while the communicator is made fails the making at
             # once, named: its standby store no longer accepts connections.
             olds = [self.addresses[m] for m in members]
-            meeting_store = MeetingStore(
-                store, host == self.rank, olds, [self._process(m) for m in members]
-            )
+            # Members stopped meanwhile are gone for the making only when a failure
+            # revoked this communicator: a healthy one's shrink waits for a paused rank.
+            procs = [self._process(m) for m in members] if self._core.failure else []
+            meeting_store = MeetingStore(store, host == self.rank, olds, procs)
             hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
             core = None
             try:

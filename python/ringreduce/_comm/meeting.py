@@ -51,7 +51,10 @@ class MeetingStore:
 
     def _host_stopped(self) -> bool:
         """The host (the new rank 0) is stopped on this machine, or gone."""
-        return not self._hosted_here and bool(self._procs) and processes.halted(self._procs[0])
+        return not self._hosted_here and self._stopped(0)
+
+    def _stopped(self, rank: int) -> bool:
+        return 0 <= rank < len(self._procs) and processes.halted(self._procs[rank])
 
     def _host_answers(self) -> None:
         """Raises PeerError naming the host when it is stopped: each request to its store
@@ -74,9 +77,9 @@ class MeetingStore:
         """True when rank ``rank``'s process is gone (its standby store refuses) or, on
         this machine, stopped: a member stopped while the communicator is made would
         hold up every other member until the timeout."""
-        if 0 <= rank < len(self._procs) and processes.halted(self._procs[rank]):
-            return True
-        return 0 <= rank < len(self._members) and refused(self._members[rank])
+        return self._stopped(rank) or (
+            0 <= rank < len(self._members) and refused(self._members[rank])
+        )
 
 
 def alive(store: MeetingStore) -> Callable[[int], bool]:

@@ -97,9 +97,7 @@ class Membership:
         communicator is revoked: a stopped rank makes no progress until resumed, and a
         revoked communicator is past waiting for it (a healthy one's ``agree`` still
         waits for it, as for any slow rank)."""
-        if not 0 <= rank < len(self.processes) or not self._core.failure:
-            return False
-        return processes.halted(self.processes[rank])
+        return bool(self._core.failure) and processes.halted(self._process(rank))
 
     def _process(self, rank: int) -> Optional[processes.Process]:
         return self.processes[rank] if 0 <= rank < len(self.processes) else None

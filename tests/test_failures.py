@@ -74,11 +74,12 @@ def _absent_rank(comm, late_rank, directory, count=1000):
                 return "the others never finished"
             time.sleep(0.01)
         return "absent"
+    start = time.monotonic()
     try:
         comm.all_reduce(np.ones(count, dtype=np.float32))
         outcome = "no error"
     except rr.RingReduceError as exc:
-        outcome = type(exc).__name__, exc.peer, str(exc)
+        outcome = type(exc).__name__, exc.peer, str(exc), time.monotonic() - start
     with open(done.format(comm.rank), "w"):
         pass
     return outcome
@@ -188,20 +189,23 @@ def test_communicator_refuses_calls_after_an_error():
         assert healthy
 
 
-def _absent_named(n, late, directory, count, links):
-    """Runs _absent_rank; every other rank must raise TimeoutError naming the late one."""
+def _absent_named(n, late, directory, count, links, timeout=3.0):
+    """Runs _absent_rank; every other rank must raise TimeoutError naming the late one.
+    Returns each of them's seconds from its call to its error."""
     outcomes = run_ranks(
-        n, _absent_rank, late, directory, count, init_timeout=3.0, timeout=120, transport=links
+        n, _absent_rank, late, directory, count, init_timeout=timeout, timeout=120, transport=links
     )
+    seconds = {}
     for rank, (status, value, tb) in enumerate(outcomes):
         assert status == "ok", tb
         if rank == late:
             assert value == "absent"
             continue
-        kind, peer, message = value
+        kind, peer, message, seconds[rank] = value
         assert (kind, peer) == ("TimeoutError", late), message
         call = f"all_reduce(count={count}, float32, sum)"
         assert f"rank {late} did not start {call}" in message, message
+    return seconds
 
 
 @pytest.mark.parametrize("links,n", links_and_sizes([2, 3, 4], contract=(3,)))
@@ -210,6 +214,19 @@ def test_rank_that_never_arrives_times_out_naming_it(n, tmp_path, links):
     # neighbour: the ranks follow the chain of waits to its end. The timeout is also
     # init's: 3 s leaves room for 4 ranks starting on 2 busy cores.
     _absent_named(n, n - 1, str(tmp_path), 1000, links)
+
+
+@pytest.mark.parametrize("links", ["shm", "tcp"])
+def test_once_every_other_rank_timed_out_the_absent_one_is_named_without_more_waiting(
+    tmp_path, links
+):
+    """The ranks that time out compare whom each waited for (a rank may have waited on a
+    waiting one), for up to a second. Once every rank but one has said, the one left is
+    the end of every chain: the last rank to time out then names it at once, and the
+    others with it, not a second after the timeout."""
+    timeout = 4.0
+    seconds = _absent_named(4, 3, str(tmp_path), 1000, links, timeout=timeout)
+    assert min(seconds.values()) < timeout + 0.5, seconds
 
 
 def test_a_rank_that_never_publishes_a_tiny_call_is_named(tmp_path):

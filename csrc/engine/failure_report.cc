@@ -118,7 +118,9 @@ Report classify(std::exception_ptr error, int rank) {
   } catch (const Interrupted&) {
     // This rank's caller stopped it (Ctrl-C): to the others it is a peer
     // that left, and it is the one to name.
-    r = {"peer", rank, rank,
+    r = {"peer",
+         rank,
+         rank,
          "rank " + std::to_string(rank) +
              " was interrupted (Ctrl-C or another signal in its caller) and left the "
              "communicator",
@@ -144,15 +146,25 @@ bool is_timeout(std::exception_ptr error) {
 // waiting. Each timed-out rank records whom it waited on; after a short grace
 // for the others' records to arrive, every rank follows the chain of waits to
 // its end, the wait on a rank that is not itself waiting. All ranks then
-// report that one record, so they all name the same culprit.
+// report that one record, so they all name the same culprit. The grace ends
+// early once every rank but one has recorded its wait: the one left is the
+// chain's end whatever comes later (a stopped rank writes nothing), so a
+// stalled rank is named at the timeout, not a second after it.
 Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& mine,
                          double timeout, int world_size) {
   const std::string first_key = prefix + "first_error";
   auto timeout_key = [&prefix](int rank) { return prefix + "timeout/" + std::to_string(rank); };
   store.set(timeout_key(mine.rank), mine.encode());
+  std::set<int> unrecorded;
+  for (int r = 0; r < world_size; ++r) {
+    if (r != mine.rank) unrecorded.insert(r);
+  }
   const Deadline grace = Deadline::after(std::min(1.0, timeout / 2));
-  while (!grace.expired() && !store.try_get(first_key)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (!grace.expired() && unrecorded.size() > 1 && !store.try_get(first_key)) {
+    for (auto it = unrecorded.begin(); it != unrecorded.end();) {
+      it = store.try_get(timeout_key(*it)) ? unrecorded.erase(it) : std::next(it);
+    }
+    if (unrecorded.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   Report end = mine;
   std::set<int> seen{mine.rank};
@@ -224,7 +236,9 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     // process died (killed, crashed). What we saw (a neighbour closing its
     // link, say) is most likely the echo of that.
     if (store.host_lost() && rank != 0 && mine.peer != 0) {
-      first = {"peer", 0, 0,
+      first = {"peer",
+               0,
+               0,
                "rank 0 is gone: the rendezvous store it hosts closed every connection without "
                "a failure report from it, so its process died (killed, crashed or exited "
                "without closing the communicator)",

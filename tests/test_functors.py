@@ -19,9 +19,12 @@ from _kernels import (
     DTYPE_CODES,
     FLOATS,
     INTEGERS,
+    POISON,
     describe,
     divide_reference,
+    guard_intact,
     mismatches,
+    poisoned,
     random_operands,
     reduce_cpu,
     reference,
@@ -102,10 +105,11 @@ def test_16bit_every_bit_pattern(dtype, op, partner):
     check(dtype, op, a, b)
 
 
-@pytest.mark.parametrize("divisor", [1, 3, 7, 10])
+@pytest.mark.parametrize("divisor", [1, 2, 3, 4, 7, 10])
 @pytest.mark.parametrize("dtype", HALVES)
 def test_16bit_divide_every_bit_pattern(dtype, divisor):
-    # Quotients by 3, 7, 10 fill every float32 mantissa bit: generic rounding.
+    # Quotients by 3, 7, 10 fill every float32 mantissa bit: generic rounding. Powers
+    # of two are multiplied by their inverse: the same bits, subnormals included.
     x = all_bit_patterns(dtype)
     got = x.copy()
     _core.testing.divide_local(DTYPE_CODES[dtype], got.ctypes.data, got.size, divisor)
@@ -219,3 +223,28 @@ def test_divide_matches_numpy(dtype, divisor):
         _core.testing.divide_local(DTYPE_CODES[dtype], got.ctypes.data, count, divisor)
         want = divide_reference(dtype, x, divisor)
         assert mismatches(got, want).size == 0, describe(got, want, x, x)
+
+
+@pytest.mark.parametrize("divisor", [2, 3, 4, 7, 8, 1024])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_fused_sum_then_divide_has_the_bits_of_the_two_passes(dtype, divisor):
+    """avg's last reduce-scatter step reduces and divides each segment in one pass: the
+    same bits as the sum kernel and then the division (overflowing sums, subnormal
+    quotients, infinities and NaN among the operands). 16-bit floats have no fused
+    kernel and say so."""
+    code = DTYPE_CODES[dtype]
+    for count in SIZES:
+        a = random_operands(dtype, count, seed=count)
+        b = random_operands(dtype, count, seed=count + 1)
+        want = run(dtype, "sum", a, b)
+        _core.testing.divide_local(code, want.ctypes.data, count, divisor)
+        raw = poisoned(dtype, count)
+        fused = _core.testing.sum_divide_local(
+            code, raw.ctypes.data, a.ctypes.data, b.ctypes.data, count, divisor
+        )
+        if dtype in HALVES:
+            assert fused is False and (raw == POISON).all()
+            continue
+        assert fused is True and guard_intact(raw), f"{dtype}: wrote past element {count}"
+        got = raw[: count * a.itemsize].view(a.dtype)
+        assert mismatches(got, want).size == 0, describe(got, want, a, b)

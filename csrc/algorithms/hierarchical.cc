@@ -36,10 +36,13 @@ void hierarchical_all_reduce(Executor& x, const Hierarchy& h, const CollectiveAr
   const size_t n = end - begin;
   if (n > 0) {
     char* chunk = dst + begin * elem;
-    reduce_scatter_in_place(x, across, chunk, chunk, n, elem);
+    // avg divides by everyone as the last step reduces our piece (with one
+    // host there is no step: then afterwards).
+    const int divisor = args.op == ReduceOp::kAvg ? host.size * across.size : 0;
+    reduce_scatter_in_place(x, across, chunk, chunk, n, elem, across.size > 1 ? divisor : 0);
     const auto [piece_begin, piece_end] = chunk_bounds(n, across.size, across.rank);
-    if (args.op == ReduceOp::kAvg && piece_end > piece_begin) {
-      x.divide(chunk + piece_begin * elem, piece_end - piece_begin, host.size * across.size);
+    if (divisor > 1 && across.size == 1 && piece_end > piece_begin) {
+      x.divide(chunk + piece_begin * elem, piece_end - piece_begin, divisor);
     }
     all_gather_phase(x, across, chunk, n, elem);
   }

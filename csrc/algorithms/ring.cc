@@ -22,9 +22,10 @@ using PartialSums = std::function<char*(int step, size_t begin)>;
 
 // The reduce-scatter phase over round `round` (pieces of `piece_elems` of
 // every chunk). Afterwards partial(size-2, ...) holds this rank's piece of
-// its own chunk, fully reduced.
+// its own chunk, fully reduced, and divided by `divide_by` when it is > 1.
 void reduce_scatter_phase(Executor& x, const Ring& ring, const char* src, size_t count, size_t elem,
-                          size_t round, size_t piece_elems, const PartialSums& partial) {
+                          size_t round, size_t piece_elems, const PartialSums& partial,
+                          int divide_by) {
   for (int step = 0; step < ring.size - 1; ++step) {
     const RingStep s = reduce_scatter_step(ring.rank, ring.size, step);
     const auto [send_begin, send_end] =
@@ -39,14 +40,16 @@ void reduce_scatter_phase(Executor& x, const Ring& ring, const char* src, size_t
     p.recv = partial(step, recv_begin);
     p.recv_bytes = (recv_end - recv_begin) * elem;
     p.reduce_with = src + recv_begin * elem;
+    if (step == ring.size - 2) p.divide_by = divide_by;
     x.step(p);
   }
 }
 
-// Divides on the owner of each chunk only, so every rank ends up with the
-// same bits after the all-gather.
-void divide_if_avg(Executor& x, const CollectiveArgs& args, char* data, size_t n, int size) {
-  if (args.op == ReduceOp::kAvg && n > 0) x.divide(data, n, size);
+// avg divides on the owner of each chunk only, as its last reduce-scatter
+// step reduces it, so every rank ends up with the same bits after the
+// all-gather.
+int avg_divisor(const CollectiveArgs& args, const Ring& ring) {
+  return args.op == ReduceOp::kAvg ? ring.size : 0;
 }
 
 }  // namespace
@@ -67,12 +70,13 @@ void all_gather_phase(Executor& x, const Ring& ring, char* buffer, size_t count,
 }
 
 void reduce_scatter_in_place(Executor& x, const Ring& ring, const char* src, char* dst,
-                             size_t count, size_t elem) {
+                             size_t count, size_t elem, int divide_by) {
   // One round over whole chunks: the partial sums accumulate in place in dst,
   // at their own chunk's offset.
   const size_t whole_chunk = chunk_bounds(count, ring.size, 0).second;
-  reduce_scatter_phase(x, ring, src, count, elem, 0, whole_chunk,
-                       [&](int, size_t begin) { return dst + begin * elem; });
+  reduce_scatter_phase(
+      x, ring, src, count, elem, 0, whole_chunk,
+      [&](int, size_t begin) { return dst + begin * elem; }, divide_by);
 }
 
 void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) {
@@ -84,9 +88,7 @@ void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) 
     x.copy(dst, src, args.count * elem);
     return;
   }
-  reduce_scatter_in_place(x, ring, src, dst, args.count, elem);
-  const auto [begin, end] = chunk_bounds(args.count, ring.size, ring.rank);
-  divide_if_avg(x, args, dst + begin * elem, end - begin, ring.size);
+  reduce_scatter_in_place(x, ring, src, dst, args.count, elem, avg_divisor(args, ring));
   all_gather_phase(x, ring, dst, args.count, elem);
 }
 
@@ -112,14 +114,14 @@ void reduce_scatter_into(Executor& x, const Ring& ring, const CollectiveArgs& ar
   const size_t piece_bytes = piece_elems * elem;
   const size_t rounds = round_count(args.count, ring.size, piece_elems);
   for (size_t round = 0; round < rounds; ++round) {
-    reduce_scatter_phase(x, ring, src, args.count, elem, round, piece_elems,
-                         [&](int step, size_t begin) {
-                           return step == ring.size - 2 ? out + (begin - own_begin) * elem
-                                                        : scratch + (step % 2) * piece_bytes;
-                         });
+    reduce_scatter_phase(
+        x, ring, src, args.count, elem, round, piece_elems,
+        [&](int step, size_t begin) {
+          return step == ring.size - 2 ? out + (begin - own_begin) * elem
+                                       : scratch + (step % 2) * piece_bytes;
+        },
+        avg_divisor(args, ring));
   }
-  const auto [begin, end] = chunk_bounds(args.count, ring.size, ring.rank);
-  divide_if_avg(x, args, out, end - begin, ring.size);
 }
 
 void ring_all_gather(Executor& x, const Ring& ring, const CollectiveArgs& args) {

@@ -70,10 +70,10 @@ void reduce_scatter_into(Executor& x, const Ring& ring, const CollectiveArgs& ar
 // The reduce-scatter phase of all_reduce over `count` elements of `elem`
 // bytes of `src`, in one round: partial sums accumulate in `dst` at their own
 // chunk's offset (src may equal dst). Afterwards dst holds this rank's chunk,
-// reduced over the ring (not divided for avg); other chunks of dst hold
-// partial sums.
+// reduced over the ring and, when `divide_by` > 1, divided by it (as each
+// segment is reduced); other chunks of dst hold partial sums.
 void reduce_scatter_in_place(Executor& x, const Ring& ring, const char* src, char* dst,
-                             size_t count, size_t elem);
+                             size_t count, size_t elem, int divide_by = 0);
 
 // The all-gather phase over `count` elements of `elem` bytes, in place in
 // `buffer`: this rank's chunk must be there; afterwards every chunk is.

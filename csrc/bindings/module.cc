@@ -148,6 +148,16 @@ void register_testing(py::module_& t) {
       py::arg("dtype"), py::arg("data"), py::arg("n"), py::arg("divisor"),
       "data /= divisor on a raw buffer with the CPU kernels.");
   t.def(
+      "sum_divide_local",
+      [](int dtype, uintptr_t out, uintptr_t a, uintptr_t b, size_t n, int divisor) {
+        return rr::sum_divide(rr::dtype_from_code(dtype), as_ptr(out), as_ptr(a), as_ptr(b), n,
+                              divisor);
+      },
+      py::arg("dtype"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"),
+      py::arg("divisor"),
+      "out = (a + b) / divisor in one pass (avg's last reduce-scatter step); False, and "
+      "nothing written, for a dtype without that kernel.");
+  t.def(
       "hmac_sha256",
       [](const py::bytes& key, const py::bytes& message) {
         const rr::Digest d = rr::hmac_sha256(std::string(key), std::string(message));

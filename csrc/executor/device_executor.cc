@@ -132,6 +132,9 @@ void DeviceExecutor::land(size_t j) {
   device_.record(Lane::kToDevice, slot_event(kRecvLanded, j));
   device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, dst,
                  plan_.reduce_with + j * segment_bytes_, slot.device, bytes / elem_);
+  if (plan_.divide_by > 1) {
+    device_.divide(Lane::kToDevice, setup_.dtype, dst, bytes / elem_, plan_.divide_by);
+  }
 }
 
 void DeviceExecutor::finish() {

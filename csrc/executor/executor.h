@@ -64,6 +64,11 @@ struct StepPlan {
   // When set, the received data is reduced: recv = reduce_with op received
   // (reduce_with may equal recv). Each segment is reduced as it arrives.
   const char* reduce_with = nullptr;
+  // With reduce_with, when > 1: each reduced segment is then divided by it,
+  // while it is still in cache (avg, on the owner's last reduce-scatter step):
+  // the same bits as dividing the whole region afterwards, without another
+  // pass over memory.
+  int divide_by = 0;
   // Also send each received segment on to `send_to` once it is in place: a
   // relay (broadcast), in the same step. Not combined with reduce_with.
   bool forward = false;

@@ -64,7 +64,15 @@ void HostExecutor::step(const StepPlan& plan) {
     const size_t offset = j * segment_;
     const size_t len = segment_length(plan.recv_bytes, segment_, j);
     if (reducing) {
-      reduce_(plan.recv + offset, plan.reduce_with + offset, received->view(), len / elem_);
+      char* out = plan.recv + offset;
+      const size_t n = len / elem_;
+      if (plan.divide_by <= 1) {
+        reduce_(out, plan.reduce_with + offset, received->view(), n);
+      } else if (!sum_divide(setup_.dtype, out, plan.reduce_with + offset, received->view(), n,
+                             plan.divide_by)) {
+        reduce_(out, plan.reduce_with + offset, received->view(), n);
+        divide_by(setup_.dtype, out, n, plan.divide_by);
+      }
       transport_.release(*received);
     }
     if (plan.forward) sends_.push_back(transport_.isend(plan.send_to, plan.recv + offset, len));

@@ -17,6 +17,11 @@ ReduceFn cpu_reduce_fn(DataType dtype, ReduceOp op);
 // data[i] /= divisor, in the dtype's compute type (floating types only).
 void divide_by(DataType dtype, void* data, size_t n, int divisor);
 
+// out[i] = (a[i] + b[i]) / divisor in one pass, with the bits of the sum
+// kernel followed by divide_by (avg's last reduce-scatter step). False, and
+// nothing done, for a dtype without such a kernel (16-bit floats).
+bool sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n, int divisor);
+
 // Which instruction set the kernels run with on this CPU ("avx2" or "generic").
 const char* cpu_kernel_isa();
 

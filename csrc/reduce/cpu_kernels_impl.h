@@ -29,7 +29,42 @@ void divide_loop(void* data, size_t n, int divisor) {
   using C = typename Type::compute;
   S* d = static_cast<S*>(data);
   const C div = static_cast<C>(divisor);
+  if (divisor > 0 && (divisor & (divisor - 1)) == 0) {
+    // x / 2^k and x * 2^-k are the same real number, so they round to the same
+    // bits (subnormals, infinities and NaN included), and a multiply costs a
+    // fraction of a divide.
+    const C inverse = C(1) / div;
+    for (size_t i = 0; i < n; ++i) d[i] = Type::store(Type::load(d[i]) * inverse);
+    return;
+  }
   for (size_t i = 0; i < n; ++i) d[i] = Type::store(Type::load(d[i]) / div);
+}
+
+// out = (a + b) / divisor in one pass, for plain float types: the sum rounds
+// to the type, then the quotient does, as the sum kernel and then
+// divide_loop would (avg's last reduce-scatter step).
+template <typename Type>
+void sum_divide_loop(void* out, const void* a, const void* b, size_t n, int divisor) {
+  using S = typename Type::storage;
+  S* o = static_cast<S*>(out);
+  const S* x = static_cast<const S*>(a);
+  const S* y = static_cast<const S*>(b);
+  const S div = static_cast<S>(divisor);
+  if (divisor > 0 && (divisor & (divisor - 1)) == 0) {
+    const S inverse = S(1) / div;  // exact: see divide_loop
+    for (size_t i = 0; i < n; ++i) o[i] = (x[i] + y[i]) * inverse;
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) o[i] = (x[i] + y[i]) / div;
+}
+
+inline bool fused_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
+                             int divisor) {
+  switch (dtype) {
+    case DataType::kFloat32: sum_divide_loop<Float32Type>(out, a, b, n, divisor); return true;
+    case DataType::kFloat64: sum_divide_loop<Float64Type>(out, a, b, n, divisor); return true;
+    default: return false;
+  }
 }
 
 template <typename Type>
@@ -77,6 +112,8 @@ inline void divide(DataType dtype, void* data, size_t n, int divisor) {
 // Explicit entry points, defined in cpu_kernels_<variant>.cc.
 ReduceFn variant_reduce_fn(DataType dtype, ReduceOp op);
 void variant_divide(DataType dtype, void* data, size_t n, int divisor);
+bool variant_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
+                        int divisor);
 
 }  // namespace RR_KERNEL_VARIANT
 }  // namespace rr

@@ -11,5 +11,10 @@ void variant_divide(DataType dtype, void* data, size_t n, int divisor) {
   divide(dtype, data, n, divisor);
 }
 
+bool variant_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
+                        int divisor) {
+  return fused_sum_divide(dtype, out, a, b, n, divisor);
+}
+
 }  // namespace RR_KERNEL_VARIANT
 }  // namespace rr

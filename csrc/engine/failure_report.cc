@@ -236,12 +236,18 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     // process died (killed, crashed). What we saw (a neighbour closing its
     // link, say) is most likely the echo of that.
     if (store.host_lost() && rank != 0 && mine.peer != 0) {
-      first = {"peer",
-               0,
-               0,
+      first = {"peer", 0, 0,
                "rank 0 is gone: the rendezvous store it hosts closed every connection without "
                "a failure report from it, so its process died (killed, crashed or exited "
                "without closing the communicator)",
+               {}};
+    } else if (store.host_stopped() && rank != 0) {
+      // A stopped rank 0 stalls every wait that leads to it, and it is the
+      // one rank whose wait records we cannot read: the chain ends there.
+      first = {"timeout", 0, 0,
+               "rank 0 is stopped (SIGSTOP, Ctrl-Z or a debugger): its process, on this "
+               "machine, neither takes part in the collective nor answers the rendezvous "
+               "store it hosts",
                {}};
     }
   }

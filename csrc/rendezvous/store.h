@@ -64,6 +64,9 @@ class Store {
   // True once the store's host closed our connection without a goodbye: its
   // process is gone (killed, crashed, or exited).
   virtual bool host_lost() const { return false; }
+  // True once a request found the store's host stopped on this machine
+  // (SIGSTOP, a debugger): it was not waited for.
+  virtual bool host_stopped() const { return false; }
   // True when rank `peer` of the communicator being made is known to be gone
   // (a store that can tell: the members' store of a shrink or grow). A wait for a
   // key that rank sets then fails at once, naming it, instead of at the deadline.

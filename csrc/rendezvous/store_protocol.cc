@@ -97,6 +97,9 @@ std::string encode_greeting(const StoreGreeting& g) {
   std::string out(kStoreGreetingMagic, 4);
   out.push_back(g.token_required ? 1 : 0);
   out += bytes_of(g.nonce);
+  append_u32(out, g.host.pid);
+  out.append(reinterpret_cast<const char*>(&g.host.start), 8);
+  out.append(reinterpret_cast<const char*>(g.host.machine.data()), g.host.machine.size());
   return out;
 }
 
@@ -113,6 +116,10 @@ bool parse_greeting(std::string_view bytes, StoreGreeting* out, std::string* err
   }
   out->token_required = flags == 1;
   std::memcpy(out->nonce.data(), bytes.data() + 5, out->nonce.size());
+  const char* host = bytes.data() + 5 + out->nonce.size();
+  out->host.pid = read_u32(host);
+  std::memcpy(&out->host.start, host + 4, 8);
+  std::memcpy(out->host.machine.data(), host + 12, out->host.machine.size());
   return true;
 }
 

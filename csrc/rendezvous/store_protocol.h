@@ -1,8 +1,12 @@
 // The TCP store's wire format, parsed by pure functions so that every length
 // is checked before it is used and the parsers can be fuzzed alone.
 //
-// On connect the server greets:  "RRS2", u8 flags (1: a token is required),
-//                                16-byte server nonce
+// On connect the server greets:  "RRS3", u8 flags (1: a token is required),
+//                                16-byte server nonce, and its host process:
+//                                u32 pid, u64 start time, 16-byte machine
+//                                (common/process_state.h), so that a client
+//                                on its machine can tell a stopped host from
+//                                a slow one
 // the client answers:            16-byte client nonce, 32-byte proof
 //                                HMAC(token, "rr-store-client" | nonces)
 // the server replies:            u8 verdict (0: welcome, 1: refused),
@@ -20,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/process_state.h"
 #include "security/auth.h"
 
 namespace rr {
@@ -57,14 +62,15 @@ std::string encode_store_request(uint8_t command, std::string_view key, std::str
 std::string encode_store_reply(uint8_t status, std::string_view body);
 
 // The handshake's frames.
-constexpr char kStoreGreetingMagic[4] = {'R', 'R', 'S', '2'};
-constexpr size_t kStoreGreetingBytes = 4 + 1 + 16;
+constexpr char kStoreGreetingMagic[4] = {'R', 'R', 'S', '3'};
+constexpr size_t kStoreGreetingBytes = 4 + 1 + 16 + 4 + 8 + 16;
 constexpr size_t kStoreAnswerBytes = 16 + 32;
 constexpr size_t kStoreVerdictBytes = 1 + 32;
 
 struct StoreGreeting {
   bool token_required = false;
   Nonce nonce{};
+  ProcessName host;  // the server's process (unknown: all zero)
 };
 std::string encode_greeting(const StoreGreeting& g);
 // False (with *error) when `bytes` (kStoreGreetingBytes of them) is no greeting.

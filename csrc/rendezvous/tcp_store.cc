@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -131,7 +132,7 @@ class StoreServer {
       c.fd = std::move(owned);
       c.address = peer_address(fd);
       c.nonce = random_nonce();
-      const std::string greeting = encode_greeting({!token_.empty(), c.nonce});
+      const std::string greeting = encode_greeting({!token_.empty(), c.nonce, me_});
       // A fresh socket's buffer takes the few bytes at once.
       if (::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
           static_cast<ssize_t>(greeting.size())) {
@@ -255,6 +256,7 @@ class StoreServer {
 
   Fd listener_;
   std::string token_;
+  const ProcessName me_ = this_process();  // told to every client in its greeting
   int port_;
   Fd wake_;  // an eventfd: the destructor's word to stop now
   std::vector<Client> clients_;
@@ -280,6 +282,7 @@ class TcpStore : public Store {
   }
   bool hosted_here() const override { return server_ != nullptr; }
   bool host_lost() const override { return lost_; }
+  bool host_stopped() const override { return stopped_; }
   void seal() override {
     if (server_) server_->stop_accepting();
   }
@@ -341,6 +344,7 @@ class TcpStore : public Store {
                                 " could not prove it knows the job's token: another program "
                                 "may be listening on that port");
     }
+    host_ = g.host;  // believed once the server proved the token
   }
 
  private:
@@ -359,9 +363,10 @@ class TcpStore : public Store {
       // not answer then (stopped, or starved of CPU for that long) is not to
       // be waited for again by every later request, each for io_seconds (a
       // failure report makes three in a row).
-      throw TimeoutError(std::string(kWhat) + " did not answer a request within " +
-                             format_seconds(io_seconds_) +
-                             " s; this connection to it is not used again",
+      const std::string why = stopped_ ? " was found stopped (SIGSTOP, Ctrl-Z or a debugger)"
+                                       : " did not answer a request within " +
+                                             format_seconds(io_seconds_) + " s";
+      throw TimeoutError(std::string(kWhat) + why + "; this connection to it is not used again",
                          0);
     }
     const Deadline deadline = Deadline::after(io_seconds_);
@@ -370,6 +375,7 @@ class TcpStore : public Store {
       send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, kWhat);
       while (true) {
         std::string body;
+        await_reply(deadline);
         uint8_t status = read_message(deadline, &body);
         if (status != kStoreNotice) {
           if (reply) *reply = std::move(body);
@@ -383,6 +389,34 @@ class TcpStore : public Store {
     } catch (const TimeoutError&) {
       unanswered_ = true;
       throw;
+    }
+  }
+
+  // Waits until the server's next message begins to arrive (or the deadline,
+  // which read_message then reports). On the host's machine a host that stays
+  // stopped (SIGSTOP, a debugger) for kStoppedSeconds is not waited for: a
+  // stopped process's kernel keeps its connections open, so the wait would
+  // last the whole I/O timeout, and a failure report waits on it before it can
+  // name anyone. (Not at once: a job stopped and resumed as a whole, Ctrl-Z
+  // and fg, may find its host resumed a moment after itself.)
+  void await_reply(const Deadline& deadline) {
+    constexpr double kStoppedSeconds = 0.2;
+    std::optional<Deadline> stopped_until;
+    while (true) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      const int ready = ::poll(&p, 1, deadline.poll_ms(50));
+      if (ready != 0 || deadline.expired()) return;  // news, an error, or the deadline
+      if (!process_halted(host_)) {
+        stopped_until.reset();
+      } else if (!stopped_until) {
+        stopped_until = Deadline::after(kStoppedSeconds);
+      } else if (stopped_until->expired()) {
+        stopped_ = true;
+        throw TimeoutError(std::string(kWhat) + ", process " + std::to_string(host_.pid) +
+                               " on this machine, is stopped (SIGSTOP, Ctrl-Z or a debugger) "
+                               "and did not answer a request",
+                           0);
+      }
     }
   }
 
@@ -441,7 +475,9 @@ class TcpStore : public Store {
   std::mutex mu_;
   std::map<std::string, std::string> notices_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> stopped_{false};
   bool unanswered_ = false;  // a request timed out (under mu_)
+  ProcessName host_;         // the server's process, as its greeting said
 };
 
 bool is_loopback(const std::string& host) {

@@ -14,8 +14,8 @@ namespace rr {
 // (boot id and pid namespace: where the pid names that process).
 struct ProcessName {
   uint32_t pid = 0;
-  uint64_t start = 0;                  // /proc/<pid>/stat's starttime
-  std::array<uint8_t, 16> machine{};   // all zero: unknown (no /proc)
+  uint64_t start = 0;                 // /proc/<pid>/stat's starttime
+  std::array<uint8_t, 16> machine{};  // all zero: unknown (no /proc)
 
   bool known() const;
   // True when `machine` is ours: the pid can be looked up here.

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -132,9 +137,60 @@ def test_a_store_port_held_throughout_is_an_error_naming_it():
     assert f"cannot bind 127.0.0.1:{port}" in err and "another program holds it" in err, err
 
 
-def _stopped_store_host(port: int):
-    """A process serving a TcpStore on `port`, stopped (SIGSTOP) once ready() is called;
-    returns (process, ready)."""
+def _silent_store(listener: socket.socket) -> None:
+    """A store host elsewhere as a client sees it: its greeting names no process on this
+    machine (all zero); it welcomes the client (no token) and then answers nothing."""
+    conn, _ = listener.accept()
+    with conn:
+        nonce = os.urandom(16)
+        conn.sendall(b"RRS3" + b"\0" + nonce + bytes(4 + 8 + 16))
+        answer = b""
+        while len(answer) < 48:
+            answer += conn.recv(48 - len(answer))
+        parts = b"".join(struct.pack("<I", 16) + n for n in (nonce, answer[:16]))
+        proof = hmac.new(b"", b"rr-store-server" + parts, hashlib.sha256).digest()
+        conn.sendall(b"\0" + proof)
+        while conn.recv(4096):  # read requests, answer none, until the client closes
+            pass
+
+
+def test_a_store_request_left_unanswered_ends_the_connection_s_use():
+    # A host that does not answer (stopped on another machine, or starved of CPU) keeps
+    # its socket open. The request times out after its I/O timeout; later ones fail at
+    # once, instead of each waiting again (a failure report makes three in a row) or
+    # reading the late reply of the first as theirs.
+    from ringreduce import _core
+    from ringreduce.errors import TimeoutError as RRTimeout
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        server = threading.Thread(target=_silent_store, args=(listener,), daemon=True)
+        server.start()
+        client = _core.TcpStore("127.0.0.1", listener.getsockname()[1], False, 10.0, 0.5, "")
+        start = time.monotonic()
+        with pytest.raises(RRTimeout) as first:
+            client.try_get("k")
+        assert time.monotonic() - start >= 0.45, "did not wait for the I/O timeout"
+        assert "not used again" not in str(first.value)
+        with pytest.raises(RRTimeout, match="did not answer a request within 0.5 s; this "
+                           "connection to it is not used again"):  # fmt: skip
+            client.try_get("k")
+        with pytest.raises(RRTimeout, match="not used again"):
+            client.set("other", b"x")
+        del client  # closes the connection: the server's thread ends
+        server.join(10)
+
+
+def test_a_stopped_store_host_on_this_machine_is_not_waited_for():
+    # The store's greeting names its process: a client on the same machine that sees it
+    # stopped in /proc (SIGSTOP, a debugger) fails the request in a fraction of a
+    # second, where it would wait out the whole I/O timeout (20 s here) for a host
+    # elsewhere; later requests fail at once.
+    from ringreduce import _core
+    from ringreduce.errors import TimeoutError as RRTimeout
+
+    port = free_port()
     host = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from ringreduce import _core\n"
@@ -142,70 +198,27 @@ def _stopped_store_host(port: int):
          "print('ready', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-    def stop() -> None:
+    try:
+        assert host.stdout.readline().strip() == "ready"
+        client = _core.TcpStore("127.0.0.1", port, False, 10.0, 20.0, "")
+        client.set("k", b"v")
+        assert client.try_get("k") == b"v"
         host.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 10  # a signal takes effect a moment later
         while _state(host.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.01)
-
-    assert host.stdout.readline().strip() == "ready"
-    return host, stop
-
-
-def _end(host) -> None:
-    host.send_signal(signal.SIGCONT)
-    host.kill()
-    host.wait()
-    host.stdout.close()
-
-
-def test_a_store_request_left_unanswered_ends_the_connection_s_use():
-    # A stopped host (SIGSTOP, a debugger) keeps its socket open and never answers. The
-    # request fails (here, on the host's machine, as soon as the host is seen stopped);
-    # later ones fail at once, instead of each waiting again (a failure report makes
-    # three in a row) or reading the late reply of the first as theirs.
-    from ringreduce import _core
-    from ringreduce.errors import TimeoutError as RRTimeout
-
-    port = free_port()
-    host, stop = _stopped_store_host(port)
-    try:
-        client = _core.TcpStore("127.0.0.1", port, False, 10.0, 0.5, "")
-        client.set("k", b"v")
-        assert client.try_get("k") == b"v"
-        stop()
-        with pytest.raises(RRTimeout) as first:
-            client.try_get("k")
-        assert "not used again" not in str(first.value)
-        with pytest.raises(RRTimeout, match="was found stopped .*; this connection to it is "
-                           "not used again"):  # fmt: skip
-            client.try_get("k")
-        with pytest.raises(RRTimeout, match="not used again"):
-            client.set("other", b"x")
-    finally:
-        _end(host)
-
-
-def test_a_stopped_store_host_on_this_machine_is_not_waited_for():
-    # The store's greeting names its process: a client on the same machine sees it
-    # stopped in /proc and fails the request in a fraction of a second, where it would
-    # wait out the whole I/O timeout (20 s here) for a host elsewhere.
-    from ringreduce import _core
-    from ringreduce.errors import TimeoutError as RRTimeout
-
-    port = free_port()
-    host, stop = _stopped_store_host(port)
-    try:
-        client = _core.TcpStore("127.0.0.1", port, False, 10.0, 20.0, "")
-        client.set("k", b"v")
-        stop()
         start = time.monotonic()
         with pytest.raises(RRTimeout, match=f"process {host.pid} on this machine, is stopped"):
             client.try_get("k")
         assert time.monotonic() - start < 10.0
+        with pytest.raises(RRTimeout, match="was found stopped .*; this connection to it is "
+                           "not used again"):  # fmt: skip
+            client.set("other", b"x")
     finally:
-        _end(host)
+        host.send_signal(signal.SIGCONT)
+        host.kill()
+        host.wait()
+        host.stdout.close()
 
 
 def _state(pid: int) -> str:

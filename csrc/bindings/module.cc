@@ -11,6 +11,7 @@
 #include "algorithms/collective.h"
 #include "algorithms/ring_schedule.h"
 #include "bindings/codes.h"
+#include "common/process_state.h"
 #include "common/error.h"
 #include "common/fault_report.h"
 #include "config.h"
@@ -314,6 +315,38 @@ PYBIND11_MODULE(_core, m) {
   register_device_codec(m);
 
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
+  m.def(
+      "this_process",
+      []() -> py::object {
+        const rr::ProcessName p = rr::this_process();
+        if (!p.known()) return py::none();
+        static const char* digits = "0123456789abcdef";
+        std::string machine;
+        for (uint8_t b : p.machine) machine += {digits[b >> 4], digits[b & 15]};
+        return py::make_tuple(p.pid, p.start, machine);
+      },
+      "(pid, start time, machine) of this process, as other processes on its machine look "
+      "it up with process_halted; None where /proc cannot be read.");
+  m.def(
+      "process_halted",
+      [](uint32_t pid, uint64_t start, const std::string& machine) {
+        rr::ProcessName p;
+        p.pid = pid;
+        p.start = start;
+        if (machine.size() != 2 * p.machine.size()) return false;  // not a machine of ours
+        for (size_t i = 0; i < p.machine.size(); ++i) {
+          const std::string byte = machine.substr(2 * i, 2);
+          char* end = nullptr;
+          const unsigned long v = std::strtoul(byte.c_str(), &end, 16);
+          if (end != byte.c_str() + 2) return false;
+          p.machine[i] = static_cast<uint8_t>(v);
+        }
+        return rr::process_halted(p);
+      },
+      py::arg("pid"), py::arg("start"), py::arg("machine"),
+      "True when the process this_process() described is on this machine and stopped "
+      "(SIGSTOP, a debugger) or gone (its pid free, or another process's); False when it "
+      "runs, or is on another machine.");
   m.def("local_ip_towards", &rr::local_ip_towards, py::arg("host"),
         "The address of the local interface that routes to `host` (nothing is sent).");
   m.def("build_info", [] {

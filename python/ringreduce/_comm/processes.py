@@ -12,46 +12,23 @@ and pid namespace: where its pid means that process).
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import List, NamedTuple, Optional
+
+from .. import _core
 
 __all__ = ["Process", "halted", "mine", "parse"]
 
 
 class Process(NamedTuple):
     pid: int
-    start: str  # /proc/<pid>/stat's starttime: the same pid later is another process
-    machine: str
-
-
-@functools.lru_cache(maxsize=1)
-def _machine() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}".replace(" ", "")
-    except OSError:
-        return ""
-
-
-def _stat(pid: int) -> Optional[List[str]]:
-    """/proc/<pid>/stat's fields from the state on (field 3), or None: no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
+    start: int  # /proc/<pid>/stat's starttime: the same pid later is another process
+    machine: str  # a digest of the boot id and pid namespace, in hex
 
 
 def mine() -> str:
     """This process's entry, "pid start machine", or "" where there is no /proc."""
-    fields = _stat(os.getpid())
-    machine = _machine()
-    if fields is None or not machine:
-        return ""
-    return f"{os.getpid()} {fields[19]} {machine}"
+    me = _core.this_process()
+    return "" if me is None else " ".join(str(field) for field in me)
 
 
 def parse(fields: List[str]) -> Optional[Process]:
@@ -59,7 +36,7 @@ def parse(fields: List[str]) -> Optional[Process]:
     if len(fields) != 3:
         return None
     try:
-        return Process(int(fields[0]), fields[1], fields[2])
+        return Process(int(fields[0]), int(fields[1]), fields[2])
     except ValueError:
         return None
 
@@ -67,10 +44,8 @@ def parse(fields: List[str]) -> Optional[Process]:
 def halted(process: Optional[Process]) -> bool:
     """True when ``process`` is on this machine and stopped (SIGSTOP, SIGTSTP, a
     debugger's stop) or gone (exited, a zombie, or its pid now another process's).
-    False when it runs, or is elsewhere (nothing can be said from here)."""
-    if process is None or process.machine != _machine():
+    False when it runs, or is elsewhere (nothing can be said from here). The same test
+    as the rendezvous store's client makes of its host (csrc/common/process_state.h)."""
+    if process is None or not 0 < process.pid < 2**32 or not 0 <= process.start < 2**64:
         return False
-    fields = _stat(process.pid)
-    if fields is None or fields[19] != process.start:
-        return True
-    return fields[0] in ("T", "t", "Z", "X")
+    return _core.process_halted(process.pid, process.start, process.machine)

@@ -248,3 +248,8 @@ def test_fused_sum_then_divide_has_the_bits_of_the_two_passes(dtype, divisor):
         assert fused is True and guard_intact(raw), f"{dtype}: wrote past element {count}"
         got = raw[: count * a.itemsize].view(a.dtype)
         assert mismatches(got, want).size == 0, describe(got, want, a, b)
+        # In place, as the ring reduces: out is the partial sum it adds to.
+        inplace = a.copy()
+        p = inplace.ctypes.data
+        assert _core.testing.sum_divide_local(code, p, p, b.ctypes.data, count, divisor)
+        assert mismatches(inplace, want).size == 0, describe(inplace, want, a, b)

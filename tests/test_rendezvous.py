@@ -138,18 +138,18 @@ def test_a_store_port_held_throughout_is_an_error_naming_it():
 
 
 def _silent_store(listener: socket.socket) -> None:
-    """A store host elsewhere as a client sees it: its greeting names no process on this
-    machine (all zero); it welcomes the client (no token) and then answers nothing."""
+    """A store host elsewhere as a client sees it: it welcomes the client (no token),
+    names no process on this machine (all zero) and then answers nothing."""
     conn, _ = listener.accept()
     with conn:
         nonce = os.urandom(16)
-        conn.sendall(b"RRS3" + b"\0" + nonce + bytes(4 + 8 + 16))
+        conn.sendall(b"RRS3" + b"\0" + nonce)
         answer = b""
         while len(answer) < 48:
             answer += conn.recv(48 - len(answer))
         parts = b"".join(struct.pack("<I", 16) + n for n in (nonce, answer[:16]))
         proof = hmac.new(b"", b"rr-store-server" + parts, hashlib.sha256).digest()
-        conn.sendall(b"\0" + proof)
+        conn.sendall(b"\0" + proof + bytes(4 + 8 + 16))
         while conn.recv(4096):  # read requests, answer none, until the client closes
             pass
 
@@ -182,11 +182,14 @@ def test_a_store_request_left_unanswered_ends_the_connection_s_use():
         server.join(10)
 
 
-def test_a_stopped_store_host_on_this_machine_is_not_waited_for():
-    # The store's greeting names its process: a client on the same machine that sees it
-    # stopped in /proc (SIGSTOP, a debugger) fails the request in a fraction of a
+@pytest.mark.parametrize("check", [True, False])
+def test_a_stopped_store_host_on_this_machine_is_not_waited_for_in_a_failure_report(check):
+    # The store tells its process to a client that proved the token. With the host stop
+    # check on (as while a failure report runs), a client on the same machine that sees
+    # it stopped in /proc (SIGSTOP, a debugger) fails the request in a fraction of a
     # second, where it would wait out the whole I/O timeout (20 s here) for a host
-    # elsewhere; later requests fail at once.
+    # elsewhere; later requests fail at once. Off (every other request), a host paused
+    # by a debugger or a profiler is waited for, and the request goes on when it resumes.
     from ringreduce import _core
     from ringreduce.errors import TimeoutError as RRTimeout
 
@@ -203,10 +206,21 @@ def test_a_stopped_store_host_on_this_machine_is_not_waited_for():
         client = _core.TcpStore("127.0.0.1", port, False, 10.0, 20.0, "")
         client.set("k", b"v")
         assert client.try_get("k") == b"v"
+        client.set_host_stop_check(check)
         host.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 10  # a signal takes effect a moment later
         while _state(host.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.01)
+        if not check:
+            got = []
+            waiter = threading.Thread(target=lambda: got.append(client.try_get("k")))
+            waiter.start()
+            time.sleep(1.0)  # five times the check's 0.2 s
+            assert waiter.is_alive(), got  # still waiting for the host
+            host.send_signal(signal.SIGCONT)
+            waiter.join(15)
+            assert got == [b"v"]
+            return
         start = time.monotonic()
         with pytest.raises(RRTimeout, match=f"process {host.pid} on this machine, is stopped"):
             client.try_get("k")

@@ -68,14 +68,15 @@ def _finish(proc, seconds: float = 60.0):
 
 def _handshake(sock: socket.socket, token: str = "") -> bytes:
     """A client's side of the store handshake; returns the verdict byte."""
-    # "RRS3", flags, the server's nonce, then its process (pid, start time, machine).
-    greeting = _recv_exact(sock, 49)
+    greeting = _recv_exact(sock, 21)
     assert greeting[:4] == b"RRS3"
     nonce = os.urandom(16)
     message = b"rr-store-client" + _part(greeting[5:21]) + _part(nonce)
     proof = hmac.new(token.encode(), message, hashlib.sha256).digest()
     sock.sendall(nonce + proof)
-    return _recv_exact(sock, 33)[:1]
+    # The verdict, the server's proof, and its process (pid, start time, machine; zeros
+    # when refused).
+    return _recv_exact(sock, 1 + 32 + 28)[:1]
 
 
 def _part(b: bytes) -> bytes:

@@ -149,7 +149,7 @@ def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():
         process = processes.parse(child.stdout.readline().split())
         assert process is not None and process.pid == child.pid
         assert not processes.halted(process)
-        elsewhere = process._replace(machine="0" * len(process.machine))
+        elsewhere = process._replace(machine="f" * len(process.machine))
         reused = process._replace(start=process.start + 1)
         assert processes.halted(reused)  # the pid is another process's now
         child.send_signal(signal.SIGSTOP)

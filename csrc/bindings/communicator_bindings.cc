@@ -180,6 +180,7 @@ class PyTcpStore {
     return py::bytes(out);
   }
   bool host_lost() const { return store_ && store_->host_lost(); }
+  void set_host_stop_check(bool on) { live().set_host_stop_check(on); }
   // A served store stops taking new connections (its port is free again);
   // clients already connected go on.
   void seal() {
@@ -212,6 +213,9 @@ void register_communicator(py::module_& m) {
       .def("try_get", &PyTcpStore::try_get, py::arg("key"))
       .def("set_if_absent", &PyTcpStore::set_if_absent, py::arg("key"), py::arg("value"))
       .def("host_lost", &PyTcpStore::host_lost)
+      .def("set_host_stop_check", &PyTcpStore::set_host_stop_check, py::arg("on"),
+           "While on, a request fails once this machine sees the store's host stopped "
+           "(as during a failure report); off, it waits up to io_seconds.")
       .def("seal", &PyTcpStore::seal,
            "Serving: take no new connections and free the port; connected clients go on.")
       .def("close", &PyTcpStore::close);

@@ -1,8 +1,10 @@
 #include "common/process_state.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -14,15 +16,27 @@
 namespace rr {
 namespace {
 
-// /proc/<pid>/stat's state and starttime; false when there is no such process.
-bool read_stat(uint32_t pid, char* state, uint64_t* start) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  if (!in.is_open()) return false;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+enum class Stat { kRead, kGone, kUnknown };
+
+// /proc/<what>/stat's state and starttime. kGone only when /proc says there
+// is no such process; a file it will not let us read (hidepid, no free file
+// descriptor) says nothing.
+Stat read_stat(const std::string& what, char* state, uint64_t* start) {
+  const int fd = ::open(("/proc/" + what + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? Stat::kGone : Stat::kUnknown;
+  char buf[1024];
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, sizeof buf - 1);
+  } while (n < 0 && errno == EINTR);
+  const int error = errno;
+  ::close(fd);
+  if (n <= 0) return n < 0 && error == ESRCH ? Stat::kGone : Stat::kUnknown;
+  const std::string text(buf, static_cast<size_t>(n));
   // The command name (field 2) is in parentheses and may hold anything: the
   // fields after the last ')' are the state (field 3) on.
   const size_t close = text.rfind(')');
-  if (close == std::string::npos) return false;
+  if (close == std::string::npos) return Stat::kUnknown;
   std::istringstream fields(text.substr(close + 1));
   std::string field;
   for (int i = 3; i <= 22 && fields >> field; ++i) {
@@ -30,10 +44,10 @@ bool read_stat(uint32_t pid, char* state, uint64_t* start) {
     if (i == 22) {
       char* end = nullptr;
       *start = std::strtoull(field.c_str(), &end, 10);
-      return end != nullptr && *end == '\0';
+      return end != nullptr && *end == '\0' ? Stat::kRead : Stat::kUnknown;
     }
   }
-  return false;
+  return Stat::kUnknown;
 }
 
 std::array<uint8_t, 16> machine_digest() {
@@ -64,11 +78,16 @@ bool ProcessName::known() const {
 bool ProcessName::here() const { return known() && machine == our_machine(); }
 
 ProcessName this_process() {
+  // A /proc of another pid namespace than ours (unshare -p without mounting
+  // one's own) would name other processes by our pids: then we are unknown.
+  const std::string pid = std::to_string(::getpid());
+  char self[32];
+  const ssize_t n = ::readlink("/proc/self", self, sizeof self - 1);
+  if (n <= 0 || std::string(self, static_cast<size_t>(n)) != pid) return {};
   ProcessName p;
   char state = 0;
-  const uint32_t pid = static_cast<uint32_t>(::getpid());
-  if (!read_stat(pid, &state, &p.start)) return {};
-  p.pid = pid;
+  if (read_stat("self", &state, &p.start) != Stat::kRead) return {};
+  p.pid = static_cast<uint32_t>(::getpid());
   p.machine = our_machine();
   return p;
 }
@@ -77,7 +96,12 @@ bool process_halted(const ProcessName& p) {
   if (!p.here()) return false;
   char state = 0;
   uint64_t start = 0;
-  if (!read_stat(p.pid, &state, &start) || start != p.start) return true;
+  switch (read_stat(std::to_string(p.pid), &state, &start)) {
+    case Stat::kGone: return true;
+    case Stat::kUnknown: return false;
+    case Stat::kRead: break;
+  }
+  if (start != p.start) return true;  // the pid is another process's now
   return state == 'T' || state == 't' || state == 'Z' || state == 'X';
 }
 

@@ -289,6 +289,9 @@ void Communicator::worker() {
 
 std::exception_ptr Communicator::on_failure(std::exception_ptr error,
                                             const std::string& description, uint64_t seq) {
+  // From here on a store host stopped on this machine is not waited for: it
+  // is the likely culprit, and the report must name someone.
+  HostStopCheck check(*store_);
   {
     // This rank refused this call's number earlier (bad arguments) and then
     // made another call, which met the others' call: the refusal is the

@@ -147,9 +147,10 @@ bool is_timeout(std::exception_ptr error) {
 // for the others' records to arrive, every rank follows the chain of waits to
 // its end, the wait on a rank that is not itself waiting. All ranks then
 // report that one record, so they all name the same culprit. The grace ends
-// early once every rank but one has recorded its wait: the one left is the
-// chain's end whatever comes later (a stopped rank writes nothing), so a
-// stalled rank is named at the timeout, not a second after it.
+// early once every rank but one has recorded its wait: the one left is then
+// the end of every chain unless it records a wait of its own later (a stalled
+// rank records nothing), so a stalled rank is named at the timeout, not a
+// second after it.
 Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& mine,
                          double timeout, int world_size) {
   const std::string first_key = prefix + "first_error";
@@ -161,8 +162,16 @@ Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& 
   }
   const Deadline grace = Deadline::after(std::min(1.0, timeout / 2));
   while (!grace.expired() && unrecorded.size() > 1 && !store.try_get(first_key)) {
-    for (auto it = unrecorded.begin(); it != unrecorded.end();) {
-      it = store.try_get(timeout_key(*it)) ? unrecorded.erase(it) : std::next(it);
+    // Records stay: each look asks only until two ranks are still missing,
+    // so the store sees a few requests per look, not one per rank.
+    size_t missing = 0;
+    for (auto it = unrecorded.begin(); it != unrecorded.end() && missing < 2;) {
+      if (store.try_get(timeout_key(*it))) {
+        it = unrecorded.erase(it);
+      } else {
+        ++missing;
+        ++it;
+      }
     }
     if (unrecorded.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -39,7 +39,9 @@ struct FailureOutcome {
 // `error` is what this rank saw while running `description` (e.g.
 // "all_reduce(count=10, float32, sum) (call #3)"). Publishes it, aborts
 // `transport`, and returns the error to raise: ours, or the first failure's
-// if another rank failed before us.
+// if another rank failed before us. Call it with the store's host stop check
+// on (HostStopCheck), so that a store host stopped on this machine is named,
+// not waited for.
 FailureOutcome report_failure(Store& store, const std::string& prefix, Transport& transport,
                               int rank, double timeout, std::exception_ptr error,
                               const std::string& description);

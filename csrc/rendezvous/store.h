@@ -64,13 +64,32 @@ class Store {
   // True once the store's host closed our connection without a goodbye: its
   // process is gone (killed, crashed, or exited).
   virtual bool host_lost() const { return false; }
-  // True once a request found the store's host stopped on this machine
-  // (SIGSTOP, a debugger): it was not waited for.
+  // While on, a request whose host this machine sees stopped (SIGSTOP, a
+  // debugger) for a moment fails instead of waiting for the I/O timeout: a
+  // failure report turns it on, since a stopped host is then the likely
+  // culprit and the report must name someone. Off otherwise, so that a host
+  // paused by a debugger or a profiler is waited for. Turning it on forgets
+  // an earlier finding.
+  virtual void set_host_stop_check(bool /*on*/) {}
+  // True once a request, while the check was on, found the host stopped.
   virtual bool host_stopped() const { return false; }
   // True when rank `peer` of the communicator being made is known to be gone
   // (a store that can tell: the members' store of a shrink or grow). A wait for a
   // key that rank sets then fails at once, naming it, instead of at the deadline.
   virtual bool peer_gone(int /*peer*/) const { return false; }
+};
+
+// The host stop check, on for a scope: while a rank works out and reports
+// why a collective failed.
+class HostStopCheck {
+ public:
+  explicit HostStopCheck(Store& store) : store_(store) { store_.set_host_stop_check(true); }
+  ~HostStopCheck() { store_.set_host_stop_check(false); }
+  HostStopCheck(const HostStopCheck&) = delete;
+  HostStopCheck& operator=(const HostStopCheck&) = delete;
+
+ private:
+  Store& store_;
 };
 
 // A store hosted by one rank: `is_server` ranks run the server on host:port,

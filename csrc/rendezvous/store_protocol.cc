@@ -97,9 +97,6 @@ std::string encode_greeting(const StoreGreeting& g) {
   std::string out(kStoreGreetingMagic, 4);
   out.push_back(g.token_required ? 1 : 0);
   out += bytes_of(g.nonce);
-  append_u32(out, g.host.pid);
-  out.append(reinterpret_cast<const char*>(&g.host.start), 8);
-  out.append(reinterpret_cast<const char*>(g.host.machine.data()), g.host.machine.size());
   return out;
 }
 
@@ -116,11 +113,24 @@ bool parse_greeting(std::string_view bytes, StoreGreeting* out, std::string* err
   }
   out->token_required = flags == 1;
   std::memcpy(out->nonce.data(), bytes.data() + 5, out->nonce.size());
-  const char* host = bytes.data() + 5 + out->nonce.size();
-  out->host.pid = read_u32(host);
-  std::memcpy(&out->host.start, host + 4, 8);
-  std::memcpy(out->host.machine.data(), host + 12, out->host.machine.size());
   return true;
+}
+
+std::string encode_process(const ProcessName& p) {
+  std::string out;
+  append_u32(out, p.pid);
+  out.append(reinterpret_cast<const char*>(&p.start), 8);
+  out.append(reinterpret_cast<const char*>(p.machine.data()), p.machine.size());
+  return out;
+}
+
+ProcessName parse_process(std::string_view bytes) {
+  ProcessName p;
+  if (bytes.size() != kStoreProcessBytes) return p;
+  p.pid = read_u32(bytes.data());
+  std::memcpy(&p.start, bytes.data() + 4, 8);
+  std::memcpy(p.machine.data(), bytes.data() + 12, p.machine.size());
+  return p;
 }
 
 }  // namespace rr

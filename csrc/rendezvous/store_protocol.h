@@ -2,15 +2,16 @@
 // is checked before it is used and the parsers can be fuzzed alone.
 //
 // On connect the server greets:  "RRS3", u8 flags (1: a token is required),
-//                                16-byte server nonce, and its host process:
-//                                u32 pid, u64 start time, 16-byte machine
-//                                (common/process_state.h), so that a client
-//                                on its machine can tell a stopped host from
-//                                a slow one
+//                                16-byte server nonce
 // the client answers:            16-byte client nonce, 32-byte proof
 //                                HMAC(token, "rr-store-client" | nonces)
 // the server replies:            u8 verdict (0: welcome, 1: refused),
-//                                32-byte proof HMAC(token, "rr-store-server" | nonces)
+//                                32-byte proof HMAC(token, "rr-store-server" | nonces),
+//                                then its process (zeros when refused): u32 pid,
+//                                u64 start time, 16-byte machine digest
+//                                (common/process_state.h), so that a client on
+//                                its machine can tell a stopped host from a slow
+//                                one; told only to a client that proved the token
 // Then:
 //   request  = u8 command, u32 key length, key, u32 value length, value
 //   response = u8 status (0 = ok, 1 = missing), u32 value length, value
@@ -63,17 +64,21 @@ std::string encode_store_reply(uint8_t status, std::string_view body);
 
 // The handshake's frames.
 constexpr char kStoreGreetingMagic[4] = {'R', 'R', 'S', '3'};
-constexpr size_t kStoreGreetingBytes = 4 + 1 + 16 + 4 + 8 + 16;
+constexpr size_t kStoreGreetingBytes = 4 + 1 + 16;
 constexpr size_t kStoreAnswerBytes = 16 + 32;
-constexpr size_t kStoreVerdictBytes = 1 + 32;
+constexpr size_t kStoreProcessBytes = 4 + 8 + 16;
+constexpr size_t kStoreVerdictBytes = 1 + 32 + kStoreProcessBytes;
 
 struct StoreGreeting {
   bool token_required = false;
   Nonce nonce{};
-  ProcessName host;  // the server's process (unknown: all zero)
 };
 std::string encode_greeting(const StoreGreeting& g);
 // False (with *error) when `bytes` (kStoreGreetingBytes of them) is no greeting.
 bool parse_greeting(std::string_view bytes, StoreGreeting* out, std::string* error);
+
+// The verdict's process part: kStoreProcessBytes, any of which parse.
+std::string encode_process(const ProcessName& p);
+ProcessName parse_process(std::string_view bytes);
 
 }  // namespace rr

@@ -132,7 +132,7 @@ class StoreServer {
       c.fd = std::move(owned);
       c.address = peer_address(fd);
       c.nonce = random_nonce();
-      const std::string greeting = encode_greeting({!token_.empty(), c.nonce, me_});
+      const std::string greeting = encode_greeting({!token_.empty(), c.nonce});
       // A fresh socket's buffer takes the few bytes at once.
       if (::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
           static_cast<ssize_t>(greeting.size())) {
@@ -190,8 +190,12 @@ class StoreServer {
         digests_equal(claimed, prove(token_, "rr-store-client", {bytes_of(c.nonce), client_nonce}));
     const Digest ours = prove(token_, "rr-store-server", {bytes_of(c.nonce), client_nonce});
     std::string verdict(1, ok ? 0 : 1);
-    verdict.append(reinterpret_cast<const char*>(ours.data()), ok ? ours.size() : 0);
-    if (!ok) verdict.append(32, '\0');
+    if (ok) {
+      verdict.append(reinterpret_cast<const char*>(ours.data()), ours.size());
+      verdict += encode_process(me_);
+    } else {
+      verdict.append(kStoreVerdictBytes - 1, '\0');
+    }
     c.inbox.erase(0, kStoreAnswerBytes);
     send_exact(c.fd.get(), verdict.data(), verdict.size(), Deadline::after(1.0), -1,
                "store client");
@@ -256,7 +260,7 @@ class StoreServer {
 
   Fd listener_;
   std::string token_;
-  const ProcessName me_ = this_process();  // told to every client in its greeting
+  const ProcessName me_ = this_process();  // told to every client that proved the token
   int port_;
   Fd wake_;  // an eventfd: the destructor's word to stop now
   std::vector<Client> clients_;
@@ -283,6 +287,10 @@ class TcpStore : public Store {
   bool hosted_here() const override { return server_ != nullptr; }
   bool host_lost() const override { return lost_; }
   bool host_stopped() const override { return stopped_; }
+  void set_host_stop_check(bool on) override {
+    if (on) stopped_ = false;
+    stop_check_ = on;
+  }
   void seal() override {
     if (server_) server_->stop_accepting();
   }
@@ -344,7 +352,7 @@ class TcpStore : public Store {
                                 " could not prove it knows the job's token: another program "
                                 "may be listening on that port");
     }
-    host_ = g.host;  // believed once the server proved the token
+    host_ = parse_process(std::string_view(verdict).substr(1 + theirs.size()));
   }
 
  private:
@@ -393,12 +401,12 @@ class TcpStore : public Store {
   }
 
   // Waits until the server's next message begins to arrive (or the deadline,
-  // which read_message then reports). On the host's machine a host that stays
-  // stopped (SIGSTOP, a debugger) for kStoppedSeconds is not waited for: a
-  // stopped process's kernel keeps its connections open, so the wait would
-  // last the whole I/O timeout, and a failure report waits on it before it can
-  // name anyone. (Not at once: a job stopped and resumed as a whole, Ctrl-Z
-  // and fg, may find its host resumed a moment after itself.)
+  // which read_message then reports). With the host stop check on (a failure
+  // report), a host that this machine sees stopped (SIGSTOP, a debugger) for
+  // kStoppedSeconds is not waited for: a stopped process's kernel keeps its
+  // connections open, so the wait would last the whole I/O timeout before the
+  // report could name anyone. (Not at once: a job stopped and resumed as a
+  // whole, Ctrl-Z and fg, may find its host resumed a moment after itself.)
   void await_reply(const Deadline& deadline) {
     constexpr double kStoppedSeconds = 0.2;
     std::optional<Deadline> stopped_until;
@@ -406,7 +414,7 @@ class TcpStore : public Store {
       pollfd p{fd_.get(), POLLIN, 0};
       const int ready = ::poll(&p, 1, deadline.poll_ms(50));
       if (ready != 0 || deadline.expired()) return;  // news, an error, or the deadline
-      if (!process_halted(host_)) {
+      if (!stop_check_ || !process_halted(host_)) {
         stopped_until.reset();
       } else if (!stopped_until) {
         stopped_until = Deadline::after(kStoppedSeconds);
@@ -476,6 +484,7 @@ class TcpStore : public Store {
   std::map<std::string, std::string> notices_;
   std::atomic<bool> lost_{false};
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> stop_check_{false};
   bool unanswered_ = false;  // a request timed out (under mu_)
   ProcessName host_;         // the server's process, as its greeting said
 };

@@ -169,3 +169,55 @@ def test_waits_spin_when_the_local_ranks_have_a_core_each(spread, tmp_path):
     want = "on 2 CPU(s): waits spin" if spread else "on 1 CPU(s): waits yield"
     for r, (_, err) in enumerate(outs):
         assert f"rank {r}: shared memory: 2 local rank(s) {want}" in err, err[-2000:]
+
+
+def _segments_held() -> list:
+    """(bytes of memory it holds, its size) of each ringreduce segment mapped here: the
+    blocks of the file behind the mapping, whoever reserved them (/proc/self/map_files
+    needs CAP_SYS_ADMIN: PermissionError without it)."""
+    held = []
+    for line in _our_mappings():
+        st = os.stat(f"/proc/self/map_files/{line.split()[0]}")
+        held.append((st.st_blocks * 512, st.st_size))
+    return held
+
+
+def _memory_as_messages_go(comm):
+    """The share of each peer's segment holding memory after init, then after all_to_alls
+    that write every peer's inbox (a slot's first page, then whole slots, then a page
+    again), with every result checked."""
+    n, rank = comm.world_size, comm.rank
+    try:
+        after_init = [held / size for held, size in _segments_held()]
+    except PermissionError:
+        return None
+    wrong = []
+    for count in (2, 50_000, 1, 300_000, 7):  # float64 per peer: from 8 B to 2.4 MB
+        x = np.concatenate([np.full(count, rank * 1000.0 + to) for to in range(n)])
+        got = comm.all_to_all(x)
+        want = np.concatenate([np.full(count, frm * 1000.0 + rank) for frm in range(n)])
+        if not np.array_equal(got, want):
+            wrong.append(count)
+    after = [held / size for held, size in _segments_held()]
+    return after_init, after, wrong
+
+
+def test_a_rank_holds_memory_for_the_peers_that_send_to_it():
+    # 5 ranks: each segment has an inbox per rank. Its two ring neighbours reserve
+    # theirs when the communicator is made, so that an all_reduce never reserves memory
+    # in the middle of a call; the others reserve pages as they first write them. A
+    # segment used to be reserved whole (5 inboxes) at once, 25 ranks' worth in all.
+    n = 5
+    with RankGroup(n, transport="shm") as group:
+        outcomes = group.run(_memory_as_messages_go)
+        if None in outcomes:
+            pytest.skip("reading /proc/self/map_files needs CAP_SYS_ADMIN")
+        for rank, (after_init, after, wrong) in enumerate(outcomes):
+            assert wrong == [], (rank, wrong)
+            # Its own segment and every peer's, for the collectives and for send/recv.
+            assert len(after_init) == 2 * n, (rank, after_init)
+            for share in after_init:
+                assert 1.5 / n < share < 2.5 / n, (rank, after_init)
+            for share in after:
+                assert share <= 1.0, (rank, after)
+            assert max(after) > 3 / n, (rank, after)  # all_to_all wrote every inbox

@@ -166,3 +166,16 @@ def test_an_fd_that_is_not_open_is_named_too():
     with pytest.raises(rr.RingReduceError, match="cannot open the segment of rank 1"):
         _core.Communicator.create_with_store(store, 0, 2, "127.0.0.1", "a test store", options)
     peer.join(10)
+
+
+@pytest.mark.parametrize("through_mapping", [True, False], ids=["mapping", "kept-fd"])
+def test_a_segment_holds_memory_for_what_is_reserved_in_it(through_mapping):
+    # A segment is sized, not filled: its header's pages are reserved when it is made, an
+    # inbox's when a sender reserves them: through its fd while connecting, then through
+    # its mapping, or through the fd it keeps on kernels that cannot (before 5.14). 1 MiB
+    # made, 100000 bytes reserved by an attached peer once connected.
+    page = os.sysconf("SC_PAGE_SIZE")
+    kept, before, after = _core.testing.shm_reserve(1 << 20, 300_000, 100_000, through_mapping)
+    assert kept == (not through_mapping)
+    assert 0 < before <= 2 * page  # the header
+    assert 100_000 <= after - before <= 100_000 + 2 * page

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 
 #include "algorithms/collective.h"
@@ -19,6 +21,7 @@
 #include "reduce/cpu_kernels.h"
 #include "security/auth.h"
 #include "testing/fuzz.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace py = pybind11;
@@ -158,6 +161,31 @@ void register_testing(py::module_& t) {
       py::arg("divisor"),
       "out = (a + b) / divisor in one pass (avg's last reduce-scatter step); False, and "
       "nothing written, for a dtype without that kernel.");
+  t.def(
+      "shm_reserve",
+      [](size_t bytes, size_t offset, size_t len, bool populate) {
+        // A segment made and attached in this process, as a peer would attach it,
+        // connected; the attached one then reserves [offset, offset + len): through
+        // its mapping, or (populate=False, as on kernels before 5.14) through the fd
+        // it keeps. (whether it kept the fd, bytes the memfd holds before, after).
+        rr::shm::set_populate_for_testing(populate);
+        struct Restore {
+          ~Restore() { rr::shm::set_populate_for_testing(true); }
+        } restore;
+        auto owner = rr::shm::Segment::create(bytes);
+        auto peer = rr::shm::Segment::attach(owner.record(), bytes, 0);
+        const auto held = [&] {
+          struct stat st{};
+          const std::string path = "/proc/self/fd/" + std::to_string(owner.record().fd);
+          if (::stat(path.c_str(), &st) != 0) throw rr::Error("shm_reserve: cannot stat");
+          return static_cast<uint64_t>(st.st_blocks) * 512;
+        };
+        const bool kept = peer.keep_fd_only_if_needed();
+        const uint64_t before = held();
+        peer.reserve(offset, len, "in a test segment");
+        return std::make_tuple(kept, before, held());
+      },
+      py::arg("bytes"), py::arg("offset"), py::arg("len"), py::arg("populate"));
   t.def(
       "hmac_sha256",
       [](const py::bytes& key, const py::bytes& message) {

@@ -6,6 +6,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -18,26 +20,20 @@ namespace rr {
 namespace shm {
 namespace {
 
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // Linux 5.14
+#endif
+
 std::string of_rank(int owner) { return "the segment of rank " + std::to_string(owner); }
 
-// Reserves the segment's pages now: on a host out of shared memory this
-// fails with ENOSPC, where a sized-but-sparse file would raise SIGBUS at the
-// first touch of a page the kernel cannot supply.
-void reserve(int fd, size_t bytes) {
-  if (::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0) return;
-  const int err = errno;
-  if (err != EOPNOTSUPP && err != ENOSYS) {
-    throw Error(errno_message("shared memory: cannot reserve " + std::to_string(bytes) +
-                                  " bytes for this rank's segment (is the host out of shared "
-                                  "memory? see /dev/shm and the memory limit)",
-                              err));
-  }
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    throw Error(errno_message("shared memory: cannot size the segment", errno));
-  }
-}
+std::atomic<bool> g_populate{true};
 
 }  // namespace
+
+void set_populate_for_testing(bool allowed) { g_populate.store(allowed); }
+bool populate_allowed() { return g_populate.load(std::memory_order_relaxed); }
 
 std::string SegmentRecord::encode() const {
   char buf[128];
@@ -69,6 +65,8 @@ Segment& Segment::operator=(Segment&& other) noexcept {
     bytes_ = other.bytes_;
     fd_ = std::move(other.fd_);
     inode_ = other.inode_;
+    reservable_ = other.reservable_;
+    populate_ = other.populate_;
     other.base_ = nullptr;
     other.bytes_ = 0;
   }
@@ -81,12 +79,63 @@ void Segment::unmap() noexcept {
   bytes_ = 0;
 }
 
+bool Segment::reserve(size_t offset, size_t len, const std::string& what) {
+  if (len == 0) return false;
+  int err = 0;
+  if (reservable_ && fd_.valid()) {
+    if (::fallocate(fd_.get(), 0, static_cast<off_t>(offset), static_cast<off_t>(len)) == 0) {
+      return true;
+    }
+    err = errno;
+    if (err == EOPNOTSUPP || err == ENOSYS) reservable_ = false;  // try the mapping
+  }
+  if (!reservable_ || !fd_.valid()) {
+    err = populate(offset, len);
+    if (err == 0) return true;
+  }
+  if (err == 0 || err == EINVAL || err == EOPNOTSUPP || err == ENOSYS) {
+    return false;  // nothing reserves here: pages come at first touch, as with any mapping
+  }
+  throw Error(errno_message("shared memory: cannot reserve " + std::to_string(len) + " bytes " +
+                                what +
+                                " (is the host out of shared memory? see /dev/shm and the "
+                                "memory limit)",
+                            err));
+}
+
+int Segment::populate(size_t offset, size_t len) {
+  if (!populate_ || base_ == nullptr) return EINVAL;
+  // Fault the pages in as a write would, through our mapping: where the kernel cannot
+  // supply one, an error instead of the SIGBUS a touch would raise.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t from = offset / page * page;
+  const size_t to = std::min(bytes_, (offset + len + page - 1) / page * page);
+  int err = 0;
+  while ((err = ::madvise(base_ + from, to - from, kPopulateWrite) == 0 ? 0 : errno) == EINTR) {
+  }
+  if (err == EINVAL) populate_ = false;  // a kernel before 5.14
+  return err;
+}
+
+bool Segment::keep_fd_only_if_needed() {
+  // The header's first page exists (its owner stamped it): populating it costs
+  // nothing and says whether the mapping can reserve.
+  if (!fd_.valid() || populate(0, 1) != 0) return fd_.valid();
+  fd_.reset();
+  return false;
+}
+
 Segment Segment::create(size_t bytes) {
   if (bytes < sizeof(Header)) throw Error("shared memory: a segment smaller than its header");
   Segment s;
   s.fd_ = Fd(static_cast<int>(::syscall(SYS_memfd_create, "ringreduce", MFD_CLOEXEC)));
   if (!s.fd_.valid()) throw Error(errno_message("shared memory: memfd_create failed", errno));
-  reserve(s.fd_.get(), bytes);
+  // Sized, not filled: the header's pages are reserved here, the inboxes' as they are
+  // first written (ShmTransport), so a rank holds memory for the peers it talks to.
+  if (::ftruncate(s.fd_.get(), static_cast<off_t>(bytes)) != 0) {
+    throw Error(errno_message("shared memory: cannot size the segment", errno));
+  }
+  s.reserve(0, sizeof(Header), "for this rank's segment");
   struct stat st{};
   if (::fstat(s.fd_.get(), &st) != 0) {
     throw Error(errno_message("shared memory: cannot stat this rank's segment", errno));
@@ -155,6 +204,7 @@ Segment Segment::attach(const SegmentRecord& record, size_t expected_bytes, int 
   }
   s.base_ = static_cast<char*>(base);
   s.bytes_ = record.bytes;
+  s.fd_ = std::move(fd);  // to reserve through (keep_fd_only_if_needed)
   const Header* h = s.header();
   if (h->magic != kMagic || h->version != kLayoutVersion) {
     throw Error("shared memory: " + of_rank(owner) +

@@ -1,10 +1,13 @@
 // A home segment (shm_layout.h) as an owned mapping, made or attached so that
 // nothing in it is trusted before it is checked.
 //
-// Made: a memfd whose pages are reserved up front with fallocate (a host out
-// of shared memory fails here, with an error, instead of a SIGBUS on some
-// later first touch), mapped, and stamped with a header carrying the layout
-// version, the size and a random nonce.
+// Made: a memfd, sized, its header's pages reserved with fallocate, mapped,
+// and stamped with a header carrying the layout version, the size and a
+// random nonce. Every other page is reserved (reserve()) before it is first
+// written, by whoever writes it: a host out of shared memory then fails
+// with an error naming the rank, instead of a SIGBUS on the first touch of a
+// page the kernel cannot supply. Only the inboxes a rank is sent to take
+// memory (ShmTransport reserves them).
 //
 // Published through the store as "pid:fd:inode:bytes:nonce".
 //
@@ -42,6 +45,11 @@ struct SegmentRecord {
   static SegmentRecord decode(const std::string& text, int owner);
 };
 
+// Tests only: false makes segments made from now on in this process unable to
+// reserve through their mapping, as on kernels without MADV_POPULATE_WRITE.
+void set_populate_for_testing(bool allowed);
+bool populate_allowed();
+
 class Segment {
  public:
   Segment() = default;
@@ -64,16 +72,30 @@ class Segment {
   bool mapped() const { return base_ != nullptr; }
   // What peers need to attach (valid while the fd is open).
   SegmentRecord record() const;
-  // The fd has done its job once every peer has mapped the segment: the
-  // memory lives as long as a mapping does.
+  // Reserves the pages of [offset, offset + len), so that touching them cannot
+  // SIGBUS: fallocate through the fd while there is one, else
+  // madvise(MADV_POPULATE_WRITE) through the mapping (Linux 5.14). Throws
+  // Error, saying the bytes were `what` ("in the segment of rank 3"), when the
+  // host has no memory for them; false where the kernel reserves nothing
+  // (then pages come at first touch, as with any mapping).
+  bool reserve(size_t offset, size_t len, const std::string& what);
+  // For an attached segment, once the reservations made while connecting are
+  // done: closes the fd where the mapping can reserve from here on; keeps it
+  // (true) on kernels where it cannot.
+  bool keep_fd_only_if_needed();
+  // The owner's fd has done its job once every peer has mapped the segment
+  // (and holds an fd of its own): the memory lives as long as a mapping does.
   void close_fd() { fd_.reset(); }
   void unmap() noexcept;
 
  private:
+  int populate(size_t offset, size_t len);  // 0 or the errno of madvise
   char* base_ = nullptr;
   size_t bytes_ = 0;
   Fd fd_;
   uint64_t inode_ = 0;
+  bool populate_ = populate_allowed();  // false once madvise could not (old kernels)
+  bool reservable_ = true;  // false once fallocate said this file cannot reserve
 };
 
 }  // namespace shm

@@ -48,11 +48,29 @@ bool read_remote(pid_t pid, void* local, uint64_t remote, size_t bytes) {
   return true;
 }
 
+namespace {
+
+constexpr size_t kPage = 4096;
+
+// Whether local rank `l` (global rank local_ranks[l]) is next to us, local rank
+// `me`, in a ring: the communicator's (ranks in order) or this host's (local
+// ranks in order, as hierarchical all_reduce runs it).
+bool ring_neighbour(int rank, int size, const std::vector<int>& local_ranks, int l, int me) {
+  const int r = local_ranks[static_cast<size_t>(l)];
+  const int local_size = static_cast<int>(local_ranks.size());
+  return r == (rank + 1) % size || r == (rank + size - 1) % size ||
+         l == (me + 1) % local_size || l == (me + local_size - 1) % local_size;
+}
+
+}  // namespace
+
 }  // namespace shm
 
+using shm::kPage;
 using shm::pidfd_open;
 using shm::rank_name;
 using shm::read_remote;
+using shm::ring_neighbour;
 
 ShmTransport::ShmTransport(int rank, int size, const ShmSettings& settings)
     : rank_(rank), size_(size), settings_(settings) {
@@ -94,6 +112,13 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     t->header_->cpus_known = 1;
   }
 
+  // The inboxes' counters, which we and each sender write; the slots are the senders'.
+  for (int l = 0; l < local_size; ++l) {
+    if (l == t->local_) continue;
+    const char* box = reinterpret_cast<char*>(shm::inbox(t->home_.base(), l));
+    t->home_.reserve(static_cast<size_t>(box - t->home_.base()), sizeof(shm::InboxControl),
+                     "for this rank's segment");
+  }
   store.set(prefix + "shm/" + std::to_string(rank), t->home_.record().encode());
   for (int l = 0; l < local_size; ++l) {
     const int r = local_ranks[static_cast<size_t>(l)];
@@ -116,6 +141,10 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     p->out = shm::inbox(p->segment.base(), t->local_);
     p->in = shm::inbox(t->home_.base(), l);
     p->consumed.assign(settings.slots, 0);
+    // Our inbox in its segment takes memory as we first write each slot; a ring
+    // neighbour's is reserved whole now, so a ring never reserves mid-call.
+    p->reserved.assign(settings.slots, 0);
+    if (ring_neighbour(rank, size, local_ranks, l, t->local_)) t->reserve_inbox(*p);
     p->pidfd = Fd(pidfd_open(p->pid));
     // Can we read its memory? Then it may send us large messages by address.
     uint64_t probe = 0;
@@ -131,6 +160,9 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline, r);
   }
   t->home_.close_fd();
+  for (auto& p : t->peers_) {
+    if (p) p->segment.keep_fd_only_if_needed();  // later reservations go through the mapping
+  }
   t->bulletin_ok_ = local_size == size;
   t->decide_waits();
   for (auto& p : t->peers_) {
@@ -228,6 +260,26 @@ void ShmTransport::release(Request& view) {
   op.view_ptr = nullptr;
 }
 
+std::string ShmTransport::in_segment_of(const Peer& p) const {
+  return "in the segment of " + rank_name(p.rank) + " for " + rank_name(rank_) + "'s messages";
+}
+
+void ShmTransport::reserve_inbox(Peer& p) {
+  const size_t at = static_cast<size_t>(reinterpret_cast<char*>(p.out) - p.segment.base());
+  p.segment.reserve(at, p.header->inbox_bytes, in_segment_of(p));
+  std::fill(p.reserved.begin(), p.reserved.end(), shm::slot_stride(p.header->slot_bytes));
+}
+
+void ShmTransport::reserve_slot(Peer& p, shm::SlotHeader* s, uint64_t index, size_t need) {
+  // A message of a page or less reserves the slot's first page's worth; a
+  // larger one, the whole slot, once.
+  const size_t stride = shm::slot_stride(p.header->slot_bytes);
+  const size_t want = std::min(need <= kPage ? kPage : stride, stride);
+  const size_t at = static_cast<size_t>(reinterpret_cast<char*>(s) - p.segment.base());
+  p.segment.reserve(at, want, in_segment_of(p));
+  p.reserved[index % p.reserved.size()] = want;
+}
+
 // Publishes what fits of the queued sends to `p`, and completes the sends by
 // address that `p` has read.
 bool ShmTransport::progress_sends(Peer& p) {
@@ -244,7 +296,11 @@ bool ShmTransport::progress_sends(Peer& p) {
   while (!p.sends.empty() && p.out_head - tail < h.slots) {
     Op& op = *p.sends.front();
     shm::SlotHeader* s = shm::slot(p.out, h, p.out_head);
-    if (p.by_address && op.bytes >= settings_.cma_min_bytes) {
+    const bool by_address = p.by_address && op.bytes >= settings_.cma_min_bytes;
+    const size_t need = sizeof(shm::SlotHeader) +
+                        (by_address ? 0 : std::min<size_t>(h.slot_bytes, op.bytes - op.moved));
+    if (need > p.reserved[p.out_head % p.reserved.size()]) reserve_slot(p, s, p.out_head, need);
+    if (by_address) {
       s->bytes = op.bytes;
       s->mode = shm::SlotMode::kRemote;
       s->last = 1;

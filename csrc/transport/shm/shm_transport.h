@@ -112,6 +112,11 @@ class ShmTransport : public Transport, public Bulletin {
   bool progress_sends(Peer& p);
   bool progress_recvs(Peer& p);
   void consume(Peer& p, uint64_t index);
+  // Reserve the pages of our inbox in p's segment before we first write them
+  // (shm_segment.h): all of it, or what message `index` needs of its slot `s`.
+  void reserve_inbox(Peer& p);
+  void reserve_slot(Peer& p, shm::SlotHeader* s, uint64_t index, size_t need);
+  std::string in_segment_of(const Peer& p) const;
   void pause() const;
   std::chrono::microseconds spin() const;
   // Throws PeerError when `p` died, gave up or closed while `op` waits on it

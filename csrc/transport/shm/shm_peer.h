@@ -63,7 +63,7 @@ struct ShmTransport::Peer {
 
   shm::InboxControl* out = nullptr;  // our inbox in its segment: we write
   uint64_t out_head = 0;
-  std::vector<size_t> reserved;  // by slot: bytes of it reserved from its start (we write)
+  std::vector<size_t> reserved;           // by slot: bytes reserved from its start
   bool by_address = false;                // it can read our memory: large sends go by address
   std::deque<std::shared_ptr<Op>> sends;  // not yet (fully) published
   std::deque<std::shared_ptr<Op>> by_address_sent;  // published by address, not yet read

@@ -95,7 +95,7 @@ class Segment {
   Fd fd_;
   uint64_t inode_ = 0;
   bool populate_ = populate_allowed();  // false once madvise could not (old kernels)
-  bool reservable_ = true;  // false once fallocate said this file cannot reserve
+  bool reservable_ = true;              // false once fallocate said this file cannot reserve
 };
 
 }  // namespace shm

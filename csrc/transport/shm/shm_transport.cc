@@ -58,8 +58,8 @@ constexpr size_t kPage = 4096;
 bool ring_neighbour(int rank, int size, const std::vector<int>& local_ranks, int l, int me) {
   const int r = local_ranks[static_cast<size_t>(l)];
   const int local_size = static_cast<int>(local_ranks.size());
-  return r == (rank + 1) % size || r == (rank + size - 1) % size ||
-         l == (me + 1) % local_size || l == (me + local_size - 1) % local_size;
+  return r == (rank + 1) % size || r == (rank + size - 1) % size || l == (me + 1) % local_size ||
+         l == (me + local_size - 1) % local_size;
 }
 
 }  // namespace

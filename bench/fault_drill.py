@@ -399,7 +399,36 @@ def _drill(args: argparse.Namespace) -> int:
             json.dump(rows, f, indent=1)
     bad = [r for r in rows if r["hung"] or r["errors"] or not r.get("agreed") or r.get("wrong")]
     print(f"{len(rows)} cases, {len(bad)} with a hang, an error, a disagreement or a wrong result")
+    if args.trials > 1:
+        summarize(rows)
     return 1 if bad else 0
+
+
+def summarize(rows: List[Dict[str, Any]]) -> None:
+    """Per transport, N, failure and place: the median and range over the trials. On a
+    busy machine the worst of a few trials moves from run to run by more than most
+    changes do; the median moves less."""
+
+    def spread(values: List[float]) -> str:
+        ms = sorted(v * 1e3 for v in values)
+        return f"{statistics.median(ms):.0f} ms ({ms[0]:.0f}-{ms[-1]:.0f})"
+
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for row in rows:
+        if "detect_s" in row:
+            key = (row["transport"], row["n"], row["how"], row["where"])
+            groups.setdefault(key, []).append(row)
+    print()
+    print("| transport | N | failure | where | cases | detection, median (range) "
+          "| shrink, median (range) | agree / make / arm, medians |")  # fmt: skip
+    print("|---|---:|---|---|---:|---:|---:|---|")
+    for (transport, n, how, where), group in groups.items():
+        phases = " / ".join(
+            f"{statistics.median(r['phases'][i] for r in group) * 1e3:.0f}" for i in range(3)
+        )
+        cells = [transport, n, how, where, len(group), spread([r["detect_s"] for r in group]),
+                 spread([r["shrink_s"] for r in group]), phases]  # fmt: skip
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -81,26 +81,27 @@ void Segment::unmap() noexcept {
 
 bool Segment::reserve(size_t offset, size_t len, const std::string& what) {
   if (len == 0) return false;
-  int err = 0;
+  const auto cannot = [&](int err) {
+    return Error(errno_message("shared memory: cannot reserve " + std::to_string(len) + " bytes " +
+                                   what +
+                                   " (is the host out of shared memory? see /dev/shm and the "
+                                   "memory limit)",
+                               err));
+  };
   if (reservable_ && fd_.valid()) {
     if (::fallocate(fd_.get(), 0, static_cast<off_t>(offset), static_cast<off_t>(len)) == 0) {
       return true;
     }
-    err = errno;
-    if (err == EOPNOTSUPP || err == ENOSYS) reservable_ = false;  // try the mapping
+    const int err = errno;
+    if (err != EOPNOTSUPP && err != ENOSYS) throw cannot(err);
+    reservable_ = false;  // this file cannot: try the mapping
   }
-  if (!reservable_ || !fd_.valid()) {
-    err = populate(offset, len);
-    if (err == 0) return true;
-  }
-  if (err == 0 || err == EINVAL || err == EOPNOTSUPP || err == ENOSYS) {
+  const int err = populate(offset, len);
+  if (err == 0) return true;
+  if (err == EINVAL || err == EOPNOTSUPP || err == ENOSYS) {
     return false;  // nothing reserves here: pages come at first touch, as with any mapping
   }
-  throw Error(errno_message("shared memory: cannot reserve " + std::to_string(len) + " bytes " +
-                                what +
-                                " (is the host out of shared memory? see /dev/shm and the "
-                                "memory limit)",
-                            err));
+  throw cannot(err);
 }
 
 int Segment::populate(size_t offset, size_t len) {

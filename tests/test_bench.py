@@ -309,3 +309,14 @@ def test_ab_compare_runs_the_builds_it_is_given(tmp_path):
     )  # fmt: skip
     assert missing.returncode != 0
     assert "build A: ringreduce imports from (nothing)" in missing.stderr, missing.stderr
+
+
+def test_init_time_reports_each_size_and_the_store_s_traffic():
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "init_time.py")
+    out = run_bench(["--sizes", "2,3", "--trials", "1"], cmd=[sys.executable, script])
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.startswith("| shm |")]
+    assert [row[2].strip() for row in rows] == ["2", "3"], out.stdout
+    for row in rows:
+        assert float(row[4].split()[0]) > 0, out.stdout  # milliseconds of init
+        assert int(row[5].split()[0]) > 0, out.stdout  # the ranks met through the TCP store

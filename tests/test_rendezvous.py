@@ -143,7 +143,7 @@ def _silent_store(listener: socket.socket) -> None:
     conn, _ = listener.accept()
     with conn:
         nonce = os.urandom(16)
-        conn.sendall(b"RRS3" + b"\0" + nonce)
+        conn.sendall(b"RRS4" + b"\0" + nonce)
         answer = b""
         while len(answer) < 48:
             answer += conn.recv(48 - len(answer))
@@ -238,3 +238,92 @@ def test_a_stopped_store_host_on_this_machine_is_not_waited_for_in_a_failure_rep
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _store_and_clients(n):
+    from ringreduce import _core
+
+    server = _core.TcpStore("127.0.0.1", 0, True, 10.0, 5.0, "")
+    clients = [_core.TcpStore("127.0.0.1", server.port, False, 10.0, 5.0, "") for _ in range(n)]
+    return server, clients
+
+
+def _wait_in_thread(store, key, ms, into):
+    start = time.monotonic()
+    into.append((store.wait_get(key, ms), time.monotonic() - start))
+
+
+def test_a_wait_is_held_until_its_key_is_set():
+    # How ranks meet: a wait for a key another rank has yet to set is answered when it
+    # is set (set or set_if_absent), not at the end of the wait, nor polled for.
+    server, (waiter, other) = _store_and_clients(2)
+    for setter in ("set", "set_if_absent"):
+        key = f"key-{setter}"
+        got = []
+        thread = threading.Thread(target=_wait_in_thread, args=(waiter, key, 1000, got))
+        thread.start()
+        time.sleep(0.1)
+        # Meanwhile the server answers everyone else.
+        assert other.try_get(key) is None and thread.is_alive()
+        getattr(other, setter)(key, b"value")
+        thread.join(10)
+        [(value, seconds)] = got
+        assert value == b"value"
+        assert seconds < 0.9, f"answered after {seconds:.2f} s: at the end of the wait"
+    # A key already there is answered at once; one nobody sets, with None after its time.
+    assert waiter.wait_get("key-set", 1000) == b"value"
+    start = time.monotonic()
+    assert waiter.wait_get("never", 200) is None
+    assert time.monotonic() - start >= 0.19
+    assert waiter.wait_get("never", 0) is None
+    # The connection goes on as before.
+    waiter.set("after", b"1")
+    assert other.try_get("after") == b"1"
+    server.close()
+
+
+def _request(cmd: int, key: bytes, value: bytes) -> bytes:
+    return bytes([cmd]) + struct.pack("<I", len(key)) + key + struct.pack("<I", len(value)) + value
+
+
+def _reply(sock) -> tuple:
+    from test_security import _recv_exact
+
+    head = _recv_exact(sock, 5)
+    status, length = head[0], struct.unpack("<I", head[1:])[0]
+    return status, _recv_exact(sock, length)
+
+
+def test_requests_behind_a_held_wait_and_clients_that_leave_while_held():
+    from test_security import _closed_by_peer, _handshake
+
+    server, (setter,) = _store_and_clients(1)
+    # A client that sends a get right behind its wait gets both answers, in order.
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        assert _handshake(sock) == b"\0"
+        sock.sendall(_request(4, b"later", b"1000") + _request(2, b"there", b""))
+        setter.set("there", b"yes")
+        time.sleep(0.1)
+        setter.set("later", b"now")
+        sock.settimeout(5)
+        assert _reply(sock) == (0, b"now")
+        assert _reply(sock) == (0, b"yes")
+    # One that leaves while held, and one held while its time runs out: the server goes on.
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            assert _handshake(sock) == b"\0"
+            sock.sendall(_request(4, b"nobody-sets-this", b"1000"))
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        assert _handshake(sock) == b"\0"
+        sock.sendall(_request(4, b"nobody-sets-this", b"50"))
+        sock.settimeout(5)
+        assert _reply(sock) == (1, b"")
+    setter.set("k", b"v")
+    assert setter.wait_get("k", 1000) == b"v"
+    # A wait that is not 0 to 1000 decimal milliseconds ends the connection.
+    for bad in (b"5000", b"12ms", b"", b"-1"):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            assert _handshake(sock) == b"\0"
+            sock.sendall(_request(4, b"k", bad))
+            assert _closed_by_peer(sock), bad
+    server.close()

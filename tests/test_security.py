@@ -69,7 +69,7 @@ def _finish(proc, seconds: float = 60.0):
 def _handshake(sock: socket.socket, token: str = "") -> bytes:
     """A client's side of the store handshake; returns the verdict byte."""
     greeting = _recv_exact(sock, 21)
-    assert greeting[:4] == b"RRS3"
+    assert greeting[:4] == b"RRS4"
     nonce = os.urandom(16)
     message = b"rr-store-client" + _part(greeting[5:21]) + _part(nonce)
     proof = hmac.new(token.encode(), message, hashlib.sha256).digest()

@@ -58,6 +58,20 @@ class PythonStore final : public rr::Store {
     py::gil_scoped_acquire gil;
     return impl_.attr("set_if_absent")(key, py::bytes(value)).cast<std::string>();
   }
+  // Optional on the Python side: wait_get(key, ms) -> bytes or None, a get that
+  // may wait up to ms for the key (a store whose server can hold a request).
+  bool can_wait() const override {
+    if (Py_IsInitialized() == 0) return false;
+    py::gil_scoped_acquire gil;
+    return py::hasattr(impl_, "wait_get");
+  }
+  std::optional<std::string> wait_get(const std::string& key,
+                                      std::chrono::milliseconds slice) override {
+    py::gil_scoped_acquire gil;
+    py::object value = impl_.attr("wait_get")(key, static_cast<int>(slice.count()));
+    if (value.is_none()) return std::nullopt;
+    return value.cast<std::string>();
+  }
   // Optional on the Python side: a store that knows whether it is served in
   // this process, and whether its host's process is gone (rr::Store's meaning).
   bool hosted_here() const override { return ask("hosted_here"); }
@@ -171,6 +185,15 @@ class PyTcpStore {
     if (!v) return py::none();
     return py::bytes(*v);
   }
+  py::object wait_get(const std::string& key, int ms) {
+    std::optional<std::string> v;
+    {
+      py::gil_scoped_release release;
+      v = live().wait_get(key, std::chrono::milliseconds(ms));
+    }
+    if (!v) return py::none();
+    return py::bytes(*v);
+  }
   py::bytes set_if_absent(const std::string& key, const py::bytes& value) {
     std::string v = value, out;
     {
@@ -211,6 +234,9 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("port", &PyTcpStore::port)
       .def("set", &PyTcpStore::set, py::arg("key"), py::arg("value"))
       .def("try_get", &PyTcpStore::try_get, py::arg("key"))
+      .def("wait_get", &PyTcpStore::wait_get, py::arg("key"), py::arg("ms"),
+           "The value of key, or None once ms milliseconds (at most 1000) passed without "
+           "it: the server holds the request until the key is set.")
       .def("set_if_absent", &PyTcpStore::set_if_absent, py::arg("key"), py::arg("value"))
       .def("host_lost", &PyTcpStore::host_lost)
       .def("set_host_stop_check", &PyTcpStore::set_host_stop_check, py::arg("on"),

@@ -31,7 +31,10 @@ std::string await_host(Store& store, const std::string& prefix, int r, int rank,
   std::optional<Deadline> grace;  // a moment past the deadline, for rank 0's word
   PollBackoff backoff;
   while (true) {
-    if (auto host = store.try_get(key)) return *host;
+    // Waits (or sleeps) a moment when the key is not there yet.
+    if (auto host = store.look_for(key, kPeerLook, backoff, grace ? *grace : deadline)) {
+      return *host;
+    }
     if (auto why = store.try_get(gave_up_key(prefix))) {
       const size_t cut = why->find('\n');
       const int missing = std::atoi(why->substr(0, cut).c_str());
@@ -43,7 +46,6 @@ std::string await_host(Store& store, const std::string& prefix, int r, int rank,
       if (!grace) grace = Deadline::after(r == 0 ? 1.0 : 0.0);
       if (grace->expired()) throw did_not_join(r, rank, size, meeting, deadline);
     }
-    backoff.sleep(grace ? *grace : deadline);
   }
 }
 

@@ -98,7 +98,14 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
     Clock::time_point asked = Clock::now();
     Backoff backoff;
     std::optional<std::string> id;
-    while (!(id = store.try_get(answer_key(size, rank, ticket)))) {
+    const auto until_republish = [&] {
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(
+                          kRepublish - (Clock::now() - asked)));
+    };
+    // Rank 0 sets the answer: a store that holds the request hands it over at once.
+    while (!(id = store.look_for(answer_key(size, rank, ticket), until_republish(), backoff,
+                                 deadline))) {
       if (deadline.expired()) {
         throw did_not_join(0, rank, size, meeting, deadline);
       }
@@ -106,7 +113,6 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
         store.set(ask_key(size, rank), ticket);
         asked = Clock::now();
       }
-      backoff.sleep(deadline);
     }
     if (id->size() != 16 || id->find_first_not_of("0123456789abcdef") != std::string::npos) {
       throw Error("rendezvous: rank 0 answered rank " + std::to_string(rank) +

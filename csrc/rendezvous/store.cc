@@ -21,11 +21,24 @@ void PollBackoff::reset() {
   ms_ = 1;
 }
 
+std::optional<std::string> Store::look_for(const std::string& key, std::chrono::milliseconds slice,
+                                           PollBackoff& backoff, const Deadline& deadline) {
+  if (can_wait()) {
+    return wait_get(key,
+                    std::chrono::milliseconds(deadline.poll_ms(static_cast<int>(slice.count()))));
+  }
+  std::optional<std::string> value = try_get(key);
+  if (!value) backoff.sleep(deadline);
+  return value;
+}
+
 std::string Store::get(const std::string& key, const Deadline& deadline, int peer) {
   PollBackoff backoff;
   auto next_look = std::chrono::steady_clock::now() + kPeerLook;
   while (true) {
-    if (auto value = try_get(key)) return *value;
+    // A held wait lasts a slice at most, so that the peer, the deadline and
+    // Ctrl-C are still looked at every kPeerLook.
+    if (auto value = look_for(key, kPeerLook, backoff, deadline)) return *value;
     if (peer >= 0 && std::chrono::steady_clock::now() >= next_look) {
       next_look = std::chrono::steady_clock::now() + kPeerLook;
       if (peer_gone(peer)) {
@@ -41,7 +54,6 @@ std::string Store::get(const std::string& key, const Deadline& deadline, int pee
                              (peer >= 0 ? ")" : ""),
                          peer);
     }
-    backoff.sleep(deadline);
   }
 }
 

@@ -44,6 +44,22 @@ class Store {
   // holds afterwards. This is how ranks agree on "the first failure".
   virtual std::string set_if_absent(const std::string& key, const std::string& value) = 0;
 
+  // True when wait_get can hold a request until its key is set (the TCP store).
+  virtual bool can_wait() const { return false; }
+  // The value of `key`, waiting up to `slice` for it to be set where the store
+  // can (can_wait); otherwise try_get.
+  virtual std::optional<std::string> wait_get(const std::string& key,
+                                              std::chrono::milliseconds slice) {
+    (void)slice;
+    return try_get(key);
+  }
+
+  // One look for `key` in a wait loop: where the store can hold the request, a
+  // wait of up to `slice` (never past `deadline`); elsewhere one look, and a
+  // sleep as `backoff` says when the key is not there yet.
+  std::optional<std::string> look_for(const std::string& key, std::chrono::milliseconds slice,
+                                      PollBackoff& backoff, const Deadline& deadline);
+
   // Waits until `key` is set. Throws TimeoutError naming the key at the deadline,
   // blaming `peer` (the rank that should have set it) when given; and PeerError
   // as soon as peer_gone(peer).

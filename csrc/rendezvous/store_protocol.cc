@@ -1,5 +1,6 @@
 #include "rendezvous/store_protocol.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace rr {
@@ -19,7 +20,7 @@ Parse parse_store_request(std::string_view in, StoreRequest* out, size_t* consum
                           std::string* error) {
   if (in.empty()) return Parse::kNeedMore;
   const uint8_t command = static_cast<uint8_t>(in[0]);
-  if (command < kStoreSet || command > kStoreSetIfAbsent) {
+  if (command < kStoreSet || command > kStoreWait) {
     *error = "unknown command " + std::to_string(command);
     return Parse::kMalformed;
   }
@@ -40,9 +41,26 @@ Parse parse_store_request(std::string_view in, StoreRequest* out, size_t* consum
   }
   const size_t total = 9 + size_t{klen} + size_t{vlen};
   if (in.size() < total) return Parse::kNeedMore;
+  const std::string_view value = in.substr(9 + klen, vlen);
+  if (command == kStoreWait) {
+    // Decimal milliseconds: 1 to 4 digits, and no more than the limit.
+    int ms = 0;
+    const bool digits =
+        !value.empty() && value.size() <= 4 &&
+        std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) {
+      for (char c : value) ms = ms * 10 + (c - '0');
+    }
+    if (!digits || ms > kStoreMaxWaitMs) {
+      *error = "a wait of '" + std::string(value.substr(0, 16)) + "' (0 to " +
+               std::to_string(kStoreMaxWaitMs) + " decimal milliseconds)";
+      return Parse::kMalformed;
+    }
+    out->wait_ms = ms;
+  }
   out->command = command;
   out->key.assign(in.data() + 5, klen);
-  out->value.assign(in.data() + 9 + klen, vlen);
+  out->value.assign(value.data(), value.size());
   *consumed = total;
   return Parse::kDone;
 }

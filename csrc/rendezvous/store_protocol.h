@@ -1,7 +1,7 @@
 // The TCP store's wire format, parsed by pure functions so that every length
 // is checked before it is used and the parsers can be fuzzed alone.
 //
-// On connect the server greets:  "RRS3", u8 flags (1: a token is required),
+// On connect the server greets:  "RRS4", u8 flags (1: a token is required),
 //                                16-byte server nonce
 // the client answers:            16-byte client nonce, 32-byte proof
 //                                HMAC(token, "rr-store-client" | nonces)
@@ -15,6 +15,10 @@
 // Then:
 //   request  = u8 command, u32 key length, key, u32 value length, value
 //   response = u8 status (0 = ok, 1 = missing), u32 value length, value
+//   command 4 (wait) is a get that the server holds until the key is set or
+//   `value` (decimal milliseconds, at most kStoreMaxWaitMs) has passed: the
+//   answer is then ok with the value, or missing. A waiting client sends
+//   nothing else until it is answered (one request at a time, as always).
 //   notice   = u8 status 2, u32 length, key '\0' value
 // Lengths are little-endian and bounded by kStoreMaxKey / kStoreMaxValue; a
 // frame outside them is malformed and ends its connection.
@@ -36,7 +40,13 @@ constexpr size_t kStoreMaxValue = 4u << 20;
 constexpr size_t kStoreMaxBody = kStoreMaxKey + 1 + kStoreMaxValue;
 constexpr size_t kStoreMaxRequest = 9 + kStoreMaxKey + kStoreMaxValue;
 
-enum StoreCommand : uint8_t { kStoreSet = 1, kStoreGet = 2, kStoreSetIfAbsent = 3 };
+enum StoreCommand : uint8_t {
+  kStoreSet = 1,
+  kStoreGet = 2,
+  kStoreSetIfAbsent = 3,
+  kStoreWait = 4,
+};
+constexpr int kStoreMaxWaitMs = 1000;
 enum StoreStatus : uint8_t { kStoreOk = 0, kStoreMissing = 1, kStoreNotice = 2 };
 
 enum class Parse { kNeedMore, kDone, kMalformed };
@@ -45,10 +55,12 @@ struct StoreRequest {
   uint8_t command = 0;
   std::string key;
   std::string value;
+  int wait_ms = 0;  // kStoreWait: how long the server may hold it
 };
 
 // One request from the front of `in`. kDone: `*consumed` bytes made it.
-// kMalformed: `*error` says why (an unknown command, a length over the limit).
+// kMalformed: `*error` says why (an unknown command, a length over the limit,
+// a wait that is not 0 to kStoreMaxWaitMs decimal milliseconds).
 Parse parse_store_request(std::string_view in, StoreRequest* out, size_t* consumed,
                           std::string* error);
 
@@ -63,7 +75,7 @@ std::string encode_store_request(uint8_t command, std::string_view key, std::str
 std::string encode_store_reply(uint8_t status, std::string_view body);
 
 // The handshake's frames.
-constexpr char kStoreGreetingMagic[4] = {'R', 'R', 'S', '3'};
+constexpr char kStoreGreetingMagic[4] = {'R', 'R', 'S', '4'};
 constexpr size_t kStoreGreetingBytes = 4 + 1 + 16;
 constexpr size_t kStoreAnswerBytes = 16 + 32;
 constexpr size_t kStoreProcessBytes = 4 + 8 + 16;

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -96,6 +97,10 @@ class StoreServer {
     Nonce nonce{};          // our half of its handshake
     Deadline handshake = Deadline::after(kHandshakeSeconds);
     std::string address;
+    // A wait (kStoreWait) held until its key is set or wait_until: the client
+    // sends nothing else meanwhile, and whatever it does send waits too.
+    std::optional<std::string> waiting;
+    std::chrono::steady_clock::time_point wait_until;
   };
 
   void run() {
@@ -105,10 +110,17 @@ class StoreServer {
       fds.push_back({listener_.get(), POLLIN, 0});  // fd -1 once sealed: poll skips it
       for (auto& c : clients_) fds.push_back({c.fd.get(), POLLIN, 0});
       fds.push_back({wake_.get(), POLLIN, 0});  // last: the destructor's wake-up
-      if (::poll(fds.data(), fds.size(), 100) > 0) {
+      if (::poll(fds.data(), fds.size(), poll_ms()) > 0) {
         if (fds[0].revents & POLLIN) accept_all();
         for (size_t i = 1; i + 1 < fds.size(); ++i) {
           if (fds[i].revents) serve(clients_[i - 1]);
+        }
+      }
+      end_waits();
+      while (resumed_) {  // clients answered by another's set: what they sent since
+        resumed_ = false;
+        for (auto& c : clients_) {
+          if (c.fd.valid() && c.welcomed && !c.waiting && !c.inbox.empty()) answer(c);
         }
       }
       for (auto& c : clients_) {
@@ -169,12 +181,67 @@ class StoreServer {
       }
       break;
     }
+    if (!c.welcomed) {
+      try {
+        if (!handshake(c)) return;
+      } catch (const Error&) {
+        c.fd.reset();
+        return;
+      }
+    }
+    answer(c);
+  }
+
+  // Answers the requests complete in the client's inbox, up to one it must wait on.
+  void answer(Client& c) {
     try {
-      if (!c.welcomed && !handshake(c)) return;
-      while (c.fd.valid() && handle_one(c)) {
+      while (c.fd.valid() && !c.waiting && handle_one(c)) {
       }
     } catch (const Error&) {
       c.fd.reset();  // a client that stops reading replies is dropped, not waited on
+    }
+  }
+
+  // How long the next poll may sleep: until the first held wait runs out (100 ms
+  // at most, for stop_ and the handshakes' deadlines).
+  int poll_ms() const {
+    const auto now = std::chrono::steady_clock::now();
+    auto first = now + std::chrono::milliseconds(100);
+    for (const auto& c : clients_) {
+      if (c.waiting && c.wait_until < first) first = c.wait_until;
+    }
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(first - now).count();
+    return static_cast<int>(std::max<int64_t>(0, ms));
+  }
+
+  // Answers the waits whose time ran out (missing), then what their clients sent since.
+  void end_waits() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& c : clients_) {
+      if (!c.fd.valid() || !c.waiting || c.wait_until > now) continue;
+      c.waiting.reset();
+      try {
+        send_message(c, kStoreMissing, "");
+      } catch (const Error&) {
+        c.fd.reset();
+        continue;
+      }
+      answer(c);
+    }
+  }
+
+  // `key` was just set: the clients waiting for it get its value now.
+  void settle_waits(const std::string& key, const std::string& value) {
+    for (auto& other : clients_) {
+      if (!other.fd.valid() || other.waiting != key) continue;
+      other.waiting.reset();
+      try {
+        send_message(other, kStoreOk, value);
+      } catch (const Error&) {
+        other.fd.reset();
+        continue;
+      }
+      resumed_ = true;
     }
   }
 
@@ -224,17 +291,25 @@ class StoreServer {
     std::string reply;
     if (req.command == kStoreSet) {
       data_[req.key] = req.value;
-    } else if (req.command == kStoreGet) {
+      settle_waits(req.key, req.value);
+    } else if (req.command == kStoreGet || req.command == kStoreWait) {
       auto it = data_.find(req.key);
-      if (it == data_.end()) {
-        status = kStoreMissing;
-      } else {
+      if (it != data_.end()) {
         reply = it->second;
+      } else if (req.command == kStoreWait && req.wait_ms > 0) {
+        c.waiting = req.key;  // answered by settle_waits or end_waits
+        c.wait_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.wait_ms);
+        return false;
+      } else {
+        status = kStoreMissing;
       }
     } else {
       auto [it, inserted] = data_.emplace(req.key, req.value);
       reply = it->second;
-      if (inserted) notify_others(c, req.key, req.value);
+      if (inserted) {
+        notify_others(c, req.key, req.value);
+        settle_waits(req.key, req.value);
+      }
     }
     send_message(c, status, reply);
     return true;
@@ -267,6 +342,7 @@ class StoreServer {
   std::map<std::string, std::string> data_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sealed_{false};
+  bool resumed_ = false;  // a held wait was answered: its client may have sent more
   std::thread thread_;
 };
 
@@ -282,6 +358,20 @@ class TcpStore : public Store {
     std::string value;
     if (auto known = noticed(key)) return known;
     if (request(kStoreGet, key, "", &value) != kStoreOk) return noticed(key);
+    return value;
+  }
+  bool can_wait() const override { return true; }
+  // The server holds the request until the key is set or `slice` passes: a
+  // waiting rank learns a key the moment it is set, and asks once per slice
+  // instead of every millisecond or two.
+  std::optional<std::string> wait_get(const std::string& key,
+                                      std::chrono::milliseconds slice) override {
+    std::string value;
+    if (auto known = noticed(key)) return known;
+    const auto ms = std::clamp<int64_t>(slice.count(), 0, kStoreMaxWaitMs);
+    if (request(kStoreWait, key, std::to_string(ms), &value, ms / 1000.0) != kStoreOk) {
+      return noticed(key);
+    }
     return value;
   }
   bool hosted_here() const override { return server_ != nullptr; }
@@ -358,8 +448,10 @@ class TcpStore : public Store {
  private:
   static constexpr const char* kWhat = "the rendezvous store (rank 0)";
 
+  // `held`: seconds the server may hold the request (a wait) before the I/O
+  // timeout starts to count.
   uint8_t request(uint8_t cmd, const std::string& key, const std::string& value,
-                  std::string* reply = nullptr) {
+                  std::string* reply = nullptr, double held = 0) {
     if (key.size() > kStoreMaxKey || value.size() > kStoreMaxValue) {
       throw InvalidArgument("store key '" + key.substr(0, 64) + "' or its value (" +
                             std::to_string(value.size()) + " bytes) is over the store's limits");
@@ -377,7 +469,7 @@ class TcpStore : public Store {
       throw TimeoutError(std::string(kWhat) + why + "; this connection to it is not used again",
                          0);
     }
-    const Deadline deadline = Deadline::after(io_seconds_);
+    const Deadline deadline = Deadline::after(io_seconds_ + held);
     const std::string msg = encode_store_request(cmd, key, value);
     try {
       send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, kWhat);

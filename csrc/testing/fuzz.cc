@@ -80,7 +80,10 @@ void violation(FuzzCounts& c, const std::string& what) {
 }
 
 std::string random_store_request(Gen& g) {
-  const uint8_t cmd = static_cast<uint8_t>(1 + g.below(3));
+  const uint8_t cmd = static_cast<uint8_t>(1 + g.below(4));
+  if (cmd == kStoreWait && g.chance(70)) {  // mostly well-formed waits: 0 to 1000 ms
+    return encode_store_request(cmd, g.bytes(g.below(40)), std::to_string(g.below(1001)));
+  }
   return encode_store_request(cmd, g.bytes(g.below(40)), g.bytes(g.below(100)));
 }
 
@@ -132,9 +135,22 @@ void fuzz_store_requests(Gen& g, FuzzCounts& c) {
     std::string error;
     const Parse r = parse_store_request(inbox, &req, consumed, &error);
     if (r == Parse::kDone && (req.key.size() > kStoreMaxKey || req.value.size() > kStoreMaxValue ||
-                              req.command < kStoreSet || req.command > kStoreSetIfAbsent ||
+                              req.command < kStoreSet || req.command > kStoreWait ||
                               *consumed != 9 + req.key.size() + req.value.size())) {
       violation(c, "accepted a request outside the limits");
+    }
+    if (r == Parse::kDone && req.command == kStoreWait) {
+      // Checked here without the parser's code: 1 to 4 digits, their number the wait.
+      bool digits = !req.value.empty() && req.value.size() <= 4;
+      long ms = 0;
+      for (size_t i = 0; digits && i < req.value.size(); ++i) {
+        const char ch = req.value[i];
+        digits = ch >= '0' && ch <= '9';
+        ms = ms * 10 + (ch - '0');
+      }
+      if (!digits || ms != req.wait_ms || ms > kStoreMaxWaitMs) {
+        violation(c, "accepted a wait that is not 0 to 1000 decimal milliseconds");
+      }
     }
     if (r == Parse::kMalformed && error.empty()) violation(c, "rejected without a reason");
     return r;

@@ -39,6 +39,13 @@ class MeetingStore:
         self._host_answers()
         return self._store.try_get(key)
 
+    def wait_get(self, key: str, ms: int) -> Optional[bytes]:
+        """The value of key, waiting up to ms for it: the host's store holds the request
+        until the key is set, so the members meet without polling. (A host stopped
+        meanwhile fails the request: `Membership._connect` made the client so.)"""
+        self._host_answers()
+        return self._store.wait_get(key, ms)
+
     def set_if_absent(self, key: str, value: bytes) -> bytes:
         self._host_answers()
         return self._store.set_if_absent(key, value)

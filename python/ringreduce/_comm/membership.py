@@ -46,6 +46,7 @@ __all__ = ["Membership", "arm"]
 
 
 _POLL = 0.002  # seconds between looks at the host's store
+_HELD = 0.05  # seconds the host's store may hold a wait for the decision
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
@@ -224,8 +225,10 @@ class Membership:
         while True:
             if host != self.rank and self.halted(host):  # its store would not answer
                 raise PeerError(f"rank {host}, the agreement's host, is stopped or gone")
+            # The host's store holds the request until the decision is written.
+            held = max(0.0, min(_HELD, deadline - time.monotonic()))
             try:
-                value = store.try_get(key)
+                value = store.wait_get(key, int(held * 1000))
             except RingReduceError as exc:
                 raise PeerError(f"rank {host}'s standby store went away: {exc}") from exc
             if value is not None:
@@ -237,7 +240,6 @@ class Membership:
                 )
                 exc.peer = host
                 raise exc
-            time.sleep(_POLL)
 
     def _connect(self, host: int, deadline: float) -> Optional[Any]:
         """A client of rank host's standby store, or None when its process is gone."""
@@ -248,11 +250,17 @@ class Membership:
         # after a bounded wait, the same on every survivor.
         left = max(0.05, min(deadline - time.monotonic(), self._connect_seconds))
         try:
-            return _core.TcpStore(address[0], address[1], False, left, 5.0, self.token)
+            store = _core.TcpStore(address[0], address[1], False, left, 5.0, self.token)
         except RingReduceError:
             if host == self.rank:
                 raise
             return None
+        if host != self.rank and self._core.failure:
+            # Revoked: a host stopped while it holds a request of ours (a wait for the
+            # decision, or for a key of the communicator being made) fails that request
+            # within moments, as halted() fails the next one.
+            store.set_host_stop_check(True)
+        return store
 
     # -- shrink ----------------------------------------------------------------------
     def shrink(self, timeout: float) -> Tuple[Any, Membership]:

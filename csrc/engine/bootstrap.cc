@@ -65,16 +65,26 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
   return local;
 }
 
-namespace {
+std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
+                                         int size, const Options& options,
+                                         const NetworkFactory& network, Placement* placement,
+                                         const std::string& meeting, const Deadline& deadline) {
+  std::vector<int> local{rank};
+  if (size > 1) {
+    local = ranks_on_this_host(store, prefix, rank, size, options.host_id, meeting, deadline);
+  }
+  placement->local_size = static_cast<int>(local.size());
+  placement->local_rank =
+      static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  placement->local_ranks = local;
+  return connect_links_among(store, prefix, rank, size, options, network, local, deadline);
+}
 
-// connect_links' work, for the ranks on this host `local`: shared-memory peers
-// mapped now, or (lazy) on first use with waits that yield as `yields` says;
-// otherwise `yields` is set to what shared memory decided (false without it).
-std::unique_ptr<Transport> connect_host_links(Store& store, const std::string& prefix, int rank,
-                                              int size, const Options& options,
-                                              const NetworkFactory& network,
-                                              const std::vector<int>& local, bool lazy,
-                                              bool* yields, const Deadline& deadline) {
+std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& prefix, int rank,
+                                               int size, const Options& options,
+                                               const NetworkFactory& network,
+                                               const std::vector<int>& local,
+                                               const Deadline& deadline) {
   const std::string& kind = options.transport;
   if (kind != "auto" && kind != "shm") return network();
   const bool one_host = static_cast<int>(local.size()) == size;
@@ -89,8 +99,6 @@ std::unique_ptr<Transport> connect_host_links(Store& store, const std::string& p
   ShmSettings settings;
   settings.spin = std::chrono::microseconds(options.spin_us);
   settings.log = options.log_algorithm;  // spin or yield: connect decides, from every local rank
-  settings.lazy = lazy;
-  if (lazy) settings.oversubscribed = *yields;
   // A slot holds a whole segment, up to a few MiB (a larger segment spans
   // several slots).
   settings.slot_bytes = options.shm_slot_bytes != 0
@@ -99,41 +107,12 @@ std::unique_ptr<Transport> connect_host_links(Store& store, const std::string& p
   settings.cma_min_bytes =
       options.shm_single_copy_bytes == 0 ? SIZE_MAX : options.shm_single_copy_bytes;
   auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline);
-  if (!lazy) *yields = shm->yields();
   if (one_host) return shm;
   std::vector<std::unique_ptr<Transport>> parts;
   parts.push_back(std::move(shm));
   parts.push_back(network());
   const std::string name = std::string("shm+") + parts.back()->name();
   return std::make_unique<RoutedTransport>(std::move(parts), name);
-}
-
-}  // namespace
-
-std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
-                                         int size, const Options& options,
-                                         const NetworkFactory& network, Placement* placement,
-                                         const std::string& meeting, const Deadline& deadline) {
-  std::vector<int> local{rank};
-  if (size > 1) {
-    local = ranks_on_this_host(store, prefix, rank, size, options.host_id, meeting, deadline);
-  }
-  placement->local_size = static_cast<int>(local.size());
-  placement->local_rank =
-      static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-  placement->local_ranks = local;
-  return connect_host_links(store, prefix, rank, size, options, network, local, false,
-                            &placement->shares_cores, deadline);
-}
-
-std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& prefix, int rank,
-                                               int size, const Options& options,
-                                               const NetworkFactory& network,
-                                               const Placement& placement, bool lazy,
-                                               const Deadline& deadline) {
-  bool yields = placement.shares_cores;
-  return connect_host_links(store, prefix, rank, size, options, network, placement.local_ranks,
-                            lazy, &yields, deadline);
 }
 
 namespace {
@@ -231,11 +210,8 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
     Options p2p_options = options;
     if (p2p_options.shm_slot_bytes == 0) p2p_options.shm_slot_bytes = 64 << 10;
     p2p_options.log_algorithm = false;  // the collectives' links said how waits go
-    // Mapped on first use, as the TCP links are connected: most jobs never
-    // send, and an eager set would cost every init (and every shrink) a second
-    // round of meeting, mapping and waiting for every local rank.
-    p2p = connect_links_among(*store, p2p_prefix, rank, size, p2p_options, lazy, placement,
-                              /*lazy=*/true, deadline);
+    p2p = connect_links_among(*store, p2p_prefix, rank, size, p2p_options, lazy,
+                              placement.local_ranks, deadline);
   }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         prefix, std::move(p2p));

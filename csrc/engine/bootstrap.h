@@ -37,15 +37,12 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
                                          const NetworkFactory& network, Placement* placement,
                                          const std::string& meeting, const Deadline& deadline);
 
-// The same for ranks whose hosts are known (`placement`, as connect_links
-// filled it), under another prefix: the point-to-point links beside the
-// collectives' ones. `lazy`: each shared-memory peer's segment is mapped when
-// this rank first sends to it or receives from it (the store is then read from
-// the thread that does), not now; waits spin or yield as the collectives' do.
+// The same for ranks whose hosts are known (`local`: the ranks on ours), under
+// another prefix: the point-to-point links beside the collectives' ones.
 std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& prefix, int rank,
                                                int size, const Options& options,
                                                const NetworkFactory& network,
-                                               const Placement& placement, bool lazy,
+                                               const std::vector<int>& local,
                                                const Deadline& deadline);
 
 // A communicator whose ranks meet at a TCP store on master_addr:master_port

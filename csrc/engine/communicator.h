@@ -51,7 +51,6 @@ struct Placement {
   int local_rank = 0;
   int local_size = 1;
   std::vector<int> local_ranks;  // the ranks on this host, ascending
-  bool shares_cores = false;     // more ranks on this host than cores: shm waits yield
 };
 
 class Communicator {

@@ -25,10 +25,8 @@ std::unique_ptr<Communicator> create_mpi_communicator(MPI_Comm comm, const Optio
     // the collectives' (MPI_Comm_idup again: collective, like this call).
     auto p2p_channel = MpiChannel::open(comm, deadline);
     const NetworkFactory mpi_p2p = [&] { return std::make_unique<MpiTransport>(p2p_channel); };
-    // Shared-memory peers are mapped now: a lazy one would read the MPI store
-    // from the point-to-point thread, and that store is the collectives' channel.
     p2p = connect_links_among(*store, prefix + "p2p/", channel->rank(), channel->size(), options,
-                              mpi_p2p, placement, /*lazy=*/false, deadline);
+                              mpi_p2p, placement.local_ranks, deadline);
   }
   return std::make_unique<Communicator>(std::move(store), std::move(transport), options, placement,
                                         prefix, std::move(p2p));

@@ -1,6 +1,5 @@
 #include "transport/shm/shm_transport.h"
 
-#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -53,15 +52,6 @@ namespace {
 
 constexpr size_t kPage = 4096;
 
-// Whether process `pid` has exited (a zombie included): its pidfd is readable,
-// or there is no such process any more.
-bool exited(pid_t pid) {
-  Fd fd(pidfd_open(pid));
-  if (!fd.valid()) return errno == ESRCH;
-  pollfd p{fd.get(), POLLIN, 0};
-  return ::poll(&p, 1, 0) > 0;
-}
-
 // Whether local rank `l` (global rank local_ranks[l]) is next to us, local rank
 // `me`, in a ring: the communicator's (ranks in order) or this host's (local
 // ranks in order, as hierarchical all_reduce runs it).
@@ -76,7 +66,6 @@ bool ring_neighbour(int rank, int size, const std::vector<int>& local_ranks, int
 
 }  // namespace shm
 
-using shm::exited;
 using shm::kPage;
 using shm::pidfd_open;
 using shm::rank_name;
@@ -131,22 +120,39 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
                      "for this rank's segment");
   }
   store.set(prefix + "shm/" + std::to_string(rank), t->home_.record().encode());
-  t->local_ranks_ = local_ranks;
-  t->segment_bytes_ = bytes;
-  t->store_ = &store;
-  t->prefix_ = prefix;
-  t->connect_seconds_ = deadline.seconds();
   for (int l = 0; l < local_size; ++l) {
     const int r = local_ranks[static_cast<size_t>(l)];
     if (r == rank) continue;
     auto p = std::make_unique<Peer>();
     p->rank = r;
     p->local = l;
-    if (!settings.lazy) t->attach(*p, deadline);
+    const shm::SegmentRecord record =
+        shm::SegmentRecord::decode(store.get(prefix + "shm/" + std::to_string(r), deadline, r), r);
+    p->pid = record.pid;
+    // Checked before it is mapped, and its header before anything else is read.
+    p->segment = shm::Segment::attach(record, bytes, r);
+    p->header = p->segment.header();
+    if (p->header->local_size != t->header_->local_size || p->header->slots != t->header_->slots ||
+        p->header->slot_bytes != t->header_->slot_bytes ||
+        p->header->inbox_bytes != t->header_->inbox_bytes) {
+      throw Error("shared memory: the segment of " + rank_name(r) +
+                  " has another layout (a different ringreduce version or settings)");
+    }
+    p->out = shm::inbox(p->segment.base(), t->local_);
+    p->in = shm::inbox(t->home_.base(), l);
+    p->consumed.assign(settings.slots, 0);
+    // Our inbox in its segment takes memory as we first write each slot; a ring
+    // neighbour's is reserved whole now, so a ring never reserves mid-call.
+    p->reserved.assign(settings.slots, 0);
+    if (ring_neighbour(rank, size, local_ranks, l, t->local_)) t->reserve_inbox(*p);
+    p->pidfd = Fd(pidfd_open(p->pid));
+    // Can we read its memory? Then it may send us large messages by address.
+    uint64_t probe = 0;
+    if (read_remote(p->pid, &probe, p->header->probe, sizeof probe) && probe == shm::kMagic) {
+      t->header_->cma_from[l].store(1, std::memory_order_release);
+    }
     t->peers_[static_cast<size_t>(r)] = std::move(p);
   }
-  // Peers to come map our segment through our fd: it stays open.
-  if (settings.lazy) return t;
   // Once every peer has mapped our segment and set its flags, the fd has
   // done its job; from here on the memory lives as long as a mapping.
   store.set(prefix + "shm_ready/" + std::to_string(rank), "1");
@@ -163,52 +169,6 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     if (p) p->by_address = p->header->cma_from[t->local_].load(std::memory_order_acquire) != 0;
   }
   return t;
-}
-
-void ShmTransport::attach(Peer& p, const Deadline& deadline) {
-  const int r = p.rank;
-  const shm::SegmentRecord record =
-      shm::SegmentRecord::decode(store_->get(prefix_ + "shm/" + std::to_string(r), deadline, r), r);
-  // Checked before it is mapped, and its header before anything else is read.
-  shm::Segment segment;
-  try {
-    segment = shm::Segment::attach(record, segment_bytes_, r);
-  } catch (const Error& e) {
-    // Mapped on first use: the peer may have gone since the communicator was made.
-    if (!settings_.lazy || !exited(record.pid)) throw;
-    throw PeerError(rank_name(r) + " (pid " + std::to_string(record.pid) +
-                        " on this host) exited, crashed or was killed before " + rank_name(rank_) +
-                        " first sent to it or received from it (" + e.what() + ")",
-                    r);
-  }
-  shm::Header* h = segment.header();
-  if (h->local_size != header_->local_size || h->slots != header_->slots ||
-      h->slot_bytes != header_->slot_bytes || h->inbox_bytes != header_->inbox_bytes) {
-    throw Error("shared memory: the segment of " + rank_name(r) +
-                " has another layout (a different ringreduce version or settings)");
-  }
-  p.pid = record.pid;
-  p.segment = std::move(segment);
-  p.header = h;
-  p.out = shm::inbox(p.segment.base(), local_);
-  p.in = shm::inbox(home_.base(), p.local);
-  p.consumed.assign(settings_.slots, 0);
-  // Our inbox in its segment takes memory as we first write each slot; a ring
-  // neighbour's is reserved whole now, so a ring never reserves mid-call.
-  p.reserved.assign(settings_.slots, 0);
-  if (!settings_.lazy && ring_neighbour(rank_, size_, local_ranks_, p.local, local_)) {
-    reserve_inbox(p);
-  }
-  p.pidfd = Fd(pidfd_open(p.pid));
-  // Can we read its memory? Then it may send us large messages by address.
-  uint64_t probe = 0;
-  if (read_remote(p.pid, &probe, h->probe, sizeof probe) && probe == shm::kMagic) {
-    header_->cma_from[p.local].store(1, std::memory_order_release);
-  }
-  if (settings_.lazy) {
-    p.segment.keep_fd_only_if_needed();
-    p.by_address = h->cma_from[local_].load(std::memory_order_acquire) != 0;
-  }
 }
 
 // Spin while waiting when the local ranks have a core each, counted over the
@@ -243,9 +203,7 @@ ShmTransport::Peer& ShmTransport::peer(int rank) {
                 " has no shared memory with rank " + std::to_string(rank) +
                 " (another host, or not a rank of this communicator)");
   }
-  Peer& p = *peers_[static_cast<size_t>(rank)];
-  if (p.header == nullptr) attach(p, Deadline::after(connect_seconds_));
-  return p;
+  return *peers_[static_cast<size_t>(rank)];
 }
 
 bool ShmTransport::reaches(int peer) const {
@@ -338,10 +296,6 @@ bool ShmTransport::progress_sends(Peer& p) {
   while (!p.sends.empty() && p.out_head - tail < h.slots) {
     Op& op = *p.sends.front();
     shm::SlotHeader* s = shm::slot(p.out, h, p.out_head);
-    if (!p.by_address && settings_.lazy && op.bytes >= settings_.cma_min_bytes) {
-      // Mapped before it mapped ours: it may have said since that it reads us.
-      p.by_address = h.cma_from[local_].load(std::memory_order_acquire) != 0;
-    }
     const bool by_address = p.by_address && op.bytes >= settings_.cma_min_bytes;
     const size_t need = sizeof(shm::SlotHeader) +
                         (by_address ? 0 : std::min<size_t>(h.slot_bytes, op.bytes - op.moved));
@@ -459,7 +413,7 @@ void ShmTransport::consume(Peer& p, uint64_t index) {
 bool ShmTransport::progress() {
   bool moved = false;
   for (auto& p : peers_) {
-    if (!p || !p->header) continue;  // not mapped yet: nothing queued on it
+    if (!p) continue;
     moved |= progress_recvs(*p);
     moved |= progress_sends(*p);
   }
@@ -475,7 +429,7 @@ void ShmTransport::abort() noexcept {
     // at the flag whenever a wait of theirs sleeps or spins long.
     header_->aborted.store(1, std::memory_order_release);
     for (auto& p : peers_) {
-      if (p && p->header) p->header->doorbell.ring();
+      if (p) p->header->doorbell.ring();
     }
   }
   close();
@@ -491,7 +445,7 @@ void ShmTransport::close() noexcept {
   // A peer still waiting on us (it went on while we stopped) learns it now.
   header_->closed.store(1, std::memory_order_release);
   for (auto& p : peers_) {
-    if (p && p->header) p->header->doorbell.ring();
+    if (p) p->header->doorbell.ring();
   }
   // Sends by address point into the caller's buffers, which stay the
   // caller's: forget them (after a normal end nothing is queued), and give

@@ -20,9 +20,7 @@
 // Segments are memfds: no name in /dev/shm, nothing left behind when ranks
 // exit or are killed. A peer maps ours through /proc/<pid>/fd/<n>, checked
 // before it is trusted (shm_segment.h); once every peer has, we close the fd
-// and the memory lives as long as a mapping does. With `lazy` settings (the
-// point-to-point links) peers map each other on first use instead, and the fd
-// stays open for them.
+// and the memory lives as long as a mapping does.
 //
 // Waiting spins for `spin` (a neighbour's message is usually microseconds
 // away), then sleeps on this rank's doorbell (a futex), which peers ring when
@@ -60,12 +58,6 @@ struct ShmSettings {
   // it too when they do not: more local ranks than CPUs in the union of their
   // affinity masks).
   bool oversubscribed = false;
-  // Map each peer's segment when this rank first sends to it or receives from
-  // it, not in connect (the point-to-point links, which most jobs never use):
-  // connect then only makes and publishes our segment, waits for nobody, and
-  // keeps our fd open for the peers still to come; `oversubscribed` is the
-  // caller's word (the collectives' links decided it from every local rank).
-  bool lazy = false;
   bool log = false;  // say on stderr, once, how waits will go (RINGREDUCE_DEBUG=algorithm)
 };
 
@@ -100,8 +92,6 @@ class ShmTransport : public Transport, public Bulletin {
 
   // True when large messages to `peer` go by address (cross-memory attach).
   bool single_copy_to(int peer) const;
-  // Whether waits yield the core rather than spin (more local ranks than cores).
-  bool yields() const { return settings_.oversubscribed; }
 
   // The bulletin (transport/bulletin.h, shm_bulletin.cc), when every rank of the
   // communicator is on this host.
@@ -116,10 +106,7 @@ class ShmTransport : public Transport, public Bulletin {
   struct Waiting;  // one wait() as the waiter sees it (transport/waiter.h)
 
   ShmTransport(int rank, int size, const ShmSettings& settings);
-  // The peer, its segment mapped (on first use when settings_.lazy).
   Peer& peer(int rank);
-  // Maps p's segment, found through the store, and sets up our inboxes with it.
-  void attach(Peer& p, const Deadline& deadline);
   void decide_waits();
   RequestPtr post_recv(std::shared_ptr<Op> op);
   bool progress_sends(Peer& p);
@@ -158,11 +145,6 @@ class ShmTransport : public Transport, public Bulletin {
   std::mutex life_mu_;             // wake() against close()
   std::atomic<uint64_t> wakes_{0};
   int local_ = -1;                            // our index among the local ranks
-  std::vector<int> local_ranks_;              // the ranks on this host, ascending
-  size_t segment_bytes_ = 0;                  // every local rank's segment's size
-  Store* store_ = nullptr;                    // where the peers' segments are published
-  std::string prefix_;                        // ... under this prefix
-  double connect_seconds_ = 0;                // how long a lazy attach waits for a record
   std::vector<std::unique_ptr<Peer>> peers_;  // by global rank; null for other hosts
   ViewPool bounce_;                           // views of messages that are not one inline slot
   TransportStats stats_;

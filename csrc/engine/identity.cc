@@ -81,8 +81,17 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
         throw PeerError(why, r);
       }
     }
-    if (news) backoff.reset();
-    backoff.sleep(deadline);
+    if (news) {
+      backoff.reset();
+      continue;  // look again at once: others may have come meanwhile
+    }
+    // Wait for the first pending rank's next key, one not set yet: its ask, or its
+    // seat once its ask is answered. A store that holds waits answers the moment
+    // it is set; whoever else came meanwhile is seen by the next look.
+    const int r = *pending.begin();
+    const auto mine = answered.lower_bound({r, std::string()});
+    const bool asked = mine != answered.end() && mine->first == r;
+    store.look_for(asked ? seat_key(id, r) : ask_key(size, r), kPeerLook, backoff, deadline);
   }
 }
 

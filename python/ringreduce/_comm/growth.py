@@ -44,6 +44,7 @@ __all__ = ["grow", "join"]
 
 _LOBBY_KEY = "ringreduce/lobby"
 _POLL = 0.005
+_HELD = 0.05  # seconds a standby store may hold a wait for the lobby's state
 
 
 def grow(membership: Membership, world_size: int, timeout: float) -> Tuple[Any, Membership]:
@@ -190,7 +191,9 @@ def _open_lobby(
 
 def _await_lobby(store: Any, prefix: str, deadline: float, server: int, rank: int) -> None:
     while True:
-        state = store.try_get(prefix + "/lobby")
+        # The host's standby store answers the moment the lobby's state is set.
+        held = max(0.0, min(_HELD, deadline - time.monotonic()))
+        state = store.wait_get(prefix + "/lobby", int(held * 1000))
         if state is not None:
             if state != b"open":
                 raise RingReduceError(f"rank {rank}: {state.decode()[len('error: ') :]}")
@@ -199,7 +202,6 @@ def _await_lobby(store: Any, prefix: str, deadline: float, server: int, rank: in
             exc = TimeoutError(f"rank {rank}: rank {server} did not open the lobby in time")
             exc.peer = server
             raise exc
-        time.sleep(_POLL)
 
 
 def join(

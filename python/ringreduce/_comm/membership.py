@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["Membership", "arm"]
 
 
-_POLL = 0.002  # seconds between looks at the host's store
 _HELD = 0.05  # seconds the host's store may hold a wait for the decision
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
@@ -190,7 +189,12 @@ class Membership:
             if now >= deadline:
                 dead.update(missing)  # silent past the deadline: counted dead
                 break
-            time.sleep(_POLL)
+            # Wait for the first missing rank's check-in (an unsuspected one first): the
+            # store answers the moment it is in, and whoever else came meanwhile is read
+            # by the next look.
+            wanted = [r for r in missing if r not in suspected] or missing
+            held = max(0.0, min(_PROBE_EVERY, deadline - now))
+            store.wait_get(f"{key}in/{wanted[0]}", int(held * 1000))
         members = sorted(r for r in reports if r not in dead)
         decision = {
             "members": members,

@@ -207,6 +207,28 @@ def _p2p_size_mismatch(comm):
     return "no error"
 
 
+def _p2p_after_rank_0_closed(comm, marker):
+    """Rank 0, the store's host, closes first; ranks 1 and 2 then exchange their first
+    messages (links made on first use)."""
+    import os
+    import time
+
+    if comm.rank == 0:
+        comm.close()
+        open(marker, "w").close()
+        return None
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(marker), "rank 0 did not close within 30 s"
+    peer = 3 - comm.rank
+    got = np.empty(5, np.float64)
+    work = comm.send(np.full(5, comm.rank, np.float64), peer, async_op=True)
+    comm.recv(got, peer)
+    work.wait()
+    return got.tolist()
+
+
 def _recv_from_silent_rank(comm):
     if comm.rank == 1:
         try:
@@ -320,6 +342,15 @@ def test_messages_with_one_tag_arrive_in_order(group_factory, links):
 
 def test_point_to_point_alongside_collectives(group_factory, links):
     assert group_factory(3, transport=links).run(_p2p_with_collectives) == [True] * 3
+
+
+def test_point_to_point_needs_no_store_after_init(links, tmp_path):
+    """A first message between two ranks works after rank 0, whose process holds the
+    store, has closed: every address a link needs was read when the communicator was
+    made."""
+    outcomes = run_ranks(3, _p2p_after_rank_0_closed, str(tmp_path / "closed"),
+                         transport=links, timeout=60)  # fmt: skip
+    assert [o[:2] for o in outcomes] == [("ok", None), ("ok", [2.0] * 5), ("ok", [1.0] * 5)], outcomes
 
 
 def test_recv_of_the_wrong_size_is_a_mismatch_naming_the_sender(group_factory):

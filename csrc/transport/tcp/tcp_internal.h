@@ -94,13 +94,27 @@ inline std::string addr_key(const std::string& prefix, int rank) {
   return prefix + "addr/" + std::to_string(rank);
 }
 
-inline std::string streams_key(const std::string& prefix, int rank) {
-  return prefix + "streams/" + std::to_string(rank);
+// What a rank publishes under addr_key: how many streams a link into it has, then
+// where it listens ("2 10.0.0.7:41234").
+inline std::string link_record(int streams, const std::string& host, int port) {
+  return std::to_string(streams) + " " + host + ":" + std::to_string(port);
 }
 
-inline std::pair<std::string, int> split_host_port(const std::string& addr) {
-  auto colon = addr.rfind(':');
-  return {addr.substr(0, colon), std::stoi(addr.substr(colon + 1))};
+struct LinkRecord {
+  std::string host;
+  int port = 0;
+  int streams = 0;
+};
+
+inline LinkRecord parse_link_record(const std::string& record) {
+  LinkRecord r;
+  const size_t space = record.find(' ');
+  const size_t colon = record.rfind(':');
+  if (space == std::string::npos || colon == std::string::npos || colon < space) return r;
+  r.streams = std::atoi(record.substr(0, space).c_str());
+  r.host = record.substr(space + 1, colon - space - 1);
+  r.port = std::atoi(record.c_str() + colon + 1);
+  return r;
 }
 
 }  // namespace tcp
@@ -110,8 +124,9 @@ using tcp::addr_key;
 using tcp::kMaxArrivals;
 using tcp::kStripeAlign;
 using tcp::kStripeMinBytes;
+using tcp::link_record;
+using tcp::LinkRecord;
+using tcp::parse_link_record;
 using tcp::peer_name;
-using tcp::split_host_port;
-using tcp::streams_key;
 
 }  // namespace rr

@@ -91,10 +91,8 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::stri
   // Peers on this host only (a loopback address advertised): loopback only.
   const bool loopback = advertise_host.rfind("127.", 0) == 0 || advertise_host == "localhost";
   t->listener_ = listen_tcp(loopback ? "127.0.0.1" : "", 0, 1024);
-  // Before the address: whoever reads the address finds the streams too.
-  store.set(streams_key(prefix, rank), std::to_string(streams));
   store.set(addr_key(prefix, rank),
-            advertise_host + ":" + std::to_string(bound_port(t->listener_.get())));
+            link_record(streams, advertise_host, bound_port(t->listener_.get())));
   t->store_ = &store;
   t->prefix_ = prefix;
   t->connect_seconds_ = deadline.seconds();
@@ -104,7 +102,17 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::stri
 std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
     Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
     std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
-  return listen(store, prefix, rank, size, advertise_host, spin, deadline, token, 1);
+  std::unique_ptr<TcpTransport> t =
+      listen(store, prefix, rank, size, advertise_host, spin, deadline, token, 1);
+  // Every peer's address, read now: a first message between two ranks then needs
+  // nobody else, not even rank 0 (whose store may be gone by then, closed or dead).
+  t->records_.resize(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != rank) {
+      t->records_[static_cast<size_t>(peer)] = store.get(addr_key(prefix, peer), deadline, peer);
+    }
+  }
+  return t;
 }
 
 std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
@@ -142,12 +150,15 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std
 }
 
 TcpTransport::Link& TcpTransport::connect_to(int peer, const Deadline& deadline) {
-  auto [host, port] = split_host_port(store_->get(addr_key(prefix_, peer), deadline, peer));
-  const std::string count = store_->get(streams_key(prefix_, peer), deadline);
-  const int streams = std::atoi(count.c_str());
-  if (streams < 1 || streams > kMaxLinkStreams) {
-    throw Error("tcp transport: rank " + std::to_string(peer) + " asks for " + count +
-                " streams per link (1 to " + std::to_string(kMaxLinkStreams) + " are possible)");
+  const size_t p = static_cast<size_t>(peer);
+  const std::string record = p < records_.size() && !records_[p].empty()
+                                 ? records_[p]
+                                 : store_->get(addr_key(prefix_, peer), deadline, peer);
+  const auto [host, port, streams] = parse_link_record(record);
+  if (streams < 1 || streams > kMaxLinkStreams || port <= 0) {
+    throw Error("tcp transport: rank " + std::to_string(peer) + " published \"" + record +
+                "\" as its address; expected \"<streams> <host>:<port>\" with 1 to " +
+                std::to_string(kMaxLinkStreams) + " streams");
   }
   auto link = std::make_unique<Link>(peer, true, streams);
   for (int i = 0; i < streams; ++i) {

@@ -50,7 +50,8 @@ class TcpTransport : public Transport {
                                                     std::chrono::microseconds spin,
                                                     const Deadline& deadline,
                                                     const std::string& token = "", int streams = 1);
-  // The same without the ring: every link is connected on first use.
+  // The same without the ring: every link is connected on first use, to the
+  // addresses every peer published, all read before this returns.
   static std::unique_ptr<TcpTransport> connect_lazy(Store& store, const std::string& prefix,
                                                     int rank, int size,
                                                     const std::string& advertise_host,
@@ -126,6 +127,7 @@ class TcpTransport : public Transport {
   // connections accepted but not yet introduced, and how long a connect may take.
   Store* store_ = nullptr;
   std::string prefix_;
+  std::vector<std::string> records_;  // each peer's link_record, when read in advance
   uint64_t session_ = 0;
   std::string token_;
   int streams_ = 1;  // streams of every link into this rank

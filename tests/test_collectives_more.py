@@ -348,9 +348,10 @@ def test_point_to_point_needs_no_store_after_init(links, tmp_path):
     """A first message between two ranks works after rank 0, whose process holds the
     store, has closed: every address a link needs was read when the communicator was
     made."""
-    outcomes = run_ranks(3, _p2p_after_rank_0_closed, str(tmp_path / "closed"),
-                         transport=links, timeout=60)  # fmt: skip
-    assert [o[:2] for o in outcomes] == [("ok", None), ("ok", [2.0] * 5), ("ok", [1.0] * 5)], outcomes
+    marker = str(tmp_path / "closed")
+    outcomes = run_ranks(3, _p2p_after_rank_0_closed, marker, transport=links, timeout=60)
+    got = [o[:2] for o in outcomes]
+    assert got == [("ok", None), ("ok", [2.0] * 5), ("ok", [1.0] * 5)], outcomes
 
 
 def test_recv_of_the_wrong_size_is_a_mismatch_naming_the_sender(group_factory):

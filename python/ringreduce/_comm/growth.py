@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import _core, _env
 from ..errors import PeerError, RingReduceError, TimeoutError
-from .meeting import MeetingStore, alive, refused
+from .meeting import MeetingStore, alive, held_get, refused
 from .membership import Membership, arm, standby_server
 
 __all__ = ["grow", "join"]
@@ -192,8 +192,7 @@ def _open_lobby(
 def _await_lobby(store: Any, prefix: str, deadline: float, server: int, rank: int) -> None:
     while True:
         # The host's standby store answers the moment the lobby's state is set.
-        held = max(0.0, min(_HELD, deadline - time.monotonic()))
-        state = store.wait_get(prefix + "/lobby", int(held * 1000))
+        state = held_get(store, prefix + "/lobby", _HELD, deadline)
         if state is not None:
             if state != b"open":
                 raise RingReduceError(f"rank {rank}: {state.decode()[len('error: ') :]}")

@@ -5,12 +5,20 @@ tell whether a member's process is gone (`membership`, `growth`)."""
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import PeerError
 from . import processes
 
-__all__ = ["MeetingStore", "alive", "refused"]
+__all__ = ["MeetingStore", "alive", "held_get", "refused"]
+
+
+def held_get(store: Any, key: str, cap: float, deadline: float) -> Optional[bytes]:
+    """``store.wait_get(key)``, held by the store for at most ``cap`` seconds and never
+    past ``deadline`` (a ``time.monotonic()`` time): the value, or None if not set yet."""
+    held = max(0.0, min(cap, deadline - time.monotonic()))
+    return store.wait_get(key, int(held * 1000))
 
 
 class MeetingStore:

@@ -37,7 +37,7 @@ from ..launch.ports import standby_band
 from . import processes
 from .arming import fetch_named as _fetch
 from .arming import standby_table as _standby_table
-from .meeting import MeetingStore, alive, refused
+from .meeting import MeetingStore, alive, held_get, refused
 
 if TYPE_CHECKING:
     pass
@@ -193,8 +193,7 @@ class Membership:
             # store answers the moment it is in, and whoever else came meanwhile is read
             # by the next look.
             wanted = [r for r in missing if r not in suspected] or missing
-            held = max(0.0, min(_PROBE_EVERY, deadline - now))
-            store.wait_get(f"{key}in/{wanted[0]}", int(held * 1000))
+            held_get(store, f"{key}in/{wanted[0]}", _PROBE_EVERY, deadline)
         members = sorted(r for r in reports if r not in dead)
         decision = {
             "members": members,
@@ -230,9 +229,8 @@ class Membership:
             if host != self.rank and self.halted(host):  # its store would not answer
                 raise PeerError(f"rank {host}, the agreement's host, is stopped or gone")
             # The host's store holds the request until the decision is written.
-            held = max(0.0, min(_HELD, deadline - time.monotonic()))
             try:
-                value = store.wait_get(key, int(held * 1000))
+                value = held_get(store, key, _HELD, deadline)
             except RingReduceError as exc:
                 raise PeerError(f"rank {host}'s standby store went away: {exc}") from exc
             if value is not None:

@@ -91,17 +91,30 @@ ProcessName this_process() {
   return p;
 }
 
-bool process_halted(const ProcessName& p) {
-  if (!p.here()) return false;
+namespace {
+
+enum class Halt { kRuns, kStopped, kGone };
+
+Halt halt_of(const ProcessName& p) {
+  if (!p.here()) return Halt::kRuns;  // elsewhere: nothing can be said from here
   char state = 0;
   uint64_t start = 0;
   switch (read_stat(std::to_string(p.pid), &state, &start)) {
-    case Stat::kGone: return true;
-    case Stat::kUnknown: return false;
+    case Stat::kGone:
+      return Halt::kGone;
+    case Stat::kUnknown:
+      return Halt::kRuns;
     case Stat::kRead: break;
   }
-  if (start != p.start) return true;  // the pid is another process's now
-  return state == 'T' || state == 't' || state == 'Z' || state == 'X';
+  if (start != p.start) return Halt::kGone;  // the pid is another process's now
+  if (state == 'Z' || state == 'X') return Halt::kGone;
+  return state == 'T' || state == 't' ? Halt::kStopped : Halt::kRuns;
 }
+
+}  // namespace
+
+bool process_halted(const ProcessName& p) { return halt_of(p) != Halt::kRuns; }
+
+bool process_gone(const ProcessName& p) { return halt_of(p) == Halt::kGone; }
 
 }  // namespace rr

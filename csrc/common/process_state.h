@@ -29,5 +29,8 @@ ProcessName this_process();
 // or gone (exited, a zombie, or its pid now another process's). False when it
 // runs, or is elsewhere, or unknown: nothing can be said from here.
 bool process_halted(const ProcessName& p);
+// True when `p` is on this machine and gone (exited, a zombie, or its pid now
+// another process's): halted, and not merely stopped.
+bool process_gone(const ProcessName& p);
 
 }  // namespace rr

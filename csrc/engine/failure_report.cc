@@ -245,10 +245,12 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     // process died (killed, crashed). What we saw (a neighbour closing its
     // link, say) is most likely the echo of that.
     if (store.host_lost() && rank != 0 && mine.peer != 0) {
-      first = {"peer", 0, 0,
-               "rank 0 is gone: the rendezvous store it hosts closed every connection without "
-               "a failure report from it, so its process died (killed, crashed or exited "
-               "without closing the communicator)",
+      first = {"peer",
+               0,
+               0,
+               "rank 0 is gone: its process died (killed, crashed or exited without closing "
+               "the communicator) without a failure report, and the rendezvous store it "
+               "hosts went with it",
                {}};
     } else if (store.host_stopped() && rank != 0) {
       // A stopped rank 0 stalls every wait that leads to it, and it is the

@@ -511,6 +511,14 @@ class TcpStore : public Store {
       } else if (!stopped_until) {
         stopped_until = Deadline::after(kStoppedSeconds);
       } else if (stopped_until->expired()) {
+        if (process_gone(host_)) {
+          // Gone, yet its connection is open: another process holds its sockets
+          // (one it forked inherits them) or the network between us was cut.
+          throw PeerError(std::string(kWhat) + ", process " + std::to_string(host_.pid) +
+                              " on this machine, is gone (exited or killed) though its "
+                              "connection is still open (a process it forked may hold it)",
+                          0);
+        }
         stopped_ = true;
         throw TimeoutError(std::string(kWhat) + ", process " + std::to_string(host_.pid) +
                                " on this machine, is stopped (SIGSTOP, Ctrl-Z or a debugger) "

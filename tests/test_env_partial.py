@@ -145,6 +145,7 @@ SETTINGS = {
     "small_bytes": "RINGREDUCE_SMALL_BYTES",
     "algorithm": "RINGREDUCE_ALGORITHM",
     "tcp_streams": "RINGREDUCE_TCP_STREAMS",
+    "tcp_keepalive_seconds": "RINGREDUCE_TCP_KEEPALIVE",
     "spin_us": "RINGREDUCE_SPIN_US",
     "shm_single_copy_bytes": "RINGREDUCE_SHM_SINGLE_COPY_BYTES",
     "shm_slot_bytes": "RINGREDUCE_SHM_SLOT_BYTES",
@@ -178,6 +179,7 @@ def test_set_settings_reach_their_options_field(no_settings):
         "small_bytes": 1000,
         "algorithm": "ring",
         "tcp_streams": 3,
+        "tcp_keepalive_seconds": 4,
         "spin_us": 7,
         "shm_single_copy_bytes": 1 << 20,
         "shm_slot_bytes": 8192,
@@ -198,6 +200,8 @@ def test_set_settings_reach_their_options_field(no_settings):
         ("RINGREDUCE_SMALL_BYTES", "-1"),
         ("RINGREDUCE_SMALL_BYTES", "64k"),
         ("RINGREDUCE_TCP_STREAMS", "17"),
+        ("RINGREDUCE_TCP_KEEPALIVE", "-1"),
+        ("RINGREDUCE_TCP_KEEPALIVE", "15s"),
     ],
 )
 def test_a_bad_setting_names_its_variable(no_settings, var, text):

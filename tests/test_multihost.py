@@ -80,12 +80,14 @@ def hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _start(names, mode, timeout="20", transport="tcp"):
+def _start(names, mode, timeout="20", transport="tcp", keepalive=None):
     """One rank per entry of `names` (a namespace may appear several times)."""
     procs = []
     for rank, ns in enumerate(names):
-        env = dict(
-            os.environ,
+        env = dict(os.environ)
+        if keepalive is not None:
+            env["RINGREDUCE_TCP_KEEPALIVE"] = keepalive
+        env.update(
             RANK=str(rank),
             WORLD_SIZE=str(len(names)),
             MASTER_ADDR="10.232.0.1",
@@ -147,6 +149,27 @@ def test_network_partition_times_out_naming_the_rank(hosts):
         assert r.get("error") in ("TimeoutError", "PeerError"), r
         assert r.get("peer") in (1, 2), r  # the rank waited on, or the cut-off one
     assert elapsed < 30, "every rank must give up within a few timeouts"
+
+
+@pytest.mark.extended
+def test_a_partitioned_host_is_named_at_the_keepalive_not_the_timeout(hosts):
+    """A host cut off the network sends no FIN and no RST; with a 60 s timeout the
+    survivors would wait that long. Keepalive probes (3 s here) name it sooner."""
+    names, switch = hosts
+    procs = _start(names, "partition", timeout="60", keepalive="3")
+    for p in procs:
+        assert json.loads(p.stdout.readline()).get("ready")
+    time.sleep(0.3)
+    _ip("-n", switch, "link", "set", "p2", "down")
+    cut = time.monotonic()
+    results = [_last_json(p, 90) for p in procs[:2]]
+    elapsed = time.monotonic() - cut
+    assert [r.get("error") for r in results] == ["PeerError"] * 2, results
+    named = [r for r in results if r.get("peer") == 2 and "stopped answering" in r["message"]]
+    assert named, results
+    assert elapsed < 20, f"the survivors gave up {elapsed:.1f} s after the cut"
+    cut_off = _last_json(procs[2], 90)
+    assert cut_off.get("error") == "PeerError", cut_off["message"]  # it lost both peers
 
 
 def test_newcomers_find_the_job_at_its_address_after_rank_0_died(hosts):

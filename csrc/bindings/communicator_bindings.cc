@@ -265,6 +265,7 @@ void register_communicator(py::module_& m) {
       .def_readwrite("token", &rr::Options::token)
       .def_readwrite("log_algorithm", &rr::Options::log_algorithm)
       .def_readwrite("tcp_streams", &rr::Options::tcp_streams)
+      .def_readwrite("tcp_keepalive_seconds", &rr::Options::tcp_keepalive_seconds)
       .def_readwrite("fake_device", &rr::Options::fake_device)
       .def_readwrite("point_to_point", &rr::Options::point_to_point);
 

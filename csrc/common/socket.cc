@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <thread>
@@ -108,6 +109,19 @@ void tune_stream_socket(int fd) {
   int bytes = 4 << 20;
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+}
+
+void set_keepalive(int fd, int seconds) {
+  if (seconds <= 0) return;
+  int on = 1;
+  int idle = 1;
+  int interval = 1;
+  // The kernel takes 1..127 probes.
+  int probes = std::clamp(seconds - idle, 1, 127);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
 // Waits for `events` on fd for at most the time left (and at most 100 ms, so

@@ -57,6 +57,13 @@ void set_nonblocking(int fd);
 void set_no_delay(int fd);
 // TCP_NODELAY and large kernel buffers: the ring streams megabytes per step.
 void tune_stream_socket(int fd);
+// TCP keepalive: once the connection has been idle for a second, a probe every
+// second, and the socket fails with ETIMEDOUT when the peer's machine has answered
+// none for about `seconds` (a network partition, a frozen or powered-off host).
+// Probes go out only while nothing we sent is unacknowledged, and a live peer's
+// kernel answers them even while its process is stopped or busy, so a slow rank is
+// never taken for a dead one. 0: off.
+void set_keepalive(int fd, int seconds);
 
 // Sends/receives exactly n bytes before the deadline. Throws PeerError(peer) when
 // the connection breaks and TimeoutError(peer) at the deadline.

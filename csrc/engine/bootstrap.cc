@@ -192,7 +192,7 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
   const NetworkFactory tcp = [&] {
     return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,
                                       std::chrono::microseconds(options.spin_us), deadline,
-                                      link_token, streams);
+                                      link_token, streams, options.tcp_keepalive_seconds);
   };
   Placement placement;
   auto transport =
@@ -203,7 +203,7 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
     const NetworkFactory lazy = [&] {
       return TcpTransport::connect_lazy(rendezvous, p2p_prefix, rank, size, advertise,
                                         std::chrono::microseconds(options.spin_us), deadline,
-                                        link_token);
+                                        link_token, options.tcp_keepalive_seconds);
     };
     // Messages are rarer than collectives here: small slots keep the second set of
     // shared-memory inboxes small (a message larger than a slot spans several).

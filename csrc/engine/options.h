@@ -45,6 +45,13 @@ struct Options {
   // across them (RINGREDUCE_TCP_STREAMS, 1..16); 0: from the NIC's speed
   // (default_tcp_streams in transport/tcp/tcp_transport.h).
   int tcp_streams = 0;
+  // A TCP link whose peer's machine answers no keepalive probe for about this
+  // many seconds fails, naming the peer (RINGREDUCE_TCP_KEEPALIVE; 0: off): a
+  // partitioned or frozen host is named then, not at `timeout_seconds`. Only an
+  // idle link is probed and a live peer's kernel answers even while the process
+  // is stopped or busy, so a slow rank is not taken for a dead one. 15 s rides
+  // out a link flap of a few seconds.
+  int tcp_keepalive_seconds = 15;
   // The job's secret (RINGREDUCE_TOKEN / init(token=...)): every store
   // connection and data link proves it holds it; empty: no proof asked.
   std::string token;

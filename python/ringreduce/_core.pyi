@@ -77,6 +77,7 @@ class Options:
     token: str
     log_algorithm: bool
     tcp_streams: int
+    tcp_keepalive_seconds: int
     fake_device: bool
     point_to_point: bool
     def __init__(self) -> None: ...

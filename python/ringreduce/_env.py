@@ -282,6 +282,9 @@ def engine_options(transport: str, timeout: float) -> Any:
             f"RINGREDUCE_TCP_STREAMS must be 1..16 (0 or unset: from the NIC's speed), "
             f"got {options.tcp_streams}"
         )
+    options.tcp_keepalive_seconds = _int_env(
+        "RINGREDUCE_TCP_KEEPALIVE", options.tcp_keepalive_seconds
+    )
     options.spin_us = _int_env("RINGREDUCE_SPIN_US", options.spin_us)
     options.shm_single_copy_bytes = _int_env(
         "RINGREDUCE_SHM_SINGLE_COPY_BYTES", options.shm_single_copy_bytes

@@ -62,12 +62,10 @@ int default_tcp_streams(const std::string& local_ip) {
   return mbit >= 100000 ? 8 : mbit >= 40000 ? 4 : mbit >= 25000 ? 2 : 1;
 }
 
-std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::string& prefix,
-                                                   int rank, int size,
-                                                   const std::string& advertise_host,
-                                                   std::chrono::microseconds spin,
-                                                   const Deadline& deadline,
-                                                   const std::string& token, int streams) {
+std::unique_ptr<TcpTransport> TcpTransport::listen(
+    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token, int streams,
+    int keepalive_seconds) {
   if (streams < 1 || streams > kMaxLinkStreams) {
     throw InvalidArgument("tcp transport: " + std::to_string(streams) +
                           " streams per link asked for; 1 to " + std::to_string(kMaxLinkStreams) +
@@ -76,6 +74,7 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::stri
   std::unique_ptr<TcpTransport> t(new TcpTransport(rank, size, spin));
   t->token_ = token;
   t->streams_ = streams;
+  t->keepalive_seconds_ = keepalive_seconds;
   if (size == 1) return t;
 
   // Every rank learns one session number from rank 0, so a stale connection
@@ -101,9 +100,10 @@ std::unique_ptr<TcpTransport> TcpTransport::listen(Store& store, const std::stri
 
 std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
     Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
-    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token) {
-  std::unique_ptr<TcpTransport> t =
-      listen(store, prefix, rank, size, advertise_host, spin, deadline, token, 1);
+    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token,
+    int keepalive_seconds) {
+  std::unique_ptr<TcpTransport> t = listen(store, prefix, rank, size, advertise_host, spin,
+                                           deadline, token, 1, keepalive_seconds);
   // Every peer's address, read now: a first message between two ranks then needs
   // nobody else, not even rank 0 (whose store may be gone by then, closed or dead).
   t->records_.resize(static_cast<size_t>(size));
@@ -115,14 +115,12 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
   return t;
 }
 
-std::unique_ptr<TcpTransport> TcpTransport::connect_ring(Store& store, const std::string& prefix,
-                                                         int rank, int size,
-                                                         const std::string& advertise_host,
-                                                         std::chrono::microseconds spin,
-                                                         const Deadline& deadline,
-                                                         const std::string& token, int streams) {
-  std::unique_ptr<TcpTransport> t =
-      listen(store, prefix, rank, size, advertise_host, spin, deadline, token, streams);
+std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
+    Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
+    std::chrono::microseconds spin, const Deadline& deadline, const std::string& token, int streams,
+    int keepalive_seconds) {
+  std::unique_ptr<TcpTransport> t = listen(store, prefix, rank, size, advertise_host, spin,
+                                           deadline, token, streams, keepalive_seconds);
   if (size == 1) return t;
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
@@ -163,6 +161,7 @@ TcpTransport::Link& TcpTransport::connect_to(int peer, const Deadline& deadline)
   auto link = std::make_unique<Link>(peer, true, streams);
   for (int i = 0; i < streams; ++i) {
     Fd out = connect_tcp(host, port, deadline, peer_name(peer));
+    set_keepalive(out.get(), keepalive_seconds_);
     const LinkHello hello = make_link_hello(rank_, peer, session_, token_, i, streams);
     send_exact(out.get(), &hello, sizeof hello, deadline, peer, peer_name(peer));
     link->streams[static_cast<size_t>(i)].fd = std::move(out);
@@ -187,6 +186,7 @@ void TcpTransport::adopt(Fd fd, const LinkHello& h) {
   }
   Stream& stream = link->streams[h.stream];
   if (stream.fd.valid()) return;  // that stream is connected already: a duplicate
+  set_keepalive(fd.get(), keepalive_seconds_);
   stream.fd = std::move(fd);
   ++link->arrived;
 }

@@ -44,20 +44,18 @@ class TcpTransport : public Transport {
   // connects to the right neighbour and accepts the left one, retrying until
   // the deadline. `advertise_host` is the address other ranks can reach us at.
   // `spin` is how long wait() retries before it blocks in poll().
-  static std::unique_ptr<TcpTransport> connect_ring(Store& store, const std::string& prefix,
-                                                    int rank, int size,
-                                                    const std::string& advertise_host,
-                                                    std::chrono::microseconds spin,
-                                                    const Deadline& deadline,
-                                                    const std::string& token = "", int streams = 1);
+  // `keepalive_seconds`: a link whose peer's machine answers nothing for about
+  // that long fails, naming the peer (set_keepalive in common/socket.h; 0: off).
+  static std::unique_ptr<TcpTransport> connect_ring(
+      Store& store, const std::string& prefix, int rank, int size,
+      const std::string& advertise_host, std::chrono::microseconds spin, const Deadline& deadline,
+      const std::string& token = "", int streams = 1, int keepalive_seconds = 0);
   // The same without the ring: every link is connected on first use, to the
   // addresses every peer published, all read before this returns.
-  static std::unique_ptr<TcpTransport> connect_lazy(Store& store, const std::string& prefix,
-                                                    int rank, int size,
-                                                    const std::string& advertise_host,
-                                                    std::chrono::microseconds spin,
-                                                    const Deadline& deadline,
-                                                    const std::string& token = "");
+  static std::unique_ptr<TcpTransport> connect_lazy(
+      Store& store, const std::string& prefix, int rank, int size,
+      const std::string& advertise_host, std::chrono::microseconds spin, const Deadline& deadline,
+      const std::string& token = "", int keepalive_seconds = 0);
   ~TcpTransport() override;
 
   int rank() const override { return rank_; }
@@ -96,7 +94,7 @@ class TcpTransport : public Transport {
                                               int size, const std::string& advertise_host,
                                               std::chrono::microseconds spin,
                                               const Deadline& deadline, const std::string& token,
-                                              int streams);
+                                              int streams, int keepalive_seconds);
   // Connects every stream of our link to `peer` (as many as it asks for).
   Link& connect_to(int peer, const Deadline& deadline);
   // Files an accepted connection whose hello checked out under its link.
@@ -131,6 +129,7 @@ class TcpTransport : public Transport {
   uint64_t session_ = 0;
   std::string token_;
   int streams_ = 1;  // streams of every link into this rank
+  int keepalive_seconds_ = 0;  // set_keepalive on every stream
   std::set<std::string> nonces_seen_;
   Fd listener_;
   std::vector<std::unique_ptr<Arrival>> arrivals_;

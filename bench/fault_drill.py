@@ -15,7 +15,11 @@ communicator must still compute right. How the victims fail:
 
 - ``kill``: SIGKILL (no goodbye); ``exit``: ``os._exit(3)`` without closing anything;
 - ``stop``: SIGSTOP (alive but silent: the survivors notice at their timeout,
-  ``--timeout``, and the agreement counts it dead when it does not check in).
+  ``--timeout``, and the agreement counts it dead when it does not check in);
+- ``partition`` (``--hosts`` equal to N: one rank per emulated host): the victim takes
+  its host's link down (no FIN, no RST: packets just stop) and stays alive; the
+  survivors notice when its machine has answered no TCP keepalive probe for
+  ``--keepalive`` seconds (RINGREDUCE_TCP_KEEPALIVE), or at their timeout if sooner.
 
 Each survivor reports when its call raised PeerError or TimeoutError (*detection*, from
 the moment the victim failed), how long ``shrink()`` took (*shrink*), and whether an
@@ -168,6 +172,11 @@ def fail(rank: int, how: str) -> None:
     elif how == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3600)  # the driver kills it
+    elif how == "partition":
+        # This rank's host off the network, from inside its namespace; the driver
+        # brings the link back up after the case, and kills this process.
+        subprocess.run(["ip", "link", "set", os.environ["RR_DRILL_DEV"], "down"], check=True)
+        time.sleep(3600)
     os._exit(3)
 
 
@@ -232,7 +241,13 @@ def run_case(
         return ["ip", "netns", "exec", f"{_NS}{host_of(r)}"] if hosts else []
 
     def env_of(r: int) -> Dict[str, str]:
-        return dict(os.environ, RINGREDUCE_HOST_ID=f"drill-host-{host_of(r)}") if hosts else None
+        env = dict(os.environ)
+        if args.keepalive is not None:
+            env["RINGREDUCE_TCP_KEEPALIVE"] = str(args.keepalive)
+        if hosts:
+            env.update(RINGREDUCE_HOST_ID=f"drill-host-{host_of(r)}",
+                       RR_DRILL_DEV=f"dveth{host_of(r)}")  # fmt: skip
+        return env
 
     procs = [
         subprocess.Popen(
@@ -264,7 +279,7 @@ def run_case(
     failed_at: Optional[float] = None
     hung, errors = [], []
     for r, p in enumerate(procs):
-        if r in victims and how == "stop":
+        if r in victims and how in ("stop", "partition"):
             continue
         try:
             out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
@@ -290,6 +305,10 @@ def run_case(
                 if '"failed_at"' in line:
                     at = json.loads(line)["failed_at"]
                     failed_at = at if failed_at is None else min(failed_at, at)
+    if how == "partition":
+        for h in {host_of(v) for v in victims}:
+            subprocess.run(["ip", "-n", f"{_NS}{h}", "link", "set", f"dveth{h}", "up"],
+                           check=True)  # fmt: skip
     survivors = [r for r in range(count) if r not in victims]
     row: Dict[str, Any] = {
         "transport": transport, "n": n, "how": how, "where": where, "victims": victims,
@@ -330,6 +349,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--trials", type=int, default=3, help="per case (default 3)")
     p.add_argument("--timeout", type=float, default=3.0, help="communicator timeout, s")
     p.add_argument("--case-timeout", type=float, default=60.0, help="a hang after this, s")
+    p.add_argument("--keepalive", type=int, help="RINGREDUCE_TCP_KEEPALIVE for the ranks, s")
     p.add_argument("--hosts", type=int, default=0,
                    help="emulated hosts: network namespaces on a bridge, links shaped to "
                         "--link (root; 0: every rank on loopback)")  # fmt: skip
@@ -380,6 +400,11 @@ def _drill(args: argparse.Namespace) -> int:
                             victims = [int(v) for v in args.at.split(",")]
                         if where == "join":
                             victims = [n]  # the newcomer
+                        if how == "partition" and (args.hosts != n or len(victims) != 1):
+                            print(f"| {transport} | {n} | partition | {where} | {victims} | "
+                                  "skipped: needs --hosts N (one rank per host) and one "
+                                  "victim |", flush=True)  # fmt: skip
+                            break
                         row = run_case(n, transport, how, where, sorted(victims), args)
                         rows.append(row)
                         if "detect_s" in row:

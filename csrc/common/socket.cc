@@ -124,6 +124,13 @@ void set_keepalive(int fd, int seconds) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
+void set_request_keepalive(int fd, int seconds) {
+  if (seconds <= 0) return;
+  set_keepalive(fd, seconds);
+  unsigned int ms = static_cast<unsigned int>(seconds) * 1000u;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+}
+
 // Waits for `events` on fd for at most the time left (and at most 100 ms, so
 // the caller re-checks its deadline regularly).
 static int poll_one(int fd, short events, const Deadline& deadline) {

@@ -64,6 +64,12 @@ void tune_stream_socket(int fd);
 // kernel answers them even while its process is stopped or busy, so a slow rank is
 // never taken for a dead one. 0: off.
 void set_keepalive(int fd, int seconds);
+// set_keepalive, and bytes we sent that stay unacknowledged for `seconds` fail
+// the socket too (TCP_USER_TIMEOUT): a request to a machine gone off the network
+// fails then, not after minutes of retransmissions. Only for a peer that always
+// reads at once (a store's server): since Linux 5.11 it also ends a connection
+// whose receiver merely stopped reading. 0: off.
+void set_request_keepalive(int fd, int seconds);
 
 // Sends/receives exactly n bytes before the deadline. Throws PeerError(peer) when
 // the connection breaks and TimeoutError(peer) at the deadline.

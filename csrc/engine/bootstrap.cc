@@ -153,7 +153,7 @@ std::unique_ptr<Communicator> create_tcp_communicator(int rank, int size,
           master_port = port;
           if (listening) listening(port);
         },
-        3.0);
+        3.0, options.tcp_keepalive_seconds);
     advertise = local_ip_towards(master_addr);
     meeting = "rank 0's rendezvous store at " + master_addr + ":" + std::to_string(master_port);
   }

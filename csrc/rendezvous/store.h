@@ -119,12 +119,14 @@ class HostStopCheck {
 // the other ranks: no probing for a free port that someone may take first).
 // A fixed port that is in use is tried again for up to `busy_port_seconds`
 // (the job's own MASTER_PORT: its previous store may still be closing); 0 for
-// a port picked at random, where the caller tries another.
+// a port picked at random, where the caller tries another. `keepalive_seconds`:
+// a request fails when the server's machine answers nothing for that long (a
+// network partition; common/socket.h, set_request_keepalive), 0: at `io_seconds`.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       const Deadline& deadline, double io_seconds,
                                       const std::string& token = "",
                                       const std::function<void(int)>& listening = {},
-                                      double busy_port_seconds = 0);
+                                      double busy_port_seconds = 0, int keepalive_seconds = 0);
 
 // A store in this process's memory: for a world of one, and for tests.
 std::unique_ptr<Store> make_local_store();

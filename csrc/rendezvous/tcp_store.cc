@@ -601,7 +601,7 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
                                       const Deadline& deadline, double io_seconds,
                                       const std::string& token,
                                       const std::function<void(int)>& listening,
-                                      double busy_port_seconds) {
+                                      double busy_port_seconds, int keepalive_seconds) {
   std::unique_ptr<StoreServer> server;
   if (is_server) {
     // MASTER_ADDR names this host as the others see it: listen on every
@@ -636,6 +636,7 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
   // second write back until the first is acknowledged, and the peer delays that
   // acknowledgement by up to 40 ms, a delay per store round trip.
   set_no_delay(fd.get());
+  set_request_keepalive(fd.get(), keepalive_seconds);
   auto store = std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
   store->handshake(token, host + ":" + std::to_string(port), deadline);
   return store;

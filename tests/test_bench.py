@@ -320,3 +320,17 @@ def test_init_time_reports_each_size_and_the_store_s_traffic():
     for row in rows:
         assert float(row[4].split()[0]) > 0, out.stdout  # milliseconds of init
         assert int(row[5].split()[0]) > 0, out.stdout  # the ranks met through the TCP store
+
+
+def test_fault_drill_kills_a_rank_and_the_survivors_shrink(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "fault_drill.py")
+    rows_path = tmp_path / "rows.json"
+    args = ["--sizes", "3", "--transports", "tcp", "--failures", "kill", "--trials", "1",
+            "--at", "1", "--timeout", "10", "--json", str(rows_path)]  # fmt: skip
+    out = run_bench(args, cmd=[sys.executable, script])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [row] = json.loads(rows_path.read_text())
+    assert (row["victims"], row["reported"], row["hung"], row["errors"]) == ([1], 2, [], [])
+    assert row["agreed"] and row["wrong"] == 0, row
+    assert 0 < row["detect_s"] < 10, row  # a kill is seen before the timeout
+    assert {rep["new_size"] for rep in row["reports"].values()} == {2}, row

@@ -172,6 +172,23 @@ def test_a_partitioned_host_is_named_at_the_keepalive_not_the_timeout(hosts):
     assert cut_off.get("error") == "PeerError", cut_off["message"]  # it lost both peers
 
 
+@pytest.mark.extended
+def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path):
+    """bench/fault_drill.py's partition: named at the keepalive (2 s), not at the
+    communicator's timeout (30 s), and the survivors agree and compute right after."""
+    rows_path = tmp_path / "rows.json"
+    drill = os.path.join(HERE, "..", "bench", "fault_drill.py")
+    cmd = [sys.executable, drill, "--hosts", "3", "--sizes", "3", "--transports", "tcp",
+           "--failures", "partition", "--trials", "1", "--at", "2", "--timeout", "30",
+           "--keepalive", "2", "--case-timeout", "90", "--json", str(rows_path)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [row] = json.loads(rows_path.read_text())
+    assert (row["reported"], row["hung"], row["errors"]) == (2, [], []), row
+    assert row["agreed"] and row["wrong"] == 0, row
+    assert 1.5 < row["detect_s"] < 10, row
+
+
 def test_newcomers_find_the_job_at_its_address_after_rank_0_died(hosts):
     # Ranks 0 and 3 on host 0 (MASTER_ADDR's), 1 and 2 on host 1. Rank 0 dies; the
     # survivors shrink, and the lowest of them (old rank 1) hosts the meeting, but it

@@ -187,6 +187,9 @@ def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path):
     assert (row["reported"], row["hung"], row["errors"]) == (2, [], []), row
     assert row["agreed"] and row["wrong"] == 0, row
     assert 1.5 < row["detect_s"] < 10, row
+    # The cut-off rank is counted dead without the grace a merely suspected rank gets
+    # (1.25 x 2 s): its machine answered no keepalive probe.
+    assert row["phases"][0] < 2.0, row
 
 
 def test_newcomers_find_the_job_at_its_address_after_rank_0_died(hosts):

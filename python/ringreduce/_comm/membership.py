@@ -14,6 +14,9 @@ one that died:
   rank that has not checked in by the deadline is counted dead too. The host writes one
   decision: the members, the AND of their flags, the dead. Everyone reads the same one.
   A host that dies before deciding is counted dead and the next lowest takes over.
+  A rank whose machine stopped answering TCP keepalive probes (a partition, a frozen
+  host) is *unreachable*: the survivors skip it as a host and the host counts it dead
+  without the wait a merely suspected rank gets.
 - ``shrink``: an agreement, then a new communicator of the members, ranks renumbered in
   the old order, meeting through the host's standby store (same transport and token).
 
@@ -49,6 +52,8 @@ _HELD = 0.05  # seconds the host's store may hold a wait for the decision
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
+# How the engine's error names a peer whose machine answered no keepalive probe.
+_UNREACHABLE = "'s machine stopped answering"
 _LOOK_ELSEWHERE = 0.2  # seconds a rank may be missing before the host looks for its decision
 
 
@@ -77,6 +82,8 @@ class Membership:
         self.options = options
         self.failed: Set[int] = set()  # known or suspected dead (a peer blamed by an error)
         self.gone: Set[int] = set()  # proven dead: agreed on, or its standby store unreachable
+        # Its machine answered no keepalive probe: not a live rank blamed wrongly.
+        self.unreachable: Set[int] = set()
         self.rounds = 0  # agreements completed on this communicator
         self._connect_seconds = _CONNECT_SECONDS
         self._hold = hold  # stores a communicator made by shrink meets through
@@ -91,6 +98,8 @@ class Membership:
         peer = getattr(exc, "peer", None)
         if isinstance(exc, (PeerError, TimeoutError)) and peer is not None and peer != self.rank:
             self.failed.add(int(peer))
+            if isinstance(exc, PeerError) and f"rank {int(peer)}{_UNREACHABLE}" in str(exc):
+                self.unreachable.add(int(peer))
 
     def halted(self, rank: int) -> bool:
         """True when rank's process, on this machine, is stopped or gone, and this
@@ -116,14 +125,16 @@ class Membership:
             # may blame a live neighbour when the store's host died) is tried first, so
             # that every survivor reaches the same host.
             host = next(r for r in range(self.size) if r not in self.gone)
-            store = self._connect(host, deadline)
+            # Unreachable: trying its standby store would only wait out the connect.
+            store = None if host in self.unreachable else self._connect(host, deadline)
             if store is None:
                 self.failed.add(host)
                 self.gone.add(host)
                 continue
             key = f"{self.id}agree/{seq}/{host}/"
             try:
-                mine = {"flag": bool(flag), "failed": sorted(self.failed)}
+                mine = {"flag": bool(flag), "failed": sorted(self.failed),
+                        "unreachable": sorted(self.unreachable)}  # fmt: skip
                 store.set(f"{key}in/{self.rank}", json.dumps(mine).encode())
                 if host == self.rank:
                     self._decide(store, key, deadline)
@@ -155,6 +166,7 @@ class Membership:
         waited for until every unsuspected rank is in, and kept if it checked in."""
         reports: Dict[int, dict] = {}
         suspected = set(self.failed)
+        unreachable = set(self.unreachable)
         dead: Set[int] = set()
         probed: Dict[int, float] = {}
         looked: Set[int] = set()  # missing ranks whose store was searched for a decision
@@ -167,10 +179,13 @@ class Membership:
                     if value is not None:
                         reports[r] = json.loads(value)
                         suspected.update(int(d) for d in reports[r]["failed"])
+                        unreachable.update(int(d) for d in reports[r].get("unreachable", ()))
             now = time.monotonic()
             for r in range(self.size):
                 if r in reports or r in dead or now - probed.get(r, 0.0) < _PROBE_EVERY:
                     continue
+                if r in unreachable:
+                    continue  # a probe of a machine that answers nothing only waits
                 probed[r] = now
                 if refused(self.addresses[r]) or self.halted(r):
                     dead.add(r)  # its process is gone (nothing listens on its port) or stopped
@@ -181,9 +196,11 @@ class Membership:
             if all(r in suspected for r in missing):
                 # Everyone not suspected is in. A suspected rank may be a live one that a
                 # survivor blamed wrongly and that is still on its way: give it as long as
-                # reaching a host may take before counting it dead.
+                # reaching a host may take before counting it dead. Not one whose machine
+                # answered no keepalive probe: nobody blamed it for a neighbour's fault.
                 all_in = now if all_in is None else all_in
-                if not missing or now - all_in >= 1.25 * self._connect_seconds:
+                waited = now - all_in >= 1.25 * self._connect_seconds
+                if not missing or waited or all(r in unreachable for r in missing):
                     dead.update(missing)
                     break
             if now >= deadline:

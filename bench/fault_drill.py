@@ -95,6 +95,8 @@ def rank_main(argv: List[str]) -> None:
     except (rr.PeerError, rr.TimeoutError) as exc:
         detected = time.time()
         kind = type(exc).__name__
+        reason = getattr(exc, "reason", None)  # "unreachable": its machine answered nothing
+        message = str(exc)[:300]
     if where == "shrink" and rank in victims[1:]:
         die_during_shrink(rank, how, random.choice(("agree", "make", "arm")))
     phases = time_phases()
@@ -107,6 +109,8 @@ def rank_main(argv: List[str]) -> None:
         "rank": rank,
         "detected": detected,
         "kind": kind,
+        "reason": reason,
+        "message": message,
         "shrink_s": shrink_s,
         "agree_s": phases["agree"],
         "arm_s": phases["arm"],

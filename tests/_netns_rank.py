@@ -39,6 +39,7 @@ def main() -> None:
             out["ok"] = False
     except rr.RingReduceError as exc:
         out.update(error=type(exc).__name__, peer=exc.peer, message=str(exc))
+        out["reason"] = getattr(exc, "reason", None)
     print(json.dumps(out), flush=True)
     os._exit(0)  # don't linger in close() on a cut link
 

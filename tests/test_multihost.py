@@ -167,29 +167,39 @@ def test_a_partitioned_host_is_named_at_the_keepalive_not_the_timeout(hosts):
     assert [r.get("error") for r in results] == ["PeerError"] * 2, results
     named = [r for r in results if r.get("peer") == 2 and "stopped answering" in r["message"]]
     assert named, results
+    # Not a rank that died: one whose machine answered nothing, which the shrink's
+    # agreement acts on. Each survivor saw it itself or read the first one's report.
+    assert [r.get("reason") for r in results] == ["unreachable"] * 2, results
     assert elapsed < 20, f"the survivors gave up {elapsed:.1f} s after the cut"
     cut_off = _last_json(procs[2], 90)
     assert cut_off.get("error") == "PeerError", cut_off["message"]  # it lost both peers
 
 
 @pytest.mark.extended
-def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path):
+@pytest.mark.parametrize("at", [0, 2])
+def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path, at):
     """bench/fault_drill.py's partition: named at the keepalive (2 s), not at the
-    communicator's timeout (30 s), and the survivors agree and compute right after."""
+    communicator's timeout (30 s), and the survivors agree and compute right after.
+    Rank 0 hosts the store: cut off, it is the one rank every survivor's store
+    connection names, with no failure report to read."""
     rows_path = tmp_path / "rows.json"
     drill = os.path.join(HERE, "..", "bench", "fault_drill.py")
-    cmd = [sys.executable, drill, "--hosts", "3", "--sizes", "3", "--transports", "tcp",
-           "--failures", "partition", "--trials", "1", "--at", "2", "--timeout", "30",
+    cmd = [sys.executable, drill, "--hosts", "4", "--sizes", "4", "--transports", "tcp",
+           "--failures", "partition", "--trials", "1", "--at", str(at), "--timeout", "30",
            "--keepalive", "2", "--case-timeout", "90", "--json", str(rows_path)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     [row] = json.loads(rows_path.read_text())
-    assert (row["reported"], row["hung"], row["errors"]) == (2, [], []), row
+    assert (row["reported"], row["hung"], row["errors"]) == (3, [], []), row
     assert row["agreed"] and row["wrong"] == 0, row
     assert 1.5 < row["detect_s"] < 10, row
-    # The cut-off rank is counted dead without the grace a merely suspected rank gets
-    # (1.25 x 2 s): its machine answered no keepalive probe.
-    assert row["phases"][0] < 2.0, row
+    # Every survivor, its neighbour or not, knows the rank as unreachable, not dead.
+    reports = row["reports"].values()
+    assert [r["reason"] for r in reports] == ["unreachable"] * 3, reports
+    assert not any("process died" in r["message"] for r in reports), reports
+    # So it is counted dead without the grace a merely suspected rank gets (1.25 x
+    # 2 s), and no survivor tries it as the agreement's host (2 s to give up on it).
+    assert row["phases"][0] < 1.0, row
 
 
 def test_newcomers_find_the_job_at_its_address_after_rank_0_died(hosts):

@@ -46,6 +46,15 @@ void raise_python(const char* name, const char* message, int peer) {
   PyErr_SetObject(cls.ptr(), exc.ptr());
 }
 
+// PeerError carries its reason ("unreachable"), None when nothing more is known.
+void raise_peer(const rr::PeerError& e) {
+  py::object cls = py::module_::import("ringreduce.errors").attr("PeerError");
+  py::object exc = cls(e.what());
+  exc.attr("peer") = e.peer() >= 0 ? py::object(py::int_(e.peer())) : py::object(py::none());
+  if (!e.reason().empty()) exc.attr("reason") = py::str(e.reason());
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
 // MismatchError carries both sides as attributes: reason, ranks, calls and
 // issuers (see rr::MismatchFacts), None when the engine did not know them.
 void raise_mismatch(const rr::MismatchError& e) {
@@ -73,7 +82,7 @@ void translate(std::exception_ptr p) {
   } catch (const rr::TimeoutError& e) {
     raise_python("TimeoutError", e.what(), e.peer());
   } catch (const rr::PeerError& e) {
-    raise_python("PeerError", e.what(), e.peer());
+    raise_peer(e);
   } catch (const rr::AuthenticationError& e) {
     raise_python("AuthenticationError", e.what(), -1);
   } catch (const rr::InvalidArgument& e) {

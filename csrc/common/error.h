@@ -27,14 +27,25 @@ class TimeoutError : public Error {
 };
 
 // A peer died, closed its connection or reported a failure of its own.
+// `reason` says what is known of the peer beyond the message, for callers to
+// act on without parsing it: "unreachable" when its machine answered nothing
+// (TCP keepalive probes or a request's retransmissions went unacknowledged:
+// a network partition, a frozen or powered-off host, never a slow process),
+// "" when nothing more is known.
 class PeerError : public Error {
  public:
-  PeerError(const std::string& what, int peer) : Error(what), peer_(peer) {}
+  PeerError(const std::string& what, int peer, std::string reason = {})
+      : Error(what), peer_(peer), reason_(std::move(reason)) {}
   int peer() const { return peer_; }
+  const std::string& reason() const { return reason_; }
 
  private:
   int peer_;
+  std::string reason_;
 };
+
+// PeerError's reasons (see above).
+inline constexpr const char* kUnreachable = "unreachable";
 
 // The facts of a disagreement between two ranks, so that callers act on them
 // (the Python layer names the issuing threads) without parsing the message.

@@ -31,6 +31,15 @@ void Fd::reset() {
   fd_ = -1;
 }
 
+bool unreachable_errno(int err) {
+  return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+}
+
+// A connection that failed so had data or keepalive probes go unanswered by
+// the peer's machine (its kernel acknowledges them even while the process is
+// stopped): the machine is unreachable.
+static std::string lost_reason(int err) { return unreachable_errno(err) ? kUnreachable : ""; }
+
 static addrinfo* resolve(const std::string& host, int port, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
@@ -208,7 +217,7 @@ void send_exact(int fd, const void* data, size_t n, const Deadline& deadline, in
       continue;
     }
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      throw PeerError(errno_message("lost connection to " + what, errno), peer);
+      throw PeerError(errno_message("lost connection to " + what, errno), peer, lost_reason(errno));
     }
     if (deadline.expired()) {
       throw TimeoutError(
@@ -230,7 +239,7 @@ void recv_exact(int fd, void* data, size_t n, const Deadline& deadline, int peer
     }
     if (k == 0) throw PeerError(what + " closed the connection", peer);
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      throw PeerError(errno_message("lost connection to " + what, errno), peer);
+      throw PeerError(errno_message("lost connection to " + what, errno), peer, lost_reason(errno));
     }
     if (deadline.expired()) {
       throw TimeoutError(

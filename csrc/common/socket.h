@@ -70,6 +70,11 @@ void set_keepalive(int fd, int seconds);
 // reads at once (a store's server): since Linux 5.11 it also ends a connection
 // whose receiver merely stopped reading. 0: off.
 void set_request_keepalive(int fd, int seconds);
+// True when a connection's error means the peer's machine answered nothing:
+// ETIMEDOUT (keepalive probes or retransmissions unanswered), or the soft
+// error the kernel reports instead when it also found no route or neighbour
+// to the machine meanwhile (EHOSTUNREACH, ENETUNREACH).
+bool unreachable_errno(int err);
 
 // Sends/receives exactly n bytes before the deadline. Throws PeerError(peer) when
 // the connection breaks and TimeoutError(peer) at the deadline.

@@ -66,8 +66,11 @@ MismatchFacts decode_facts(const std::string& line, int world_size) {
 }  // namespace
 
 std::string FailureRecord::encode() const {
-  return kind + "\n" + std::to_string(peer) + "\n" + std::to_string(rank) + "\n" +
-         encode_facts(facts) + "\n" + message;
+  const std::string details = kind == "mismatch" ? encode_facts(facts)
+                              : kind == "peer"   ? field_text(reason)
+                                                 : "";
+  return kind + "\n" + std::to_string(peer) + "\n" + std::to_string(rank) + "\n" + details + "\n" +
+         message;
 }
 
 FailureRecord FailureRecord::decode(const std::string& text, int world_size) {
@@ -92,6 +95,7 @@ FailureRecord FailureRecord::decode(const std::string& text, int world_size) {
   r.peer = to_rank(peer);
   r.rank = to_rank(rank);
   if (r.kind == "mismatch") r.facts = decode_facts(facts, world_size);
+  if (r.kind == "peer" && facts == kUnreachable) r.reason = facts;
   if (r.kind != "mismatch" && r.kind != "timeout" && r.kind != "peer" && r.kind != "error") {
     r.kind = "error";
   }
@@ -114,7 +118,7 @@ Report classify(std::exception_ptr error, int rank) {
   } catch (const TimeoutError& e) {
     r = {"timeout", e.peer(), rank, e.what(), {}};
   } catch (const PeerError& e) {
-    r = {"peer", e.peer(), rank, e.what(), {}};
+    r = {"peer", e.peer(), rank, e.what(), {}, e.reason()};
   } catch (const Interrupted&) {
     // This rank's caller stopped it (Ctrl-C): to the others it is a peer
     // that left, and it is the one to name.
@@ -189,11 +193,11 @@ Report end_of_wait_chain(Store& store, const std::string& prefix, const Report& 
   return end;
 }
 
-std::exception_ptr make_error(const std::string& kind, const std::string& message, int peer,
-                              const MismatchFacts& facts) {
-  if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer, facts));
-  if (kind == "timeout") return std::make_exception_ptr(TimeoutError(message, peer));
-  if (kind == "peer") return std::make_exception_ptr(PeerError(message, peer));
+// The error to raise for record r, with `message` in place of r's.
+std::exception_ptr make_error(const Report& r, const std::string& message) {
+  if (r.kind == "mismatch") return std::make_exception_ptr(MismatchError(message, r.peer, r.facts));
+  if (r.kind == "timeout") return std::make_exception_ptr(TimeoutError(message, r.peer));
+  if (r.kind == "peer") return std::make_exception_ptr(PeerError(message, r.peer, r.reason));
   return std::make_exception_ptr(Error(message));
 }
 
@@ -244,7 +248,19 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     // notice of it: a store that closed on us with no such report means its
     // process died (killed, crashed). What we saw (a neighbour closing its
     // link, say) is most likely the echo of that.
-    if (store.host_lost() && rank != 0 && mine.peer != 0) {
+    if (store.host_unreachable() && rank != 0 && mine.peer != 0) {
+      // Not gone: cut off. Its process may well be alive, so it is named as
+      // unreachable, which the shrink's agreement acts on (counted dead at
+      // once, never tried as the agreement's host).
+      first = {"peer",
+               0,
+               0,
+               "rank 0's machine stopped answering: the rendezvous store it hosts acknowledged "
+               "no request within the TCP keepalive time (a network partition, or its host "
+               "froze or lost power; RINGREDUCE_TCP_KEEPALIVE sets how long)",
+               {},
+               kUnreachable};
+    } else if (store.host_lost() && rank != 0 && mine.peer != 0) {
       first = {"peer",
                0,
                0,
@@ -290,27 +306,23 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
     }
   }
 
-  std::string kind = mine.kind;
   std::string message = mine.message;
-  int peer = mine.peer;
-  MismatchFacts facts = mine.facts;
+  const Report* raised = &mine;
   if (first.rank != rank) {
     // Someone failed before us; our own failure is most likely the echo of
     // theirs, so the message leads with the original cause and its culprit,
     // and what we saw ourselves comes after, in brackets.
     // A mismatch we saw too is the same news from the other side: it is
     // stated once.
-    kind = first.kind;
-    peer = first.peer;
+    raised = &first;
     message = first.message;
-    facts = first.facts;
     if (!(first.kind == "mismatch" && mine.kind == "mismatch")) {
       message += " [then here, on rank " + std::to_string(rank) + ", " + description +
                  " failed: " + cause + "]";
     }
   }
   if (interrupted(error)) return {error, message};
-  return {make_error(kind, message, peer, facts), message};
+  return {make_error(*raised, message), message};
 }
 
 }  // namespace rr

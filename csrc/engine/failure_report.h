@@ -16,7 +16,8 @@ namespace rr {
 
 // A failure as published in the store: "kind\npeer\nrank\nfacts\nmessage",
 // where facts is a mismatch's MismatchFacts, tab-separated (reason, both
-// ranks, both issuer tags in hex, both calls), or empty.
+// ranks, both issuer tags in hex, both calls), a peer failure's reason
+// (PeerError::reason, e.g. "unreachable"), or empty.
 struct FailureRecord {
   static constexpr size_t kMaxMessage = 64 << 10;
   std::string kind;  // "mismatch" | "timeout" | "peer" | "error"
@@ -24,10 +25,12 @@ struct FailureRecord {
   int rank = -1;
   std::string message;
   MismatchFacts facts;  // a mismatch's, when known
+  std::string reason;   // a "peer" failure's PeerError::reason ("" when none)
 
   std::string encode() const;
   // Never fails: an unknown kind reads as "error", a rank outside
-  // [0, world_size) as -1 (no rank), an overlong message is cut.
+  // [0, world_size) as -1 (no rank), an unknown reason as none, an overlong
+  // message is cut.
   static FailureRecord decode(const std::string& text, int world_size);
 };
 

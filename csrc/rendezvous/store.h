@@ -80,6 +80,10 @@ class Store {
   // True once the store's host closed our connection without a goodbye: its
   // process is gone (killed, crashed, or exited).
   virtual bool host_lost() const { return false; }
+  // True once the store's host's machine acknowledged nothing of a request
+  // for the keepalive time (a partition, a frozen or powered-off host; see
+  // make_tcp_store): host_lost() is then true too.
+  virtual bool host_unreachable() const { return false; }
   // While on, a request whose host this machine sees stopped (SIGSTOP, a
   // debugger) for a moment fails instead of waiting for the I/O timeout: a
   // failure report turns it on, since a stopped host is then the likely

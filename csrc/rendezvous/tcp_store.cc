@@ -376,6 +376,7 @@ class TcpStore : public Store {
   }
   bool hosted_here() const override { return server_ != nullptr; }
   bool host_lost() const override { return lost_; }
+  bool host_unreachable() const override { return unreachable_; }
   bool host_stopped() const override { return stopped_; }
   void set_host_stop_check(bool on) override {
     if (on) stopped_ = false;
@@ -483,8 +484,9 @@ class TcpStore : public Store {
         }
         keep_notice(body);
       }
-    } catch (const PeerError&) {
+    } catch (const PeerError& e) {
       lost_ = true;  // the server closed our connection: its process is gone
+      if (e.reason() == kUnreachable) unreachable_ = true;  // or its machine is
       throw;
     } catch (const TimeoutError&) {
       unanswered_ = true;
@@ -563,8 +565,9 @@ class TcpStore : public Store {
       try {
         // Whole messages only: the server writes each one in a single send.
         if (read_message(Deadline::after(0.1), &body) != kStoreNotice) break;
-      } catch (const PeerError&) {
+      } catch (const PeerError& e) {
         lost_ = true;  // the server closed the connection; notices before that are kept
+        if (e.reason() == kUnreachable) unreachable_ = true;  // or keepalive found it cut off
         break;
       } catch (const Error&) {
         break;
@@ -583,6 +586,7 @@ class TcpStore : public Store {
   std::mutex mu_;
   std::map<std::string, std::string> notices_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> unreachable_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> stop_check_{false};
   bool unanswered_ = false;  // a request timed out (under mu_)

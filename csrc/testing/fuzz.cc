@@ -271,6 +271,12 @@ void fuzz_failure_records(Gen& g, FuzzCounts& c) {
   FailureRecord valid{g.chance(50) ? "peer" : "timeout",
                       static_cast<int>(g.below(static_cast<uint64_t>(size))),
                       static_cast<int>(g.below(static_cast<uint64_t>(size))), g.bytes(g.below(80))};
+  if (g.chance(50)) valid.reason = kUnreachable;
+  const FailureRecord same = FailureRecord::decode(valid.encode(), size);
+  if (same.kind != valid.kind || same.peer != valid.peer || same.rank != valid.rank ||
+      same.reason != (valid.kind == "peer" ? valid.reason : "")) {
+    violation(c, "a valid record did not read back as written");
+  }
   std::string input = g.chance(25) ? g.bytes(g.below(120)) : g.mutate(valid.encode());
   if (g.chance(10)) input = "peer\n99999999999999999999\n-7\n" + input;
   ++c.frames;
@@ -283,6 +289,9 @@ void fuzz_failure_records(Gen& g, FuzzCounts& c) {
     violation(c, "decoded an unknown kind");
   }
   if (r.message.size() > FailureRecord::kMaxMessage + 64) violation(c, "kept an overlong message");
+  if (!r.reason.empty() && (r.reason != kUnreachable || r.kind != "peer")) {
+    violation(c, "decoded an unknown reason, or a reason on a failure not a peer's");
+  }
 }
 
 }  // namespace

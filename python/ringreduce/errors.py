@@ -32,9 +32,16 @@ class TimeoutError(RingReduceError, builtins.TimeoutError):  # noqa: A001
 
 class PeerError(RingReduceError):
     """A peer died, closed its connection or failed. ``peer`` is its rank; ``failed`` is
-    the set of ranks this one knows to be dead (see ``Communicator.shrink``)."""
+    the set of ranks this one knows to be dead (see ``Communicator.shrink``).
+
+    ``reason`` says what is known beyond the message: "unreachable" when the peer's
+    machine answered nothing (TCP keepalive probes, or a request's retransmissions,
+    went unacknowledged: a network partition, a frozen or powered-off host; a stopped
+    or busy process's kernel still answers), None when nothing more is known. Every
+    rank that learns of the failure from the first one's report gets the same."""
 
     failed: FrozenSet[int] = frozenset()
+    reason: Optional[str] = None
 
 
 class MismatchError(RingReduceError):

@@ -122,14 +122,14 @@ void TcpTransport::progress(Link& link) {
       }
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      if (errno == ETIMEDOUT && keepalive_seconds_ > 0) {
+      if (unreachable_errno(errno) && keepalive_seconds_ > 0) {
         throw PeerError("rank " + std::to_string(link.peer) +
                             "'s machine stopped answering: no reply to TCP keepalive probes "
                             "for " +
                             std::to_string(keepalive_seconds_) +
                             " s (a network partition, or its host froze or lost power; "
                             "RINGREDUCE_TCP_KEEPALIVE sets how long)",
-                        link.peer);
+                        link.peer, kUnreachable);
       }
       throw PeerError(
           errno_message("connection to rank " + std::to_string(link.peer) + " failed", errno),

@@ -52,8 +52,6 @@ _HELD = 0.05  # seconds the host's store may hold a wait for the decision
 _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's standby port
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
-# How the engine's error names a peer whose machine answered no keepalive probe.
-_UNREACHABLE = "'s machine stopped answering"
 _LOOK_ELSEWHERE = 0.2  # seconds a rank may be missing before the host looks for its decision
 
 
@@ -98,7 +96,7 @@ class Membership:
         peer = getattr(exc, "peer", None)
         if isinstance(exc, (PeerError, TimeoutError)) and peer is not None and peer != self.rank:
             self.failed.add(int(peer))
-            if isinstance(exc, PeerError) and f"rank {int(peer)}{_UNREACHABLE}" in str(exc):
+            if isinstance(exc, PeerError) and exc.reason == "unreachable":
                 self.unreachable.add(int(peer))
 
     def halted(self, rank: int) -> bool:

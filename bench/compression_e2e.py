@@ -57,6 +57,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "ours-fp32": ("ours", {}),
     "ours-bf16": ("ours", {"compression": "bf16"}),
     "ours-int8+EF": ("ours", {"compression": "int8", "error_feedback": True}),
+    "ours-int4+EF": ("ours", {"compression": "int4", "error_feedback": True}),
     "ours-powersgd-r4": ("ours", {"powersgd_rank": 4}),
     "ours-auto": ("ours", {"compression": "auto"}),
     # GradSync launches buckets with async_op=True, and auto times its two calibration

@@ -27,7 +27,7 @@ def main() -> None:
             comm.all_reduce(x, out=x)
             out["ok"] = bool(np.all(x == n * (n + 1) / 2))
             out["stats"] = comm.stats()
-        elif mode == "partition":
+        elif mode in ("partition", "split"):
             # Ready, then keep reducing while the test cuts one host's link.
             comm.barrier()
             print(json.dumps({"ready": True}), flush=True)
@@ -40,7 +40,20 @@ def main() -> None:
     except rr.RingReduceError as exc:
         out.update(error=type(exc).__name__, peer=exc.peer, message=str(exc))
         out["reason"] = getattr(exc, "reason", None)
+        if mode == "split":
+            # Every side of the partition tries to go on: at most one may.
+            try:
+                new = comm.shrink(timeout=8)
+                got = new.all_reduce(np.ones(4, np.float32))
+                out.update(shrunk=new.world_size, shrunk_sum=float(got[0]))
+            except rr.RingReduceError as exc2:
+                out.update(shrink_error=type(exc2).__name__, shrink_message=str(exc2))
     print(json.dumps(out), flush=True)
+    if "shrunk" in out:
+        # The emulated hosts share one /proc: a survivor that exited would be seen gone
+        # (proven dead) by the cut-off rank, as no real other machine's process would.
+        # Stay up while it decides (its shrink's timeout).
+        time.sleep(10)
     os._exit(0)  # don't linger in close() on a cut link
 
 

@@ -176,6 +176,28 @@ def test_a_partitioned_host_is_named_at_the_keepalive_not_the_timeout(hosts):
 
 
 @pytest.mark.extended
+@pytest.mark.parametrize("cut", [0, 2])
+def test_only_the_majority_side_of_a_partition_goes_on(hosts, cut):
+    """Host `cut` loses the bridge and stays up: its rank is alive, alone. Both sides
+    shrink; the two survivors that still reach each other go on, and the cut-off rank,
+    a minority, refuses rather than train on as a job of its own (split brain). Rank 0
+    hosts the rendezvous store: cut off, it is the minority all the same."""
+    names, switch = hosts
+    procs = _start(names, "split", timeout="30", keepalive="2")
+    for p in procs:
+        assert json.loads(p.stdout.readline()).get("ready")
+    time.sleep(0.3)
+    _ip("-n", switch, "link", "set", f"p{cut}", "down")
+    results = [_last_json(p, 90) for p in procs]
+    others = [r for i, r in enumerate(results) if i != cut]
+    assert [(r.get("shrunk"), r.get("shrunk_sum")) for r in others] == [(2, 2.0)] * 2, others
+    alone = results[cut]
+    assert alone.get("error") == "PeerError", alone
+    assert alone.get("shrink_error") == "PeerError", json.dumps(alone)
+    assert "no majority" in alone["shrink_message"], alone
+
+
+@pytest.mark.extended
 @pytest.mark.parametrize("at", [0, 2])
 def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path, at):
     """bench/fault_drill.py's partition: named at the keepalive (2 s), not at the

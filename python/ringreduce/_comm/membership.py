@@ -17,6 +17,12 @@ one that died:
   A rank whose machine stopped answering TCP keepalive probes (a partition, a frozen
   host) is *unreachable*: the survivors skip it as a host and the host counts it dead
   without the wait a merely suspected rank gets.
+  Only a rank whose process is proven gone (its standby port refuses connections, or
+  this machine sees it stopped) cannot be meeting elsewhere; the others counted dead
+  (unreachable, or silent) may be alive on the other side of a network partition. So
+  the members go on only as the majority of the old world's live part: more members
+  than such ranks, or as many and the lowest rank of them all. Otherwise every member
+  raises `PeerError` (a minority): the two sides of a partition never both go on.
 - ``shrink``: an agreement, then a new communicator of the members, ranks renumbered in
   the old order, meeting through the host's standby store (same transport and token).
 
@@ -146,6 +152,16 @@ class Membership:
             self.failed = set(decision["failed"])
             self.gone = set(decision["failed"])
             self.rounds += 1
+            elsewhere = decision.get("elsewhere", [])
+            if not decision.get("majority", True):
+                raise PeerError(
+                    f"rank {self.rank}: no majority on communicator {self.id!r}: "
+                    f"{len(decision['members'])} rank(s) {decision['members']} reached the "
+                    f"agreement, and rank(s) {elsewhere} may be alive on the other side of "
+                    "a network partition (their machines answered nothing, or they stayed "
+                    "silent; none is proven gone). Going on would split the job in two: "
+                    "the side with more ranks (at a tie, the one with the lowest) goes on"
+                )
             if self.rank not in decision["members"]:
                 raise PeerError(
                     f"rank {self.rank}: left out of the agreement on communicator "
@@ -166,6 +182,7 @@ class Membership:
         suspected = set(self.failed)
         unreachable = set(self.unreachable)
         dead: Set[int] = set()
+        proven: Set[int] = set()  # dead for certain: its process is gone or stopped
         probed: Dict[int, float] = {}
         looked: Set[int] = set()  # missing ranks whose store was searched for a decision
         started = time.monotonic()
@@ -187,6 +204,7 @@ class Membership:
                 probed[r] = now
                 if refused(self.addresses[r]) or self.halted(r):
                     dead.add(r)  # its process is gone (nothing listens on its port) or stopped
+                    proven.add(r)
                 elif r not in looked and now - started >= _LOOK_ELSEWHERE:
                     looked.add(r)
                     self._not_left_out(r, deadline)
@@ -210,10 +228,16 @@ class Membership:
             wanted = [r for r in missing if r not in suspected] or missing
             held_get(store, f"{key}in/{wanted[0]}", _PROBE_EVERY, deadline)
         members = sorted(r for r in reports if r not in dead)
+        # Quorum: those not proven gone may be meeting on the other side of a partition.
+        elsewhere = sorted(dead - proven)
+        ahead = len(members) > len(elsewhere)
+        tie = len(members) == len(elsewhere) and min(members + elsewhere) in members
         decision = {
             "members": members,
             "flag": all(reports[r]["flag"] for r in members),
             "failed": sorted(dead),
+            "elsewhere": elsewhere,
+            "majority": ahead or tie,
         }
         store.set(key + "decision", json.dumps(decision).encode())
 

@@ -378,7 +378,7 @@ std::string Communicator::fetch(const std::string& key, double seconds) {
 
 std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t seq) {
   int peer = -1;
-  std::string kind, what;
+  std::string kind, what, reason;
   MismatchFacts facts;
   try {
     std::rethrow_exception(error);
@@ -395,6 +395,7 @@ std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t
     peer = e.peer();
     kind = "peer";
     what = e.what();
+    reason = e.reason();
   } catch (...) {
   }
   if (peer < 0 || peer == rank_) return error;
@@ -408,7 +409,31 @@ std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t
       *refusal + "; so here, on rank " + std::to_string(rank_) + ": " + what;
   if (kind == "mismatch") return std::make_exception_ptr(MismatchError(message, peer, facts));
   if (kind == "timeout") return std::make_exception_ptr(TimeoutError(message, peer));
-  return std::make_exception_ptr(PeerError(message, peer));
+  return std::make_exception_ptr(PeerError(message, peer, reason));
+}
+
+void Communicator::publish_refusal_on_leaving() {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The last thing this rank did was refuse the call the others are in (a
+    // call it retried since has its number, and then the refusal is old news).
+    if (broken_.empty() && refused_seq_ != 0 && refused_seq_ == issued_ + 1) {
+      reason = refused_reason_;
+    }
+  }
+  if (reason.empty()) return;
+  // It is why the others' call fails, whichever of their calls finds our links
+  // closed first (the root of a broadcast may have finished its part and be in
+  // its next call, whose number is not the refused one): published as the
+  // first failure before the links close, so every report reads it.
+  const FailureRecord record{
+      "peer", rank_, rank_, reason + "; then rank " + std::to_string(rank_) + " left (close)", {}};
+  try {
+    store_->set_if_absent(prefix_ + "first_error", record.encode());
+  } catch (const std::exception&) {
+    // No store to tell: the peers fail as they would have, without the reason.
+  }
 }
 
 void Communicator::close() {
@@ -427,6 +452,7 @@ void Communicator::close() {
   }
   if (worker_.joinable()) worker_.join();
   if (p2p_) p2p_->close();
+  publish_refusal_on_leaving();
   // After a failure the transport was aborted already; otherwise this is
   // the normal end.
   transport_->close();

@@ -161,6 +161,9 @@ class Communicator {
   std::exception_ptr on_failure(std::exception_ptr error, const std::string& description,
                                 uint64_t seq);
   std::string refusal_key(int rank, uint64_t seq) const;
+  // On close: publishes this rank's refusal of the call the others are in as
+  // the communicator's first failure, when it leaves without another call.
+  void publish_refusal_on_leaving();
   // `error`, led by the reason its culprit refused call `seq`, if it did.
   std::exception_ptr with_refusal(std::exception_ptr error, uint64_t seq);
 

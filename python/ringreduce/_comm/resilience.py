@@ -37,13 +37,20 @@ class Resilience:
         """A fault-tolerant AND of ``flag`` over the live members; every survivor calls it
         and gets the same answer and the same ``failed_ranks``. Works on a revoked
         communicator; a rank counted dead (silent until ``timeout``, default the
-        communicator's) gets PeerError."""
+        communicator's) gets PeerError. So does every member when they are not the
+        majority of the live part (see ``shrink``)."""
         return bool(self._live_membership("agree").agree(flag, self._timeout(timeout))["flag"])
 
     def shrink(self, timeout: Optional[float] = None) -> Any:
         """A new communicator of the survivors (every survivor calls it): ranks renumbered
         in the old order, the same transport and token, meeting on the standby store of
-        the lowest survivor, so it works when rank 0 is the one that died."""
+        the lowest survivor, so it works when rank 0 is the one that died.
+
+        Ranks counted dead without proof that their process is gone (their machine
+        answered nothing, or they stayed silent) may be alive on the other side of a
+        network partition: the survivors go on only when they outnumber those, or equal
+        them and hold the lowest rank of all, and otherwise every one of them raises
+        PeerError ("no majority"), so the two sides never both go on."""
         core, membership = self._live_membership("shrink").shrink(self._timeout(timeout))
         return type(self)(core, membership=membership)
 

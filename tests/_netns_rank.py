@@ -42,12 +42,14 @@ def main() -> None:
         out["reason"] = getattr(exc, "reason", None)
         if mode == "split":
             # Every side of the partition tries to go on: at most one may.
+            began = time.monotonic()
             try:
                 new = comm.shrink(timeout=8)
                 got = new.all_reduce(np.ones(4, np.float32))
                 out.update(shrunk=new.world_size, shrunk_sum=float(got[0]))
             except rr.RingReduceError as exc2:
                 out.update(shrink_error=type(exc2).__name__, shrink_message=str(exc2))
+            out["shrink_s"] = time.monotonic() - began
     print(json.dumps(out), flush=True)
     if "shrunk" in out:
         # The emulated hosts share one /proc: a survivor that exited would be seen gone

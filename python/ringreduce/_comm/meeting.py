@@ -4,6 +4,7 @@ tell whether a member's process is gone (`membership`, `growth`)."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import time
 from typing import Any, Callable, List, Optional, Tuple
@@ -11,7 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..errors import PeerError
 from . import processes
 
-__all__ = ["MeetingStore", "alive", "held_get", "refused"]
+__all__ = ["MeetingStore", "alive", "held_get", "probe", "refused"]
 
 
 def held_get(store: Any, key: str, cap: float, deadline: float) -> Optional[bytes]:
@@ -103,10 +104,22 @@ def alive(store: MeetingStore) -> Callable[[int], bool]:
 
 def refused(address: Tuple[str, int]) -> bool:
     """True when nothing listens on address: the rank's process is gone."""
+    return probe(address) == "refused"
+
+
+def probe(address: Tuple[str, int]) -> str:
+    """How a rank's standby port answers a connection: "answered" (its process, or at
+    least its machine's kernel: a stopped process's still completes the handshake),
+    "refused" (its machine answered that nothing listens: the process is gone) or
+    "silent" (no answer within 0.2 s, or no route to it: its machine, or the network
+    to it, is down) or "unknown" (an error of this side's, e.g. no file descriptor
+    left: evidence of nothing)."""
     try:
         with socket.create_connection(address, timeout=0.2):
-            return False
+            return "answered"
     except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False  # slow or unreachable is not proof of death
+        return "refused"
+    except TimeoutError:  # socket.timeout
+        return "silent"
+    except OSError as exc:
+        return "silent" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "unknown"

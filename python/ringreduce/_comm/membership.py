@@ -38,7 +38,7 @@ import json
 import random
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
@@ -46,10 +46,7 @@ from ..launch.ports import standby_band
 from . import processes
 from .arming import fetch_named as _fetch
 from .arming import standby_table as _standby_table
-from .meeting import MeetingStore, alive, held_get, refused
-
-if TYPE_CHECKING:
-    pass
+from .meeting import MeetingStore, alive, held_get, probe, refused
 
 __all__ = ["Membership", "arm"]
 
@@ -184,6 +181,10 @@ class Membership:
         dead: Set[int] = set()
         proven: Set[int] = set()  # dead for certain: its process is gone or stopped
         probed: Dict[int, float] = {}
+        # Since when its machine answers no connection: for the keepalive time, and it is
+        # unreachable (a rank no link named, e.g. one only sent to across a partition).
+        silent_since: Dict[int, float] = {}
+        silent_limit = float(self.options.tcp_keepalive_seconds or _CONNECT_SECONDS)
         looked: Set[int] = set()  # missing ranks whose store was searched for a decision
         started = time.monotonic()
         all_in: Optional[float] = None  # when every unsuspected rank had checked in
@@ -202,12 +203,19 @@ class Membership:
                 if r in unreachable:
                     continue  # a probe of a machine that answers nothing only waits
                 probed[r] = now
-                if refused(self.addresses[r]) or self.halted(r):
+                answer = probe(self.addresses[r])
+                if answer == "refused" or self.halted(r):
                     dead.add(r)  # its process is gone (nothing listens on its port) or stopped
                     proven.add(r)
-                elif r not in looked and now - started >= _LOOK_ELSEWHERE:
-                    looked.add(r)
-                    self._not_left_out(r, deadline)
+                elif answer == "silent":
+                    if now - silent_since.setdefault(r, now) >= silent_limit:
+                        unreachable.add(r)
+                        suspected.add(r)
+                else:
+                    silent_since.pop(r, None)
+                    if r not in looked and now - started >= _LOOK_ELSEWHERE:
+                        looked.add(r)
+                        self._not_left_out(r, deadline)
             missing = [r for r in range(self.size) if r not in reports and r not in dead]
             if all(r in suspected for r in missing):
                 # Everyone not suspected is in. A suspected rank may be a live one that a

@@ -38,29 +38,32 @@ void register_fast_path(py::module_& m);
 
 namespace {
 
-// Raises ringreduce.errors.<name>(message) with .peer set.
-void raise_python(const char* name, const char* message, int peer) {
-  py::object cls = py::module_::import("ringreduce.errors").attr(name);
-  py::object exc = cls(message);
+// ringreduce.errors.<name>(message) with .peer set (None for -1).
+py::object python_error(const char* name, const char* message, int peer) {
+  py::object exc = py::module_::import("ringreduce.errors").attr(name)(message);
   exc.attr("peer") = peer >= 0 ? py::object(py::int_(peer)) : py::object(py::none());
-  PyErr_SetObject(cls.ptr(), exc.ptr());
+  return exc;
+}
+
+void raise_error(const py::object& exc) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+}
+
+void raise_python(const char* name, const char* message, int peer) {
+  raise_error(python_error(name, message, peer));
 }
 
 // PeerError carries its reason ("unreachable"), None when nothing more is known.
 void raise_peer(const rr::PeerError& e) {
-  py::object cls = py::module_::import("ringreduce.errors").attr("PeerError");
-  py::object exc = cls(e.what());
-  exc.attr("peer") = e.peer() >= 0 ? py::object(py::int_(e.peer())) : py::object(py::none());
+  py::object exc = python_error("PeerError", e.what(), e.peer());
   if (!e.reason().empty()) exc.attr("reason") = py::str(e.reason());
-  PyErr_SetObject(cls.ptr(), exc.ptr());
+  raise_error(exc);
 }
 
 // MismatchError carries both sides as attributes: reason, ranks, calls and
 // issuers (see rr::MismatchFacts), None when the engine did not know them.
 void raise_mismatch(const rr::MismatchError& e) {
-  py::object cls = py::module_::import("ringreduce.errors").attr("MismatchError");
-  py::object exc = cls(e.what());
-  exc.attr("peer") = e.peer() >= 0 ? py::object(py::int_(e.peer())) : py::object(py::none());
+  py::object exc = python_error("MismatchError", e.what(), e.peer());
   const rr::MismatchFacts& f = e.facts();
   if (f.known()) {
     exc.attr("reason") = py::str(f.reason);
@@ -68,7 +71,7 @@ void raise_mismatch(const rr::MismatchError& e) {
     exc.attr("calls") = py::make_tuple(f.calls[0], f.calls[1]);
     exc.attr("issuers") = py::make_tuple(py::int_(f.issuers[0]), py::int_(f.issuers[1]));
   }
-  PyErr_SetObject(cls.ptr(), exc.ptr());
+  raise_error(exc);
 }
 
 void translate(std::exception_ptr p) {

@@ -149,8 +149,8 @@ class Membership:
             self.failed = set(decision["failed"])
             self.gone = set(decision["failed"])
             self.rounds += 1
-            elsewhere = decision.get("elsewhere", [])
             if not decision.get("majority", True):
+                elsewhere = decision.get("elsewhere", [])
                 raise PeerError(
                     f"rank {self.rank}: no majority on communicator {self.id!r}: "
                     f"{len(decision['members'])} rank(s) {decision['members']} reached the "

@@ -1,0 +1,162 @@
+"""all_reduce of GPU tensors between ranks of one host: ringreduce's transports
+against Gloo's CUDA all_reduce, in the same run.
+
+    python bench/gpu_transports.py [-n 2] [--transports tcp,shm] [--sizes 64K,1M,16M,256M]
+
+Every rank uses the same GPU (cuda:0, or --device), as ranks of one node share a
+host. Per size and round, in turn: ringreduce's all_reduce of a torch.cuda tensor
+(staged through pinned host memory by the engine), the same queued
+(async_op=True, then wait(): the worker's polite waits), ringreduce's all_reduce of a
+numpy array of the same size (the transport alone, no GPU), and Gloo's all_reduce
+of the torch.cuda tensor (torch.distributed, which stages through the host as
+well). Each call is float32 sum, out of place for ringreduce, in place for Gloo;
+times are per call, medians of --rounds rounds of back-to-back calls, each block
+ended by torch.cuda.synchronize(). The first call of each system at each size is
+checked. Without a GPU it runs on CPU tensors (a test of the harness only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Dict, List
+
+import numpy as np
+
+from ringreduce.bench.data import parse_size
+from ringreduce.launch import free_port
+
+SYSTEMS = ("ours device", "ours device async", "ours host", "gloo device")
+
+
+def _iters(nbytes: int) -> int:
+    return max(3, min(50, (64 << 20) // max(nbytes, 1)))
+
+
+def _rank(rank: int, args: Any, ports: List[int], transport: str) -> Dict[str, List[float]]:
+    import torch
+    import torch.distributed as dist
+
+    import ringreduce as rr
+
+    device = args.device if torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        torch.cuda.set_device(device)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    n = args.nprocs
+    comm = rr.init(transport, rank=rank, world_size=n, master_addr="127.0.0.1",
+                   master_port=ports[0], timeout=120.0)  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank,
+                            world_size=n)  # fmt: skip
+    want = n * (n + 1) / 2
+    times: Dict[str, List[float]] = {}
+    for nbytes in args.sizes:
+        count = nbytes // 4
+        x = torch.full((count,), float(rank + 1), device=device)
+        out = torch.empty_like(x)
+        g = x.clone()
+        h, hout = np.full(count, rank + 1, np.float32), np.empty(count, np.float32)
+        calls = {
+            "ours device": lambda x=x, out=out: comm.all_reduce(x, out=out),
+            "ours device async": lambda x=x, out=out: comm.all_reduce(
+                x, out=out, async_op=True
+            ).wait(),
+            "ours host": lambda h=h, hout=hout: comm.all_reduce(h, out=hout),
+            "gloo device": lambda g=g: dist.all_reduce(g),
+        }
+        calls = {name: call for name, call in calls.items() if name in args.systems}
+        for name, call in calls.items():  # warm up, and check the first result
+            call()
+            sync()
+            got = {"ours host": hout, "gloo device": g}.get(name, out)
+            got = got.cpu().numpy() if hasattr(got, "cpu") else got
+            if not np.all(got == want):
+                raise AssertionError(f"rank {rank}: {name} at {nbytes} B gave wrong values")
+        iters = _iters(nbytes)
+        for name in calls:
+            rounds = []
+            for _ in range(args.rounds):
+                comm.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    calls[name]()
+                sync()
+                rounds.append((time.perf_counter() - start) / iters)
+            times[f"{name} {nbytes}"] = rounds
+    dist.destroy_process_group()
+    comm.close()
+    return times
+
+
+def _serve(rank: int, args: Any, ports: List[int], transport: str, conn: Any) -> None:
+    try:
+        conn.send(("ok", _rank(rank, args, ports, transport)))
+    except BaseException as exc:  # report, don't hang the parent
+        conn.send(("err", f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def run_transport(args: Any, transport: str) -> int:
+    ctx = mp.get_context("spawn")
+    ports = [free_port(), free_port()]
+    procs, conns = [], []
+    for rank in range(args.nprocs):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_serve, args=(rank, args, ports, transport, child))
+        p.start()
+        procs.append(p)
+        conns.append(parent)
+    deadline = time.monotonic() + args.timeout
+    results = []
+    for conn in conns:
+        ok = conn.poll(max(0.0, deadline - time.monotonic()))
+        results.append(conn.recv() if ok else ("err", f"no answer in {args.timeout:.0f} s"))
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    failed = [value for status, value in results if status != "ok"]
+    if failed:
+        print(f"{transport}: FAILED\n" + "\n".join(failed))
+        return 1
+    # A call's time is the slowest rank's median round.
+    print(f"\n{args.nprocs} ranks, ringreduce transport {transport}: us per call (busbw GB/s)")
+    print(f"{'size':>10}" + "".join(f"{s:>24}" for s in args.systems))
+    factor = 2 * (args.nprocs - 1) / args.nprocs
+    for nbytes in args.sizes:
+        cells = []
+        for name in args.systems:
+            t = max(statistics.median(r[f"{name} {nbytes}"]) for _, r in results)
+            cells.append(f"{t * 1e6:>14.1f} ({nbytes * factor / t / 1e9:6.2f})")
+        print(f"{nbytes:>10}" + "".join(f"{c:>24}" for c in cells))
+    return 0
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--nprocs", type=int, default=2)
+    parser.add_argument("--transports", default="tcp,shm")
+    parser.add_argument("--sizes", default="64K,1M,16M,256M")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="comma list of " + ", ".join(SYSTEMS)
+    )
+    parser.add_argument("--timeout", type=float, default=240.0)
+    args = parser.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
+    args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+    status = 0
+    for transport in args.transports.split(","):
+        status |= run_transport(args, transport)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

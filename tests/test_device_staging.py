@@ -35,25 +35,39 @@ from _data import (
 )
 from _ranks import RankGroup
 
-# Segment sizes: one element per segment (the pipeline's slots wrap around many
-# times per chunk), 40 bytes (a whole number of elements of every dtype, and
-# not of 16), and the default (one segment per chunk at these counts).
-SEGMENTS = {"1-element": 1, "40-byte": 40, "default": 0}
+# (segment bytes, staging bytes): one element per segment, 40 bytes (a whole
+# number of elements of every dtype, and not of 16), and the default (one
+# segment per chunk at these counts). The default staging copies about a
+# quarter of a step at a time (batches of several segments); staging of one
+# segment makes every segment its own copy, so the slots wrap around many times
+# per chunk; 120 bytes, batches of three 40-byte segments.
+SEGMENTS = {
+    "1-element": (1, 0),
+    "1-element-per-copy": (1, 1),
+    "40-byte": (40, 0),
+    "40-byte-3-per-copy": (40, 120),
+    "default": (0, 0),
+}
 
 _groups: dict = {}
 
 
 @pytest.fixture(scope="module")
 def fake_group():
-    """fake_group(n, segment_bytes) -> ranks whose engine uses the fake device."""
+    """fake_group(n, segment_bytes or (segment_bytes, staging_bytes)) -> ranks whose
+    engine uses the fake device (0: the default)."""
 
-    def get(n: int, segment_bytes: int) -> RankGroup:
-        if (n, segment_bytes) not in _groups:
+    def get(n: int, segment) -> RankGroup:
+        segment_bytes, staging_bytes = segment if isinstance(segment, tuple) else (segment, 0)
+        key = (n, segment_bytes, staging_bytes)
+        if key not in _groups:
             env = dict(FAKE_DEVICE_ENV)
             if segment_bytes:
                 env["RINGREDUCE_SEGMENT_BYTES"] = str(segment_bytes)
-            _groups[(n, segment_bytes)] = RankGroup(n, env=env)
-        return _groups[(n, segment_bytes)]
+            if staging_bytes:
+                env["RINGREDUCE_DEVICE_STAGING_BYTES"] = str(staging_bytes)
+            _groups[key] = RankGroup(n, env=env)
+        return _groups[key]
 
     yield get
     for group in _groups.values():
@@ -61,9 +75,9 @@ def fake_group():
     _groups.clear()
 
 
-def _counts(n: int, segment_bytes: int) -> list:
+def _counts(n: int, segment: tuple) -> list:
     # One-element segments make every element a round trip; keep those calls short.
-    return [c for c in sizes_for(n) if c < 200] if segment_bytes == 1 else sizes_for(n)
+    return [c for c in sizes_for(n) if c < 200] if segment[0] == 1 else sizes_for(n)
 
 
 def _poison(shape, dtype: str) -> np.ndarray:

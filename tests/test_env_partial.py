@@ -149,6 +149,7 @@ SETTINGS = {
     "spin_us": "RINGREDUCE_SPIN_US",
     "shm_single_copy_bytes": "RINGREDUCE_SHM_SINGLE_COPY_BYTES",
     "shm_slot_bytes": "RINGREDUCE_SHM_SLOT_BYTES",
+    "device_staging_bytes": "RINGREDUCE_DEVICE_STAGING_BYTES",
     "host_id": "RINGREDUCE_HOST_ID",
     "socket_addr": "RINGREDUCE_SOCKET_ADDR",
 }
@@ -183,6 +184,7 @@ def test_set_settings_reach_their_options_field(no_settings):
         "spin_us": 7,
         "shm_single_copy_bytes": 1 << 20,
         "shm_slot_bytes": 8192,
+        "device_staging_bytes": 1 << 21,
         "host_id": "host-7",
         "socket_addr": "10.0.0.7",
     }
@@ -202,6 +204,8 @@ def test_set_settings_reach_their_options_field(no_settings):
         ("RINGREDUCE_TCP_STREAMS", "17"),
         ("RINGREDUCE_TCP_KEEPALIVE", "-1"),
         ("RINGREDUCE_TCP_KEEPALIVE", "15s"),
+        ("RINGREDUCE_DEVICE_STAGING_BYTES", "-1"),
+        ("RINGREDUCE_DEVICE_STAGING_BYTES", "4M"),
     ],
 )
 def test_a_bad_setting_names_its_variable(no_settings, var, text):

@@ -219,6 +219,14 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
   }
 }
 
+// The device executor's slot: `most`, or less for a call whose steps cannot
+// fill kBatchesPerStep such slots (a step moves at most a buffer's bytes).
+size_t staging_bytes(const Ring& ring, const CollectiveArgs& args, size_t most) {
+  if (!args.send_counts.empty()) return most;
+  const size_t buffer = args.count * dtype_size(args.dtype) * static_cast<size_t>(ring.size);
+  return std::min(most, buffer / DeviceExecutor::kBatchesPerStep);
+}
+
 void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
                   size_t segment_bytes, const Hierarchy* hierarchy) {
   switch (args.kind) {
@@ -304,12 +312,12 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
     }
   }
   const Ring ring{ctx.transport.rank(), ctx.transport.size()};
-  const ExecutorSetup setup{
-      ctx.transport,     ctx.timeout_seconds,
-      ctx.segment_bytes, args.dtype,
-      args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes),
-      ctx.interrupt};
+  ExecutorSetup setup{ctx.transport,     ctx.timeout_seconds,
+                      ctx.segment_bytes, args.dtype,
+                      args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes),
+                      ctx.interrupt};
   if (args.device >= 0) {
+    setup.staging_bytes = staging_bytes(ring, args, ctx.device_staging_bytes);
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
     x.finish();

@@ -92,6 +92,7 @@ struct RingContext {
   // For args.device >= 0: that device, and the caller's stream at submission.
   Device* device = nullptr;
   const StreamMark* device_mark = nullptr;
+  size_t device_staging_bytes = 0;  // the most one staging copy moves (Options)
   // Asked while waits run, when the caller can be interrupted (see Deadline).
   const Interrupt* interrupt = nullptr;
   // The groups of the hierarchical all_reduce; null or !usable() where it

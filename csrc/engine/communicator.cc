@@ -158,6 +158,10 @@ std::string Communicator::describe(const CollectiveArgs& args, uint64_t seq) con
 }
 
 std::shared_ptr<Work> Communicator::submit(const CollectiveArgs& args) {
+  return enqueue(args, false);
+}
+
+std::shared_ptr<Work> Communicator::enqueue(const CollectiveArgs& args, bool eager) {
   // The caller's stream is marked now, on the caller's thread: the collective
   // waits for the work queued on it before the call, and for nothing after.
   std::shared_ptr<StreamMark> mark;
@@ -166,7 +170,7 @@ std::shared_ptr<Work> Communicator::submit(const CollectiveArgs& args) {
   refuse_if_unusable();
   const uint64_t seq = ++issued_;
   auto work = std::make_shared<Work>(describe(args, seq));
-  queue_.push_back({args, work, std::move(mark), seq, issuer_});
+  queue_.push_back({args, work, std::move(mark), seq, issuer_, eager});
   cv_.notify_all();
   return work;
 }
@@ -199,7 +203,10 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
       return;
     }
   }
-  std::shared_ptr<Work> work = submit(args);
+  // The caller blocks until it is done, so the worker may wait as eagerly as
+  // the caller's own thread would (a device collective's staging pipeline
+  // waits on the network once per segment).
+  std::shared_ptr<Work> work = enqueue(args, true);
   // Behind other calls: wait for it, in slices, so that the caller can still
   // be interrupted.
   while (!work->wait(0.1)) {
@@ -220,7 +227,7 @@ void Communicator::set_issuer(uint64_t tag) {
 }
 
 void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq,
-                           uint64_t issuer, const Interrupt* interrupt, bool on_caller_thread) {
+                           uint64_t issuer, const Interrupt* interrupt, bool eager) {
   RingContext ctx{*transport_, options_.timeout_seconds, options_.segment_bytes, seq, scratch_,
                   small_bytes_};
   ctx.interrupt = interrupt;
@@ -233,12 +240,13 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
                              describe(args, seq) + ": " + explain_algorithm(ctx, args) + "\n";
     std::fputs(line.c_str(), stderr);
   }
-  // On the caller's thread latency counts; on the worker the collective
-  // overlaps the caller's computation, which spinning would slow down.
-  transport_->set_eager(on_caller_thread);
+  // When the caller waits for it latency counts; a queued collective overlaps
+  // the caller's computation, which spinning would slow down.
+  transport_->set_eager(eager);
   if (args.device >= 0) {
     ctx.device = &device(args.device);
     ctx.device_mark = mark;
+    ctx.device_staging_bytes = options_.device_staging_bytes;
   }
   run_collective(ctx, args);
   const TransportStats ts = transport_->stats();
@@ -275,7 +283,7 @@ void Communicator::worker() {
                 " was not run because an earlier collective failed: " + broken)));
     } else {
       try {
-        execute(item.args, item.mark.get(), item.seq, item.issuer, &worker_interrupt_, false);
+        execute(item.args, item.mark.get(), item.seq, item.issuer, &worker_interrupt_, item.eager);
         item.work->finish();
       } catch (...) {
         item.work->finish(on_failure(std::current_exception(), item.work->description(), item.seq));

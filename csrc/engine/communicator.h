@@ -148,6 +148,9 @@ class Communicator {
     std::shared_ptr<StreamMark> mark;  // the caller's stream at submit, for device buffers
     uint64_t seq = 0;
     uint64_t issuer = 0;  // set_issuer's tag at submit
+    // run() waits for it: its waits may spin, the caller's thread has nothing
+    // else to do. A submitted call overlaps the caller's work: polite waits.
+    bool eager = false;
   };
 
   // The Device serving CUDA device `id`, made on first use.
@@ -155,9 +158,11 @@ class Communicator {
   void refuse_if_unusable() const;  // mu_ held
   std::string describe(const CollectiveArgs& args, uint64_t seq) const;
   void worker();
-  // Runs one collective (the caller has made it the only one running).
+  std::shared_ptr<Work> enqueue(const CollectiveArgs& args, bool eager);
+  // Runs one collective (the caller has made it the only one running). `eager`:
+  // someone is blocked on it, so the transport's waits may spin (set_eager).
   void execute(const CollectiveArgs& args, const StreamMark* mark, uint64_t seq, uint64_t issuer,
-               const Interrupt* interrupt, bool on_caller_thread);
+               const Interrupt* interrupt, bool eager);
   std::exception_ptr on_failure(std::exception_ptr error, const std::string& description,
                                 uint64_t seq);
   std::string refusal_key(int rank, uint64_t seq) const;

@@ -31,6 +31,11 @@ struct Options {
   std::string transport = "auto";
   std::string host_id;  // which host this is (RINGREDUCE_HOST_ID); empty: host_identity()
   long spin_us = 50;    // spinning before a wait sleeps (RINGREDUCE_SPIN_US)
+  // Device arrays: the most bytes one copy between the GPU and the pinned
+  // staging memory moves (RINGREDUCE_DEVICE_STAGING_BYTES; at least a
+  // segment). Each copy, and each wait for one, costs microseconds of launch
+  // and completion latency that a segment-sized copy does not amortize.
+  size_t device_staging_bytes = 4 << 20;
   // Shared memory: messages from this size go by address, in one copy, where
   // the kernel allows cross-memory attach (RINGREDUCE_SHM_SINGLE_COPY_BYTES;
   // 0, the default, keeps every message in the slots: see shm_transport.h),

@@ -230,12 +230,17 @@ class CudaDevice final : public Device {
   }
 
   // Polls instead of blocking in cudaEventSynchronize, which has no timeout:
-  // a hung kernel must end as a TimeoutError. The events the pipeline waits
-  // for were mostly recorded a segment or more earlier, so the first query
-  // usually succeeds; otherwise yield for a while, then sleep in growing slices
-  // of at most 1 ms.
+  // a hung kernel must end as a TimeoutError. A copy or kernel of a batch
+  // takes tens to hundreds of microseconds, so the first kSpin of a wait
+  // yields between queries (a sleep would add the timer's slack, 50 us by
+  // default, to every wait); after that it sleeps in growing slices of at
+  // most kMaxSleep.
   void wait_for(cudaEvent_t event, const Deadline& deadline) {
-    for (int polls = 0;; ++polls) {
+    constexpr auto kSpin = std::chrono::microseconds(200);
+    constexpr auto kMaxSleep = std::chrono::microseconds(200);
+    const auto start = std::chrono::steady_clock::now();
+    auto sleep = std::chrono::microseconds(10);
+    while (true) {
       const cudaError_t err = cudaEventQuery(event);
       if (err == cudaSuccess) return;
       if (err != cudaErrorNotReady) check(err, "copy or kernel of a collective", device_);
@@ -245,10 +250,11 @@ class CudaDevice final : public Device {
                                format_seconds(deadline.seconds()) + " s",
                            -1);
       }
-      if (polls < 200) {
+      if (std::chrono::steady_clock::now() - start < kSpin) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(10 << std::min(polls - 200, 6)));
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(2 * sleep, kMaxSleep);
       }
     }
   }

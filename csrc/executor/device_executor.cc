@@ -8,8 +8,7 @@
 namespace rr {
 namespace {
 
-// Segments j+1 .. j+kLookahead are staged while segment j is on the wire.
-constexpr size_t kLookahead = DeviceExecutor::kSlots - 1;
+constexpr size_t kLookahead = DeviceExecutor::kLookahead;
 
 // Events: slot k's copy off the device is done (kSendStaged + k); slot k's
 // copy onto the device is done (kRecvLanded + k); a step has begun.
@@ -18,7 +17,7 @@ constexpr int kRecvLanded = DeviceExecutor::kSlots;
 constexpr int kStepBegins = 2 * DeviceExecutor::kSlots;
 static_assert(kStepBegins < Device::kEvents, "the pipeline uses more events than a Device has");
 
-int slot_event(int base, size_t j) { return base + static_cast<int>(j % DeviceExecutor::kSlots); }
+int slot_event(int base, size_t b) { return base + static_cast<int>(b % DeviceExecutor::kSlots); }
 
 }  // namespace
 
@@ -27,9 +26,11 @@ DeviceExecutor::DeviceExecutor(const ExecutorSetup& setup, Device& device, const
       transport_(setup.transport),
       device_(device),
       elem_(dtype_size(setup.dtype)),
-      segment_bytes_(segment_size(setup.segment_bytes, elem_)) {
+      segment_bytes_(segment_size(setup.segment_bytes, elem_)),
+      slot_segments_(std::max<size_t>(1, setup.staging_bytes / segment_bytes_)) {
   device_.begin(mark);
-  const Staging staging = device_.staging(kSlots, segment_bytes_, setup.scratch_bytes);
+  const Staging staging =
+      device_.staging(kSlots, slot_segments_ * segment_bytes_, setup.scratch_bytes);
   for (size_t k = 0; k < kSlots; ++k) {
     send_[k].host = staging.send_host + k * staging.slot_stride;
     recv_[k].host = staging.recv_host + k * staging.slot_stride;
@@ -47,8 +48,13 @@ DeviceExecutor::~DeviceExecutor() {
   }
 }
 
-size_t DeviceExecutor::length(size_t total, size_t j) const {
-  return std::min(segment_bytes_, total - j * segment_bytes_);
+size_t DeviceExecutor::length(size_t total, size_t b) const {
+  return std::min(batch_bytes_, total - b * batch_bytes_);
+}
+
+void DeviceExecutor::wait_all(std::vector<RequestPtr>& requests) {
+  for (const RequestPtr& request : requests) transport_.wait(*request, setup_.deadline());
+  requests.clear();
 }
 
 void DeviceExecutor::step(const StepPlan& plan) {
@@ -56,96 +62,100 @@ void DeviceExecutor::step(const StepPlan& plan) {
     throw Error("device executor: a step cannot both reduce and forward");
   }
   plan_ = plan;
-  send_segments_ = segments_in(plan.send_bytes, segment_bytes_);
-  recv_segments_ = segments_in(plan.recv_bytes, segment_bytes_);
+  const size_t segments = segments_in(std::max(plan.send_bytes, plan.recv_bytes), segment_bytes_);
+  batch_bytes_ = std::clamp<size_t>(segments / kBatchesPerStep, 1, slot_segments_) * segment_bytes_;
+  send_batches_ = segments_in(plan.send_bytes, batch_bytes_);
+  recv_batches_ = segments_in(plan.recv_bytes, batch_bytes_);
   // The chunk sent now may be the one the previous step received and reduced.
   device_.record(Lane::kToDevice, kStepBegins);
   device_.lane_wait(Lane::kToHost, kStepBegins);
 
-  for (size_t j = 0; j < kLookahead; ++j) {
-    stage_send(j);
-    post_recv(j);
+  for (size_t b = 0; b < kLookahead; ++b) {
+    stage_send(b);
+    post_recv(b);
   }
-  // Each iteration posts the send of segment j before it waits on the network,
-  // as every rank does: the left neighbour's segment j is always on its way.
-  for (size_t j = 0; j < std::max(send_segments_, recv_segments_); ++j) {
-    send_staged(j);
-    post_recv(j + kLookahead);
-    land(j);
-    stage_send(j + kLookahead);
+  // Each iteration posts the sends of batch b before it waits on the network,
+  // as every rank does: the left neighbour's batch b is always on its way.
+  for (size_t b = 0; b < std::max(send_batches_, recv_batches_); ++b) {
+    send_staged(b);
+    post_recv(b + kLookahead);
+    land(b);
+    stage_send(b + kLookahead);
   }
 }
 
-// Queues the copy of send segment j off the device into its slot.
-void DeviceExecutor::stage_send(size_t j) {
-  if (j >= send_segments_) return;
-  SendSlot& slot = send_[j % kSlots];
-  if (slot.send) {
-    // Segment j - kSlots is still being read from this slot by the transport.
-    transport_.wait(*slot.send, setup_.deadline());
-    slot.send.reset();
+// Queues the copy of send batch b off the device into its slot.
+void DeviceExecutor::stage_send(size_t b) {
+  if (b >= send_batches_) return;
+  SendSlot& slot = send_[b % kSlots];
+  wait_all(slot.sends);  // batch b - kSlots is still being read from this slot
+  device_.copy(Lane::kToHost, slot.host, plan_.send + b * batch_bytes_,
+               length(plan_.send_bytes, b));
+  device_.record(Lane::kToHost, slot_event(kSendStaged, b));
+}
+
+// Sends the segments of batch b once its copy off the device (queued
+// kLookahead batches ago) is done.
+void DeviceExecutor::send_staged(size_t b) {
+  if (b >= send_batches_) return;
+  SendSlot& slot = send_[b % kSlots];
+  device_.sync(slot_event(kSendStaged, b), setup_.deadline());
+  const size_t bytes = length(plan_.send_bytes, b);
+  for (size_t at = 0; at < bytes; at += segment_bytes_) {
+    slot.sends.push_back(
+        transport_.isend(plan_.send_to, slot.host + at, std::min(segment_bytes_, bytes - at)));
   }
-  device_.copy(Lane::kToHost, slot.host, plan_.send + j * segment_bytes_,
-               length(plan_.send_bytes, j));
-  device_.record(Lane::kToHost, slot_event(kSendStaged, j));
 }
 
-// Sends segment j once its copy off the device (queued kLookahead segments
-// ago) is done.
-void DeviceExecutor::send_staged(size_t j) {
-  if (j >= send_segments_) return;
-  SendSlot& slot = send_[j % kSlots];
-  device_.sync(slot_event(kSendStaged, j), setup_.deadline());
-  slot.send = transport_.isend(plan_.send_to, slot.host, length(plan_.send_bytes, j));
-}
-
-// Posts the receive of segment j into its slot, once the slot's previous
-// segment has left it.
-void DeviceExecutor::post_recv(size_t j) {
-  if (j >= recv_segments_) return;
-  RecvSlot& slot = recv_[j % kSlots];
-  if (slot.forward) {
-    transport_.wait(*slot.forward, setup_.deadline());
-    slot.forward.reset();
+// Posts the receives of batch b into its slot, once the slot's previous batch
+// has left it.
+void DeviceExecutor::post_recv(size_t b) {
+  if (b >= recv_batches_) return;
+  RecvSlot& slot = recv_[b % kSlots];
+  wait_all(slot.forwards);
+  device_.sync(slot_event(kRecvLanded, b), setup_.deadline());
+  const size_t bytes = length(plan_.recv_bytes, b);
+  for (size_t at = 0; at < bytes; at += segment_bytes_) {
+    slot.recvs.push_back(
+        transport_.irecv(plan_.recv_from, slot.host + at, std::min(segment_bytes_, bytes - at)));
   }
-  device_.sync(slot_event(kRecvLanded, j), setup_.deadline());
-  slot.recv = transport_.irecv(plan_.recv_from, slot.host, length(plan_.recv_bytes, j));
 }
 
-// Waits for segment j and queues its way onto the device.
-void DeviceExecutor::land(size_t j) {
-  if (j >= recv_segments_) return;
-  RecvSlot& slot = recv_[j % kSlots];
-  const size_t bytes = length(plan_.recv_bytes, j);
-  transport_.wait(*slot.recv, setup_.deadline());
-  slot.recv.reset();
-  if (plan_.forward) slot.forward = transport_.isend(plan_.send_to, slot.host, bytes);
-  char* dst = plan_.recv + j * segment_bytes_;
+// Waits for the segments of batch b (forwarding each as it comes, in
+// broadcast) and queues the batch's way onto the device.
+void DeviceExecutor::land(size_t b) {
+  if (b >= recv_batches_) return;
+  RecvSlot& slot = recv_[b % kSlots];
+  const size_t bytes = length(plan_.recv_bytes, b);
+  for (size_t i = 0; i < slot.recvs.size(); ++i) {
+    transport_.wait(*slot.recvs[i], setup_.deadline());
+    if (plan_.forward) {
+      const size_t at = i * segment_bytes_;
+      slot.forwards.push_back(
+          transport_.isend(plan_.send_to, slot.host + at, std::min(segment_bytes_, bytes - at)));
+    }
+  }
+  slot.recvs.clear();
+  char* dst = plan_.recv + b * batch_bytes_;
   if (plan_.reduce_with == nullptr) {
     device_.copy(Lane::kToDevice, dst, slot.host, bytes);
-    device_.record(Lane::kToDevice, slot_event(kRecvLanded, j));
+    device_.record(Lane::kToDevice, slot_event(kRecvLanded, b));
     return;
   }
   // The host slot is free once the copy is done; the device slot is reused
   // only by later work on the same lane, which runs after this kernel.
   device_.copy(Lane::kToDevice, slot.device, slot.host, bytes);
-  device_.record(Lane::kToDevice, slot_event(kRecvLanded, j));
+  device_.record(Lane::kToDevice, slot_event(kRecvLanded, b));
   device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, dst,
-                 plan_.reduce_with + j * segment_bytes_, slot.device, bytes / elem_);
+                 plan_.reduce_with + b * batch_bytes_, slot.device, bytes / elem_);
   if (plan_.divide_by > 1) {
     device_.divide(Lane::kToDevice, setup_.dtype, dst, bytes / elem_, plan_.divide_by);
   }
 }
 
 void DeviceExecutor::finish() {
-  for (SendSlot& slot : send_) {
-    if (slot.send) transport_.wait(*slot.send, setup_.deadline());
-    slot.send.reset();
-  }
-  for (RecvSlot& slot : recv_) {
-    if (slot.forward) transport_.wait(*slot.forward, setup_.deadline());
-    slot.forward.reset();
-  }
+  for (SendSlot& slot : send_) wait_all(slot.sends);
+  for (RecvSlot& slot : recv_) wait_all(slot.forwards);
   device_.finish(setup_.deadline());
   finished_ = true;
 }

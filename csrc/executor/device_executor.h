@@ -2,20 +2,30 @@
 // every segment is moved through host staging memory by a Device (device.h),
 // and reductions run on the device. Terms as in algorithms/ring_schedule.h
 // (chunk, step, segment), plus:
-//   slot - a segment-sized piece of staging memory. Each direction has kSlots
-//          of them, used round robin, so that while segment j is on the wire,
-//          segments j+1 and j+2 are already being copied off the device, and
-//          segment j-1 is being copied onto it and reduced.
+//   batch - consecutive segments of a step that cross between device and host
+//           in one copy: one copy, one event and one reduce kernel per batch
+//           instead of per segment. The wire still carries segments (the
+//           messages both ends agree on), so a device rank and a host rank
+//           still meet in one collective. A step is cut into about
+//           kBatchesPerStep batches, each at most the slot size.
+//   slot  - a batch-sized piece of staging memory (setup.staging_bytes, at
+//           least a segment). Each direction has kSlots of them, used round
+//           robin, so that while batch b is on the wire, batches b+1 and b+2
+//           are already being copied off the device, and batch b-1 is being
+//           copied onto it and reduced.
 //
-// For each segment j of a step:
-//   going out: device -> send slot (kToHost lane); once there, isend.
-//   coming in: irecv -> recv slot; once arrived, recv slot -> device slot and
-//              a reduce kernel into place (kToDevice lane), or recv slot ->
-//              straight into place when there is nothing to reduce.
-// A slot is reused only once what last used it has finished: the isend of a
-// send slot; the copy to the device (and the forward, in broadcast) of a recv
-// slot. The host waits on the device only for things queued a segment or
-// more earlier, so copies, kernels and the network overlap.
+// For each batch b of a step:
+//   going out: device -> send slot (kToHost lane); once there, an isend per
+//              segment.
+//   coming in: an irecv per segment -> recv slot; once all arrived, recv
+//              slot -> device slot and one reduce kernel into place
+//              (kToDevice lane), or recv slot -> straight into place when
+//              there is nothing to reduce.
+// A slot is reused only once what last used it has finished: the isends of a
+// send slot; the copy to the device (and the forwards, in broadcast) of a recv
+// slot. With kSlots = kLookahead + 2, those were queued two batches earlier,
+// so the host seldom waits on the device: copies, kernels and the network
+// overlap.
 //
 // Between steps, the copies out wait for everything queued on the way in
 // (the chunk sent in step t+1 is the one reduced in step t). Inside a step the
@@ -25,6 +35,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "executor/device.h"
 #include "executor/executor.h"
@@ -33,7 +44,9 @@ namespace rr {
 
 class DeviceExecutor final : public Executor {
  public:
-  static constexpr size_t kSlots = 3;
+  static constexpr size_t kLookahead = 2;  // batches staged ahead of the one on the wire
+  static constexpr size_t kSlots = kLookahead + 2;
+  static constexpr size_t kBatchesPerStep = 4;
 
   // Makes the lanes wait for the caller's stream (`mark`) and takes the
   // staging memory, with setup.scratch_bytes of device scratch.
@@ -56,32 +69,35 @@ class DeviceExecutor final : public Executor {
  private:
   struct SendSlot {
     char* host = nullptr;
-    RequestPtr send;  // the isend reading this slot
+    std::vector<RequestPtr> sends;  // the isends reading this slot, one per segment
   };
   struct RecvSlot {
     char* host = nullptr;
     char* device = nullptr;
-    RequestPtr recv;     // the irecv writing this slot
-    RequestPtr forward;  // the isend forwarding it (broadcast)
+    std::vector<RequestPtr> recvs;     // the irecvs writing this slot
+    std::vector<RequestPtr> forwards;  // the isends forwarding it (broadcast)
   };
 
-  size_t length(size_t total, size_t j) const;
-  void stage_send(size_t j);
-  void send_staged(size_t j);
-  void post_recv(size_t j);
-  void land(size_t j);
+  size_t length(size_t total, size_t b) const;  // of batch b of a region of `total` bytes
+  void wait_all(std::vector<RequestPtr>& requests);
+  void stage_send(size_t b);
+  void send_staged(size_t b);
+  void post_recv(size_t b);
+  void land(size_t b);
 
   ExecutorSetup setup_;
   Transport& transport_;
   Device& device_;
   size_t elem_;
   size_t segment_bytes_;
+  size_t slot_segments_;    // segments a slot holds
+  size_t batch_bytes_ = 0;  // of the step in progress: a whole number of segments
   SendSlot send_[kSlots];
   RecvSlot recv_[kSlots];
   char* scratch_ = nullptr;
   StepPlan plan_;  // the step in progress
-  size_t send_segments_ = 0;
-  size_t recv_segments_ = 0;
+  size_t send_batches_ = 0;
+  size_t recv_batches_ = 0;
   bool finished_ = false;
 };
 

@@ -46,6 +46,9 @@ struct ExecutorSetup {
   ReduceOp op;
   size_t scratch_bytes;                  // what the schedule needs from scratch()
   const Interrupt* interrupt = nullptr;  // asked while waits run (see Deadline)
+  // Device executor: the most bytes one copy between device and host staging
+  // moves (a slot; at least a segment). Unused on the host.
+  size_t staging_bytes = 0;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };

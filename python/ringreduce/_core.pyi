@@ -73,6 +73,7 @@ class Options:
     spin_us: int
     shm_single_copy_bytes: int
     shm_slot_bytes: int
+    device_staging_bytes: int
     socket_addr: str
     token: str
     log_algorithm: bool

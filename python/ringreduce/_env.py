@@ -290,6 +290,9 @@ def engine_options(transport: str, timeout: float) -> Any:
         "RINGREDUCE_SHM_SINGLE_COPY_BYTES", options.shm_single_copy_bytes
     )
     options.shm_slot_bytes = _int_env("RINGREDUCE_SHM_SLOT_BYTES", options.shm_slot_bytes)
+    options.device_staging_bytes = _int_env(
+        "RINGREDUCE_DEVICE_STAGING_BYTES", options.device_staging_bytes
+    )
     options.host_id = os.environ.get("RINGREDUCE_HOST_ID", options.host_id)
     options.socket_addr = os.environ.get("RINGREDUCE_SOCKET_ADDR", options.socket_addr)
     # Tests only: the engine's CPU stand-in for CUDA devices.

@@ -7,19 +7,22 @@
 #
 # The build needs no network: pip runs without build isolation, so
 # scikit-build-core, pybind11, cmake and ninja must already be installed
-# (pip install scikit-build-core pybind11 cmake ninja numpy).
+# (pip install scikit-build-core pybind11 cmake ninja numpy). PYTHON names the
+# interpreter: default python3, the name every Python 3 install provides (a
+# plain "python" may be missing or another one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
 
 if [[ "${RR_GPU_CHECK_NO_BUILD:-0}" != 1 ]]; then
   if ! command -v nvcc >/dev/null && [[ -z "${CUDACXX:-}" ]] && [[ -x /usr/local/cuda/bin/nvcc ]]; then
     export CUDACXX=/usr/local/cuda/bin/nvcc
   fi
   echo "gpu_check: building ringreduce with CUDA into build/gpu ..." >&2
-  python -m pip install --no-build-isolation --no-deps -q -e . -Cbuild-dir=build/gpu \
+  "$PYTHON" -m pip install --no-build-isolation --no-deps -q -e . -Cbuild-dir=build/gpu \
     -Ccmake.define.RINGREDUCE_WITH_CUDA=ON
 fi
 
 # The check itself is sized for under 5 minutes on an H200; the timeout turns
 # a hang into a failure.
-exec timeout 300 python bench/gpu_check.py "$@"
+exec timeout 300 "$PYTHON" bench/gpu_check.py "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds ringreduce with the CUDA kernels (required: the build fails if nvcc is
-# missing) and runs bench/gpu_check.py on this machine's GPU. Arguments go to
-# gpu_check.py (--seed S to replay a run). Set RR_GPU_CHECK_NO_BUILD=1 to test
+# missing) and runs bench/gpu_check.py on this machine's GPU, then, where torch
+# sees the GPU, bench/gpu_transports.py (the device all_reduce against Gloo's
+# and our host path; RR_GPU_CHECK_NO_BENCH=1 skips it). Arguments go to
+# gpu_check.py (--seed S to replay a run); the exit status is the check's. Set RR_GPU_CHECK_NO_BUILD=1 to test
 # the ringreduce already installed instead. It replaces any installed ringreduce
 # with an editable install of this tree.
 #
@@ -23,6 +25,13 @@ if [[ "${RR_GPU_CHECK_NO_BUILD:-0}" != 1 ]]; then
     -Ccmake.define.RINGREDUCE_WITH_CUDA=ON
 fi
 
-# The check itself is sized for under 5 minutes on an H200; the timeout turns
-# a hang into a failure.
-exec timeout 300 "$PYTHON" bench/gpu_check.py "$@"
+# The check itself is sized for under 5 minutes on an H200, the bench for about
+# one; the timeouts turn a hang into a failure.
+status=0
+timeout 300 "$PYTHON" bench/gpu_check.py "$@" || status=$?
+if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
+  "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  timeout 180 "$PYTHON" bench/gpu_transports.py -n 2 --transports shm,tcp \
+    --sizes 64K,1M,16M,256M || echo "gpu_transports failed (status $?)" >&2
+fi
+exit "$status"

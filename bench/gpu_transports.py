@@ -43,7 +43,7 @@ def _rank(rank: int, args: Any, ports: List[int], transport: str) -> Dict[str, L
 
     import ringreduce as rr
 
-    device = args.device if torch.cuda.is_available() else "cpu"
+    device = args.device if args.device == "cpu" or torch.cuda.is_available() else "cpu"
     if device != "cpu":
         torch.cuda.set_device(device)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)

@@ -311,6 +311,26 @@ def test_ab_compare_runs_the_builds_it_is_given(tmp_path):
     assert "build A: ringreduce imports from (nothing)" in missing.stderr, missing.stderr
 
 
+def test_gpu_transports_harness_runs_without_a_gpu():
+    """bench/gpu_transports.py (run by bench/gpu_check.sh on a GPU) on CPU tensors: the
+    harness, its check of each first result and its table, so it works when a GPU comes."""
+    pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_transports.py")
+    args = ["--transports", "shm,tcp", "--sizes", "64K,1M", "--rounds", "1", "--device", "cpu"]
+    out = run_bench(args, cmd=[sys.executable, script])
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    for transport in ("shm", "tcp"):
+        head = f"2 ranks, ringreduce transport {transport}: us per call (busbw GB/s)"
+        lines = out.stdout.split(head)[1].strip().splitlines()
+        assert lines[0].split()[0] == "size", out.stdout
+        rows = [line.replace("(", " ").replace(")", " ").split() for line in lines[1:3]]
+        assert [row[0] for row in rows] == ["65536", "1048576"], out.stdout
+        # Four systems, microseconds and busbw each.
+        assert all(len(row) == 1 + 4 * 2 and float(row[1]) > 0 for row in rows), out.stdout
+
+
 def test_init_time_reports_each_size_and_the_store_s_traffic():
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "init_time.py")
     out = run_bench(["--sizes", "2,3", "--trials", "1"], cmd=[sys.executable, script])

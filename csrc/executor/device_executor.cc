@@ -19,6 +19,12 @@ static_assert(kStepBegins < Device::kEvents, "the pipeline uses more events than
 
 int slot_event(int base, size_t b) { return base + static_cast<int>(b % DeviceExecutor::kSlots); }
 
+// Calls fn(offset, length) for each segment of a batch of `bytes`.
+template <typename Fn>
+void for_segments(size_t bytes, size_t segment, Fn fn) {
+  for (size_t at = 0; at < bytes; at += segment) fn(at, std::min(segment, bytes - at));
+}
+
 }  // namespace
 
 DeviceExecutor::DeviceExecutor(const ExecutorSetup& setup, Device& device, const StreamMark& mark)
@@ -100,11 +106,9 @@ void DeviceExecutor::send_staged(size_t b) {
   if (b >= send_batches_) return;
   SendSlot& slot = send_[b % kSlots];
   device_.sync(slot_event(kSendStaged, b), setup_.deadline());
-  const size_t bytes = length(plan_.send_bytes, b);
-  for (size_t at = 0; at < bytes; at += segment_bytes_) {
-    slot.sends.push_back(
-        transport_.isend(plan_.send_to, slot.host + at, std::min(segment_bytes_, bytes - at)));
-  }
+  for_segments(length(plan_.send_bytes, b), segment_bytes_, [&](size_t at, size_t n) {
+    slot.sends.push_back(transport_.isend(plan_.send_to, slot.host + at, n));
+  });
 }
 
 // Posts the receives of batch b into its slot, once the slot's previous batch
@@ -114,11 +118,9 @@ void DeviceExecutor::post_recv(size_t b) {
   RecvSlot& slot = recv_[b % kSlots];
   wait_all(slot.forwards);
   device_.sync(slot_event(kRecvLanded, b), setup_.deadline());
-  const size_t bytes = length(plan_.recv_bytes, b);
-  for (size_t at = 0; at < bytes; at += segment_bytes_) {
-    slot.recvs.push_back(
-        transport_.irecv(plan_.recv_from, slot.host + at, std::min(segment_bytes_, bytes - at)));
-  }
+  for_segments(length(plan_.recv_bytes, b), segment_bytes_, [&](size_t at, size_t n) {
+    slot.recvs.push_back(transport_.irecv(plan_.recv_from, slot.host + at, n));
+  });
 }
 
 // Waits for the segments of batch b (forwarding each as it comes, in

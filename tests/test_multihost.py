@@ -175,6 +175,57 @@ def test_a_partitioned_host_is_named_at_the_keepalive_not_the_timeout(hosts):
     assert cut_off.get("error") == "PeerError", cut_off["message"]  # it lost both peers
 
 
+_STANDBY_SERVER = """
+import sys, time
+from ringreduce import _core
+s = _core.TcpStore("10.232.0.1", 0, True, 60, 30)
+print(s.port, flush=True)
+time.sleep(60)
+"""
+_STANDBY_CLIENT = """
+import json, sys, time
+from ringreduce import _core
+c = _core.TcpStore("10.232.0.1", int(sys.argv[1]), False, 10, 30, "", int(sys.argv[2]))
+c.set("in", b"1")
+print(json.dumps({"ready": True}), flush=True)
+start = None
+try:
+    while True:
+        start = time.monotonic()
+        c.wait_get("never", 1000)
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc),
+                      "after": time.monotonic() - start,
+                      "unreachable": c.host_unreachable()}), flush=True)
+"""
+
+
+@pytest.mark.extended
+def test_a_standby_store_client_names_its_cut_off_host_at_the_keepalive(hosts):
+    """The survivors of a shrink meet on a standby store, as clients made with the
+    job's keepalive (Membership._connect): a request to its host, cut off the network,
+    fails at the keepalive and says the machine is unreachable. Without it the request
+    waits out the store's I/O cap (30 s here) and names no reason."""
+    names, switch = hosts
+    netns = ["ip", "netns", "exec"]
+    server = subprocess.Popen([*netns, names[0], sys.executable, "-c", _STANDBY_SERVER],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        port = server.stdout.readline().strip()
+        client = subprocess.Popen(
+            [*netns, names[1], sys.executable, "-c", _STANDBY_CLIENT, port, "2"],
+            stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert json.loads(client.stdout.readline()).get("ready")
+        time.sleep(0.3)
+        _ip("-n", switch, "link", "set", "p0", "down")
+        result = _last_json(client, 40)
+    finally:
+        server.kill()
+        server.communicate()
+    assert result.get("unreachable") is True, result
+    assert result["after"] < 10, result
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("cut", [0, 2])
 def test_only_the_majority_side_of_a_partition_goes_on(hosts, cut):

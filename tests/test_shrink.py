@@ -129,6 +129,25 @@ def test_a_stopped_rank_is_left_out_without_waiting_for_it(links, n, victim):
         assert seen["shrink_s"] < 2.0, (rank, seen)
 
 
+def test_the_meeting_store_passes_on_that_its_host_is_unreachable():
+    """A shrunk communicator's store (MeetingStore over a client of the host's standby
+    store, made with the job's keepalive) tells the engine when the host's machine
+    answers nothing, so that a failure report says so; never for a host in this process.
+    (tests/test_multihost.py cuts such a host off for real.)"""
+    from ringreduce._comm.meeting import MeetingStore
+
+    class Client:
+        def __init__(self, unreachable: bool):
+            self.unreachable = unreachable
+
+        def host_unreachable(self) -> bool:
+            return self.unreachable
+
+    assert MeetingStore(Client(True), hosted_here=False).host_unreachable()
+    assert not MeetingStore(Client(False), hosted_here=False).host_unreachable()
+    assert not MeetingStore(Client(True), hosted_here=True).host_unreachable()
+
+
 def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():
     from ringreduce._comm import processes
 

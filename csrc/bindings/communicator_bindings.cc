@@ -73,9 +73,11 @@ class PythonStore final : public rr::Store {
     return value.cast<std::string>();
   }
   // Optional on the Python side: a store that knows whether it is served in
-  // this process, and whether its host's process is gone (rr::Store's meaning).
+  // this process, whether its host's process is gone, and whether its host's
+  // machine answers nothing (rr::Store's meanings).
   bool hosted_here() const override { return ask("hosted_here"); }
   bool host_lost() const override { return ask("host_lost"); }
+  bool host_unreachable() const override { return ask("host_unreachable"); }
   bool ends_with_attempt() const override {
     if (Py_IsInitialized() == 0) return false;
     {
@@ -163,11 +165,12 @@ py::dict stats(const rr::Communicator& self) {
 class PyTcpStore {
  public:
   PyTcpStore(const std::string& host, int port, bool is_server, double timeout, double io_seconds,
-             const std::string& token) {
+             const std::string& token, int keepalive_seconds) {
     int chosen = port;
     py::gil_scoped_release release;
-    store_ = rr::make_tcp_store(host, port, is_server, rr::Deadline::after(timeout), io_seconds,
-                                token, [&chosen](int p) { chosen = p; });
+    store_ = rr::make_tcp_store(
+        host, port, is_server, rr::Deadline::after(timeout), io_seconds, token,
+        [&chosen](int p) { chosen = p; }, 0, keepalive_seconds);
     port_ = chosen;
   }
   int port() const { return port_; }
@@ -203,6 +206,7 @@ class PyTcpStore {
     return py::bytes(out);
   }
   bool host_lost() const { return store_ && store_->host_lost(); }
+  bool host_unreachable() const { return store_ && store_->host_unreachable(); }
   void set_host_stop_check(bool on) { live().set_host_stop_check(on); }
   // A served store stops taking new connections (its port is free again);
   // clients already connected go on.
@@ -228,9 +232,11 @@ void register_communicator(py::module_& m) {
                          "A TCP key-value store: is_server=True serves one on host:port (port 0: "
                          "the kernel picks; see .port) and connects to it; False connects to one. "
                          "With a token, both sides prove they hold it.")
-      .def(py::init<const std::string&, int, bool, double, double, const std::string&>(),
+      .def(py::init<const std::string&, int, bool, double, double, const std::string&, int>(),
            py::arg("host"), py::arg("port"), py::arg("is_server"), py::arg("timeout"),
-           py::arg("io_seconds"), py::arg("token") = "")
+           py::arg("io_seconds"), py::arg("token") = "", py::arg("keepalive_seconds") = 0,
+           "keepalive_seconds > 0: a request fails (and host_unreachable() is True) once the "
+           "server's machine answers no TCP keepalive probe for about that long.")
       .def_property_readonly("port", &PyTcpStore::port)
       .def("set", &PyTcpStore::set, py::arg("key"), py::arg("value"))
       .def("try_get", &PyTcpStore::try_get, py::arg("key"))
@@ -239,6 +245,9 @@ void register_communicator(py::module_& m) {
            "it: the server holds the request until the key is set.")
       .def("set_if_absent", &PyTcpStore::set_if_absent, py::arg("key"), py::arg("value"))
       .def("host_lost", &PyTcpStore::host_lost)
+      .def("host_unreachable", &PyTcpStore::host_unreachable,
+           "The server's machine answered nothing (keepalive probes or retransmissions): "
+           "cut off by the network, frozen or powered off.")
       .def("set_host_stop_check", &PyTcpStore::set_host_stop_check, py::arg("on"),
            "While on, a request fails once this machine sees the store's host stopped "
            "(as during a failure report); off, it waits up to io_seconds.")

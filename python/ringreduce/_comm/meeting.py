@@ -65,6 +65,11 @@ class MeetingStore:
     def host_lost(self) -> bool:
         return bool(self._store.host_lost()) or self._host_stopped()
 
+    def host_unreachable(self) -> bool:
+        """The host's machine answered nothing for the keepalive time (the client was
+        made with it): the engine then reports the host unreachable, not dead."""
+        return not self._hosted_here and bool(self._store.host_unreachable())
+
     def _host_stopped(self) -> bool:
         """The host (the new rank 0) is stopped on this machine, or gone."""
         return not self._hosted_here and self._stopped(0)

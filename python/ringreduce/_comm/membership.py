@@ -295,11 +295,11 @@ class Membership:
         address = self.addresses[host]
         if host != self.rank and (self.halted(host) or refused(address)):
             return None
-        # A stopped process still accepts connections but never answers: give up on it
-        # after a bounded wait, the same on every survivor.
+        # A stopped process accepts connections, never answers: one bounded wait everywhere.
         left = max(0.05, min(deadline - time.monotonic(), self._connect_seconds))
         try:
-            store = _core.TcpStore(address[0], address[1], False, left, 5.0, self.token)
+            store = _core.TcpStore(address[0], address[1], False, left, 5.0, self.token,
+                                   self.options.tcp_keepalive_seconds)  # fmt: skip
         except RingReduceError:
             if host == self.rank:
                 raise

@@ -242,7 +242,7 @@ def run_case(
         return min(r, n - 1) * hosts // n
 
     def wrap(r: int) -> List[str]:
-        return ["ip", "netns", "exec", f"{_NS}{host_of(r)}"] if hosts else []
+        return ["ip", "netns", "exec", f"{args.netns}{host_of(r)}"] if hosts else []
 
     def env_of(r: int) -> Dict[str, str]:
         env = dict(os.environ)
@@ -311,7 +311,7 @@ def run_case(
                     failed_at = at if failed_at is None else min(failed_at, at)
     if how == "partition":
         for h in {host_of(v) for v in victims}:
-            subprocess.run(["ip", "-n", f"{_NS}{h}", "link", "set", f"dveth{h}", "up"],
+            subprocess.run(["ip", "-n", f"{args.netns}{h}", "link", "set", f"dveth{h}", "up"],
                            check=True)  # fmt: skip
     survivors = [r for r in range(count) if r not in victims]
     row: Dict[str, Any] = {
@@ -358,22 +358,25 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="emulated hosts: network namespaces on a bridge, links shaped to "
                         "--link (root; 0: every rank on loopback)")  # fmt: skip
     p.add_argument("--link", default="10gbit", help="with --hosts: tc tbf rate (10gbit)")
+    p.add_argument("--netns", default="rrdrill",
+                   help="with --hosts: the namespaces' names, NETNS0.. and NETNSsw (rrdrill); "
+                        "drills run at once need their own")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write every row here")
     args = p.parse_args(argv)
     random.seed(args.seed)
     if args.hosts:
-        bench = _emulated_hosts()
-        bench.hosts_down(args.hosts, _NS, _SWITCH)
-        bench.hosts_up(args.hosts, args.link, _NS, _SWITCH, _SUBNET, dev="d")
+        bench, switch = _emulated_hosts(), f"{args.netns}sw"
+        bench.hosts_down(args.hosts, args.netns, switch)
+        bench.hosts_up(args.hosts, args.link, args.netns, switch, _SUBNET, dev="d")
         try:
             return _drill(args)
         finally:
-            bench.hosts_down(args.hosts, _NS, _SWITCH)
+            bench.hosts_down(args.hosts, args.netns, switch)
     return _drill(args)
 
 
-_NS, _SWITCH, _SUBNET = "rrdrill", "rrdrillsw", "10.234.0"
+_SUBNET = "10.234.0"
 
 
 def _emulated_hosts() -> Any:

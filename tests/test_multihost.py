@@ -260,9 +260,11 @@ def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path, at):
     connection names, with no failure report to read."""
     rows_path = tmp_path / "rows.json"
     drill = os.path.join(HERE, "..", "bench", "fault_drill.py")
+    # Namespaces of its own: the two cases may run at once.
     cmd = [sys.executable, drill, "--hosts", "4", "--sizes", "4", "--transports", "tcp",
            "--failures", "partition", "--trials", "1", "--at", str(at), "--timeout", "30",
-           "--keepalive", "2", "--case-timeout", "90", "--json", str(rows_path)]  # fmt: skip
+           "--keepalive", "2", "--case-timeout", "90", "--json", str(rows_path),
+           "--netns", f"{PREFIX}d{at}x"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     [row] = json.loads(rows_path.read_text())

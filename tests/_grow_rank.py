@@ -24,6 +24,8 @@ import signal
 import sys
 import time
 
+from _victims import check, fail_in_loop
+
 ADDR = os.environ.get("GROW_TEST_ADDR", "127.0.0.1")
 
 
@@ -37,11 +39,6 @@ def state_of(seed: int) -> dict:
     }
 
 
-def check(comm) -> bool:
-    got = comm.all_reduce(np.full(1000, comm.rank + 1.0))
-    return bool(np.all(got == comm.world_size * (comm.world_size + 1) / 2))
-
-
 def after_grow(grown, holder: bool) -> dict:
     state = grown.share_state(state_of(7) if holder else None)
     same = all(np.array_equal(state[k], v) for k, v in state_of(7).items())
@@ -49,16 +46,9 @@ def after_grow(grown, holder: bool) -> dict:
 
 
 def die_in_loop(comm, rank: int, victim: int) -> None:
-    x = np.ones(1 << 14, dtype=np.float32)
-    start = time.monotonic()
-    while time.monotonic() - start < 60:
-        if rank == victim and time.monotonic() - start > 0.2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        try:
-            comm.all_reduce(x, out=x)
-        except rr.PeerError:
-            return
-        x[:] = 1
+    exc = fail_in_loop(comm, rank, victim, after=0.2, elems=1 << 14)
+    if exc is not None and not isinstance(exc, rr.PeerError):
+        raise exc
 
 
 def member(rank: int, size: int, port: int, transport: str, scenario: dict, token: str) -> dict:

@@ -4,9 +4,10 @@
 # sees the GPU, bench/gpu_transports.py (the device all_reduce against Gloo's
 # and our host path; RR_GPU_CHECK_NO_BENCH=1 skips it), then the GPU tests
 # (RR_GPU_CHECK_NO_TESTS=1 skips them). Arguments go to gpu_check.py (--seed S
-# to replay a run). Exit status: the check's, or 1 if it passed and a test failed. Set RR_GPU_CHECK_NO_BUILD=1 to test
-# the ringreduce already installed instead. It replaces any installed ringreduce
-# with an editable install of this tree.
+# to replay a run). Exit status: the check's, or 1 if it passed and a test
+# failed. Set RR_GPU_CHECK_NO_BUILD=1 to test the ringreduce already installed
+# instead. It replaces any installed ringreduce with an editable install of
+# this tree.
 #
 # The build needs no network: pip runs without build isolation, so
 # scikit-build-core, pybind11, cmake and ninja must already be installed

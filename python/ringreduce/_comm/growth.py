@@ -225,16 +225,19 @@ def join(
     try:
         while True:
             info = _read_lobby(host, port, secret, timeout, deadline, full)
+            options = _env.engine_options(info["transport"], info["timeout"])
+            options.token = secret
+            # The host's standby store is where the grown communicator is made: a
+            # partition of its machine is named at the keepalive, as for the members.
             standby = _core.TcpStore(
-                info["standby"][0], int(info["standby"][1]), False, _left(deadline), 5.0, secret
-            )
+                info["standby"][0], int(info["standby"][1]), False, _left(deadline), 5.0, secret,
+                options.tcp_keepalive_seconds,
+            )  # fmt: skip
             rank = _take_seat(standby, info, f"{advertise} {server.port}")
             if rank is not None:
                 break
             standby.close()
             full.add(info["prefix"])  # wait for the next grow
-        options = _env.engine_options(info["transport"], info["timeout"])
-        options.token = secret
         meeting = _GrowMeeting(standby, False, info.get("members", []), info["prefix"])
         core = _core.Communicator.create_with_store(
             meeting, rank, int(info["new"]), _advertise(info["standby"][0]), info["prefix"],

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import ringreduce as rr
+
 from _data import extended
 from _ranks import free_port
 
@@ -146,6 +148,57 @@ def test_the_meeting_store_passes_on_that_its_host_is_unreachable():
     assert MeetingStore(Client(True), hosted_here=False).host_unreachable()
     assert not MeetingStore(Client(False), hosted_here=False).host_unreachable()
     assert not MeetingStore(Client(True), hosted_here=True).host_unreachable()
+
+
+class _AbsentRankStore:
+    """A store in this process's memory that rank 1 never comes to: it records when the
+    engine asks whether rank 1 is gone, and says yes the ``gone_at``-th time."""
+
+    def __init__(self, look_ms, gone_at: int = 8):
+        self._data: dict = {}
+        self.asked: list = []
+        self._gone_at = gone_at
+        if look_ms is not None:
+            self.peer_look_ms = lambda: look_ms
+
+    def set(self, key, value):
+        self._data[key] = bytes(value)
+
+    def try_get(self, key):
+        return self._data.get(key)
+
+    def set_if_absent(self, key, value):
+        return self._data.setdefault(key, bytes(value))
+
+    def peer_gone(self, rank):
+        self.asked.append((time.monotonic(), rank))
+        return len(self.asked) >= self._gone_at
+
+
+@pytest.mark.parametrize("look_ms", [5, None], ids=["store-says-5ms", "default"])
+def test_a_store_sets_how_often_the_engine_looks_for_a_gone_rank(look_ms):
+    """The engine asks a store's peer_gone about a rank it waits for every
+    peer_look_ms() (a shrink's meeting store: 10 ms for a few ranks, so a member dying
+    while the communicator is made costs milliseconds), and every 50 ms for a store
+    that does not say; the wait then fails with PeerError naming the rank."""
+    from ringreduce import _core
+
+    store = _AbsentRankStore(look_ms)
+    options = _core.Options()
+    options.transport = "tcp"
+    options.timeout_seconds = 30.0
+    with pytest.raises(rr.PeerError) as info:
+        _core.Communicator.create_with_store(store, 0, 2, "127.0.0.1", "a test meeting", options)
+    assert info.value.peer == 1 and "rank 1" in str(info.value), str(info.value)
+    assert {rank for _, rank in store.asked} == {1}
+    assert len(store.asked) == 8
+    times = [t for t, _ in store.asked]
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    median = gaps[len(gaps) // 2]
+    if look_ms is None:
+        assert median >= 0.045, gaps  # sleeps do not end early
+    else:
+        assert median < 0.025, gaps  # 5 ms asked; 50 ms would be the default
 
 
 def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():

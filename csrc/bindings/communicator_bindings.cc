@@ -11,6 +11,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -93,6 +95,19 @@ class PythonStore final : public rr::Store {
       return py::hasattr(impl_, "peer_gone") && impl_.attr("peer_gone")(peer).cast<bool>();
     } catch (const py::error_already_set&) {
       return false;
+    }
+  }
+  // Optional on the Python side: peer_look_ms() -> int, how often to ask
+  // peer_gone while waiting for a rank's key (rr::Store::peer_look).
+  std::chrono::milliseconds peer_look() const override {
+    if (Py_IsInitialized() == 0) return rr::kPeerLook;
+    py::gil_scoped_acquire gil;
+    try {
+      if (!py::hasattr(impl_, "peer_look_ms")) return rr::kPeerLook;
+      const int ms = impl_.attr("peer_look_ms")().cast<int>();
+      return std::chrono::milliseconds(std::clamp(ms, 1, 1000));
+    } catch (const py::error_already_set&) {
+      return rr::kPeerLook;
     }
   }
 

@@ -32,7 +32,7 @@ std::string await_host(Store& store, const std::string& prefix, int r, int rank,
   PollBackoff backoff;
   while (true) {
     // Waits (or sleeps) a moment when the key is not there yet.
-    if (auto host = store.look_for(key, kPeerLook, backoff, grace ? *grace : deadline)) {
+    if (auto host = store.look_for(key, store.peer_look(), backoff, grace ? *grace : deadline)) {
       return *host;
     }
     if (auto why = store.try_get(gave_up_key(prefix))) {

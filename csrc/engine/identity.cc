@@ -43,7 +43,8 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
   for (int r = 1; r < size; ++r) pending.insert(r);
   std::set<std::pair<int, std::string>> answered;
   Backoff backoff;
-  auto next_look = Clock::now() + kPeerLook;
+  const std::chrono::milliseconds look = store.peer_look();
+  auto next_look = Clock::now() + look;
   while (!pending.empty()) {
     bool news = false;
     for (auto it = pending.begin(); it != pending.end();) {
@@ -72,7 +73,7 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
     if (Clock::now() >= next_look) {
       // A member of a shrink or grow that died before it took its seat: no need to
       // wait for the deadline (the store knows where the members' processes are).
-      next_look = Clock::now() + kPeerLook;
+      next_look = Clock::now() + look;
       for (int r : pending) {
         if (!store.peer_gone(r)) continue;
         const std::string why = "rank " + std::to_string(r) + " is gone: it died before it joined " +
@@ -91,7 +92,7 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
     const int r = *pending.begin();
     const auto mine = answered.lower_bound({r, std::string()});
     const bool asked = mine != answered.end() && mine->first == r;
-    store.look_for(asked ? seat_key(id, r) : ask_key(size, r), kPeerLook, backoff, deadline);
+    store.look_for(asked ? seat_key(id, r) : ask_key(size, r), look, backoff, deadline);
   }
 }
 

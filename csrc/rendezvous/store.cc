@@ -34,13 +34,14 @@ std::optional<std::string> Store::look_for(const std::string& key, std::chrono::
 
 std::string Store::get(const std::string& key, const Deadline& deadline, int peer) {
   PollBackoff backoff;
-  auto next_look = std::chrono::steady_clock::now() + kPeerLook;
+  const std::chrono::milliseconds look = peer_look();
+  auto next_look = std::chrono::steady_clock::now() + look;
   while (true) {
     // A held wait lasts a slice at most, so that the peer, the deadline and
-    // Ctrl-C are still looked at every kPeerLook.
-    if (auto value = look_for(key, kPeerLook, backoff, deadline)) return *value;
+    // Ctrl-C are still looked at every peer_look().
+    if (auto value = look_for(key, look, backoff, deadline)) return *value;
     if (peer >= 0 && std::chrono::steady_clock::now() >= next_look) {
-      next_look = std::chrono::steady_clock::now() + kPeerLook;
+      next_look = std::chrono::steady_clock::now() + look;
       if (peer_gone(peer)) {
         throw PeerError("rank " + std::to_string(peer) + " is gone: it did not set rendezvous key '" +
                             key + "'",

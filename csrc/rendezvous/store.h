@@ -97,6 +97,11 @@ class Store {
   // (a store that can tell: the members' store of a shrink or grow). A wait for a
   // key that rank sets then fails at once, naming it, instead of at the deadline.
   virtual bool peer_gone(int /*peer*/) const { return false; }
+  // How often a wait for a rank's key asks peer_gone about it (and so the
+  // longest a held wait lasts): kPeerLook, or less where looking is cheap and
+  // the ranks few (a shrink's meeting: a second death during a shrink is then
+  // named within milliseconds, not a twentieth of a second).
+  virtual std::chrono::milliseconds peer_look() const { return kPeerLook; }
 };
 
 // The host stop check, on for a scope: while a rank works out and reports

@@ -7,10 +7,10 @@ import time
 from typing import Any, Callable, List, Optional
 
 from ..errors import PeerError, RingReduceError, TimeoutError
+from .meeting import look_ms
 
 __all__ = ["fetch_named", "standby_table"]
 
-_LOOK = 0.05  # seconds between looks at whether a member being awaited is still there
 _GRACE = 1.0  # seconds a rank waits for rank 0's table beyond rank 0's own timeout
 
 
@@ -64,10 +64,12 @@ def fetch_named(
 ) -> bytes:
     """core.fetch(key) of a key rank ``peer`` sets; its errors name that rank."""
     deadline = time.monotonic() + timeout
+    # Seconds between looks at whether the member awaited is still there.
+    look = look_ms(int(core.world_size)) / 1000
     while True:
         left = deadline - time.monotonic()
         try:
-            return core.fetch(key, max(0.0, left if alive is None else min(left, _LOOK)))
+            return core.fetch(key, max(0.0, left if alive is None else min(left, look)))
         except TimeoutError:
             if time.monotonic() < deadline and (alive is None or alive(peer)):
                 continue

@@ -12,7 +12,11 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..errors import PeerError
 from . import processes
 
-__all__ = ["MeetingStore", "alive", "held_get", "probe", "refused"]
+__all__ = ["MeetingStore", "alive", "held_get", "look_ms", "probe", "refused"]
+
+_FEW = 64  # members, at most, of a meeting whose waits look for the dead often
+_LOOK_FEW_MS = 10
+_LOOK_MANY_MS = 50  # the engine's kPeerLook
 
 
 def held_get(store: Any, key: str, cap: float, deadline: float) -> Optional[bytes]:
@@ -101,6 +105,19 @@ class MeetingStore:
         return self._stopped(rank) or (
             0 <= rank < len(self._members) and refused(self._members[rank])
         )
+
+    def peer_look_ms(self) -> int:
+        """How often (ms) a wait for a member's key asks `peer_gone` about it: often in
+        a meeting of few ranks, where a probe is one local connect, so that a member
+        that dies while the communicator is made is named within milliseconds; as
+        rarely as any rendezvous in a large one, where every waiting rank's probes
+        would land on the one it waits for."""
+        return look_ms(len(self._members))
+
+
+def look_ms(members: int) -> int:
+    """`MeetingStore.peer_look_ms` for a meeting of ``members`` ranks."""
+    return _LOOK_FEW_MS if members <= _FEW else _LOOK_MANY_MS
 
 
 def alive(store: MeetingStore) -> Callable[[int], bool]:

@@ -304,6 +304,7 @@ def rank_train(opts: dict) -> dict:
     finish()
     return {"config": opts["config"], "params": params, "reached": reached, "steps": steps,
             "seconds": elapsed, "losses": losses, "step_s": float(np.median(step_times)),
+            "step_times": [round(t, 5) for t in step_times],
         "bwd_s": float(np.median(bwd_times)),
             "wire_per_step": wire / max(steps, 1), **extra}  # fmt: skip
 

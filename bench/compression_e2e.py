@@ -60,13 +60,20 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "ours-int4+EF": ("ours", {"compression": "int4", "error_feedback": True}),
     "ours-powersgd-r4": ("ours", {"powersgd_rank": 4}),
     "ours-auto": ("ours", {"compression": "auto"}),
-    # GradSync launches buckets with async_op=True, and auto times its two calibration
-    # calls to their return, not their completion: it measured the link at ~138 GB/s
-    # and chose exact. Here two blocking auto all_reduces of the gradient's size run
-    # first (inside the timed region) so auto measures the real link.
+    # Two blocking auto all_reduces of the gradient's size first (inside the timed
+    # region), so that auto is calibrated before the first step. (It once timed
+    # GradSync's async calls to their return and chose exact; async calls now run on
+    # the lane and are timed to completion: plain ours-auto chose int8 on 1 Gbit/s,
+    # link measured at 0.081 GB/s of input.)
     "ours-auto-precal": ("ours", {"compression": "auto", "precal": True}),
+    # Gradients as views of their bucket (no copy in, none back), on both sides.
+    "ours-int4+EF-views": (
+        "ours",
+        {"compression": "int4", "error_feedback": True, "gradient_as_bucket_view": True},
+    ),  # fmt: skip
     "ddp-gloo-fp32": ("ddp", {}),
     "ddp-gloo-fp16hook": ("ddp", {"hook": "fp16"}),
+    "ddp-gloo-fp16hook-views": ("ddp", {"hook": "fp16", "gradient_as_bucket_view": True}),
     "ddp-gloo-powersgd-r4": ("ddp", {"hook": "powersgd", "rank": 4}),
     # torch's powerSGD_hook issues its Q all-reduce from a callback thread; with several
     # buckets Gloo can pair one rank's Q with another's P. One bucket avoids that.
@@ -244,8 +251,9 @@ def rank_train(opts: dict) -> dict:
 
         dist.init_process_group("gloo")
         net = torch.nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=cfg.get("bucket_cap_mb", opts["bucket_mb"])
-        )
+            model, bucket_cap_mb=cfg.get("bucket_cap_mb", opts["bucket_mb"]),
+            gradient_as_bucket_view=cfg.get("gradient_as_bucket_view", False),
+        )  # fmt: skip
         if cfg.get("hook") == "fp16":
             net.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif cfg.get("hook") == "powersgd":
@@ -283,7 +291,8 @@ def rank_train(opts: dict) -> dict:
             break
         if flags > 0 or steps == opts["max_steps"]:
             break
-        opt.zero_grad()
+        # With bucket views, gradients are zeroed where they are (in their buckets).
+        opt.zero_grad(set_to_none=not cfg.get("gradient_as_bucket_view", False))
         b0 = time.perf_counter()
         loss.backward()
         if sync is not None:

@@ -6,6 +6,8 @@ error each codec states, checked against float64 on the kernels' output."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,14 +71,41 @@ def _same_bits(a: np.ndarray, b: np.ndarray, what: str) -> None:
     )
 
 
+ISAS = _core.codec_kernel_isas()
+
+
 def test_the_kernels_are_built():
     assert hasattr(_core, "codec_encode") and C.use_kernels()
-    assert _core.codec_kernel_isa() in ("avx2", "generic")
+    assert ISAS[-1] == "generic" and set(ISAS) <= {"avx512", "avx2", "generic"}
+    assert _core.codec_kernel_isa() == ISAS[0]  # the best this machine runs
+
+
+def test_a_kernel_variant_is_chosen_by_name_and_an_unknown_one_refused():
+    try:
+        for isa in reversed(ISAS):
+            _core.use_codec_kernel_isa(isa)
+            assert _core.codec_kernel_isa() == isa
+        runnable = ", ".join(f"'{isa}'" for isa in ISAS)
+        said = f"no variant 'sse9' runs on this machine; these do: {runnable}"
+        with pytest.raises(ValueError, match=re.escape(said)):
+            _core.use_codec_kernel_isa("sse9")
+        assert _core.codec_kernel_isa() == ISAS[0]  # the refusal left the last choice
+    finally:
+        _core.use_codec_kernel_isa(ISAS[0])
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Runs the test with each kernel variant this machine runs (they must give the same
+    bits), then gives the process back its best."""
+    _core.use_codec_kernel_isa(request.param)
+    yield request.param
+    _core.use_codec_kernel_isa(ISAS[0])
 
 
 @pytest.mark.parametrize("name", CODECS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_kernels_give_numpys_bits(name, kind):
+def test_kernels_give_numpys_bits(name, kind, isa):
     codec = get_codec(name)
     for n in SIZES:
         x = data(kind, n)

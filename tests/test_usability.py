@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ringreduce as rr
+from ringreduce import _core
 from ringreduce.launch import free_port
 
 from _ranks import run_ranks
@@ -40,6 +41,7 @@ def test_version_and_info():
     assert {"tcp", "shm"} <= set(info["transports"])
     assert isinstance(info["cuda"], bool) and isinstance(info["cuda_devices"], int)
     assert info["cpu_kernels"] in ("avx2", "generic")
+    assert info["codec_kernels"] == _core.codec_kernel_isas()[0]
 
 
 def test_bench_help_shows_suffixes_and_defaults():

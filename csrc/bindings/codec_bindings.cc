@@ -5,6 +5,7 @@
 // The loops run with the GIL released.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <string>
@@ -83,5 +84,10 @@ void register_codecs(py::module_& m) {
         py::arg("acc"),
         "acc[:n] += each payload's n decoded values, in float32 and in the payloads' order.");
   m.def("codec_kernel_isa", &rr::codec::codec_kernel_isa,
-        "The instruction set the codec kernels run with (\"avx2\" or \"generic\").");
+        "The instruction set the codec kernels run with (\"avx512\", \"avx2\" or \"generic\").");
+  m.def("codec_kernel_isas", &rr::codec::runnable_kernel_isas,
+        "The instruction sets of the codec kernels this machine runs, best first.");
+  m.def("use_codec_kernel_isa", &rr::codec::use_kernel_isa, py::arg("isa"),
+        "Runs the codec kernels with one of codec_kernel_isas() in this process from now on "
+        "(every one computes the same bits; for tests and benchmarks).");
 }

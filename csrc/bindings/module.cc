@@ -5,7 +5,6 @@
 // communicator_bindings.cc the communicator.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include "common/process_state.h"
 #include "config.h"
 #include "engine/options.h"
+#include "kernels/codec.h"
 #include "reduce/cpu_kernels.h"
 #include "security/auth.h"
 #include "testing/fuzz.h"
@@ -400,6 +400,7 @@ PYBIND11_MODULE(_core, m) {
     if (RR_WITH_MPI) transports.append("mpi");
     d["transports"] = transports;
     d["cpu_kernels"] = rr::cpu_kernel_isa();
+    d["codec_kernels"] = rr::codec::codec_kernel_isa();
     return d;
   });
   py::module_ testing =

@@ -1,10 +1,13 @@
 // The codec entry points: argument checks, sizes, and the run-time choice
-// between the AVX2 build of the loops (x86-64 CPUs that have it) and the
-// baseline build, as reduce/cpu_kernels.cc does for the reductions.
+// between the builds of the loops: AVX-512 (F, BW, VL, DQ: x86-64 CPUs that
+// have them), AVX2 (with F16C), and the baseline build, as
+// reduce/cpu_kernels.cc does for the reductions.
 #include "kernels/codec.h"
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "kernels/codec_table.h"
@@ -19,21 +22,54 @@ CodecFns variant_codec_fns(CodecKind kind);
 namespace avx2 {
 CodecFns variant_codec_fns(CodecKind kind);
 }  // namespace avx2
-
-static bool use_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-}
-#else
-static bool use_avx2() { return false; }
+namespace avx512 {
+CodecFns variant_codec_fns(CodecKind kind);
+}  // namespace avx512
 #endif
 
-static CodecFns fns(CodecKind kind) {
+namespace {
+
+struct Variant {
+  const char* name;
+  CodecFns (*fns)(CodecKind);
+  bool runs;  // whether this CPU (and its OS) runs the variant's instructions
+};
+
+// Best first. Every variant computes the same bits (codec_impl.h), so which
+// one runs changes only the speed.
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> all = [] {
+    std::vector<Variant> v;
 #if defined(RR_HAVE_AVX2_KERNELS)
-  if (use_avx2()) return avx2::variant_codec_fns(kind);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    v.push_back({"avx512", &avx512::variant_codec_fns,
+                 avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")});
+    v.push_back({"avx2", &avx2::variant_codec_fns, avx2});
 #endif
-  return generic::variant_codec_fns(kind);
+    v.push_back({"generic", &generic::variant_codec_fns, true});
+    return v;
+  }();
+  return all;
 }
+
+const Variant* best_variant() {
+  for (const Variant& v : variants()) {
+    if (v.runs) return &v;
+  }
+  return &variants().back();
+}
+
+// The variant in use: the best one this CPU runs, unless use_kernel_isa()
+// picked another (tests and bench/codec_speed.py compare them).
+std::atomic<const Variant*>& current() {
+  static std::atomic<const Variant*> v{best_variant()};
+  return v;
+}
+
+CodecFns fns(CodecKind kind) { return current().load(std::memory_order_relaxed)->fns(kind); }
+
+}  // namespace
 
 CodecKind codec_kind(const char* name) {
   if (std::strcmp(name, "bf16") == 0) return CodecKind::kBFloat16;
@@ -73,7 +109,29 @@ void decode_add(CodecKind kind, const uint8_t* const* payloads, size_t count, si
   if (n > 0 && count > 0) fns(kind).decode_add(payloads, count, n, acc);
 }
 
-const char* codec_kernel_isa() { return use_avx2() ? "avx2" : "generic"; }
+const char* codec_kernel_isa() { return current().load()->name; }
+
+std::vector<std::string> runnable_kernel_isas() {
+  std::vector<std::string> names;
+  for (const Variant& v : variants()) {
+    if (v.runs) names.emplace_back(v.name);
+  }
+  return names;
+}
+
+void use_kernel_isa(const std::string& name) {
+  for (const Variant& v : variants()) {
+    if (v.runs && name == v.name) {
+      current().store(&v);
+      return;
+    }
+  }
+  std::string runnable;
+  for (const std::string& n : runnable_kernel_isas())
+    runnable += (runnable.empty() ? "'" : ", '") + n + "'";
+  throw InvalidArgument("codec kernels: no variant '" + name + "' runs on this machine; " +
+                        "these do: " + runnable);
+}
 
 }  // namespace codec
 }  // namespace rr

@@ -10,13 +10,15 @@
 // - key: the 64-bit seed of stochastic rounding (dither.h); the Python side
 //   folds a call's seed into it, so ranks that agree on the seed agree on it.
 //
-// Every function is single-threaded and picks the AVX2 build of the loops
-// when the CPU has it (like reduce/cpu_kernels.h). Buffers may have any
+// Every function is single-threaded and picks the fastest build of the loops
+// the CPU runs: AVX-512, AVX2 or baseline (like reduce/cpu_kernels.h). Buffers may have any
 // alignment; payloads and values must not overlap.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace rr {
 namespace codec {
@@ -45,8 +47,17 @@ void decode(CodecKind kind, const uint8_t* payload, size_t n, float* out);
 // that acc stays in cache while every payload is added.
 void decode_add(CodecKind kind, const uint8_t* const* payloads, size_t count, size_t n, float* acc);
 
-// Which instruction set the codec loops run with ("avx2" or "generic").
+// Which instruction set the codec loops run with ("avx512", "avx2" or
+// "generic"): the best this CPU runs, unless use_kernel_isa() chose another.
 const char* codec_kernel_isa();
+
+// The variants this machine runs, best first; and the choice of one of them
+// for the whole process (throws InvalidArgument, naming the runnable ones,
+// for another name). Every variant computes the same bits: the choice exists
+// so that tests check each against the numpy reference, and benchmarks time
+// each. Safe while collectives run.
+std::vector<std::string> runnable_kernel_isas();
+void use_kernel_isa(const std::string& name);
 
 }  // namespace codec
 }  // namespace rr

@@ -236,7 +236,14 @@ def codec_decode_add(codec: str, payloads: Sequence[Any], n: int, acc: Any) -> N
     """acc[:n] += each payload's decoded values, in float32, in the payloads' order."""
 
 def codec_kernel_isa() -> str:
-    """The instruction set the codec kernels run with ("avx2" or "generic")."""
+    """The instruction set the codec kernels run with ("avx512", "avx2" or "generic")."""
+
+def codec_kernel_isas() -> List[str]:
+    """The instruction sets of the codec kernels this machine runs, best first."""
+
+def use_codec_kernel_isa(isa: str) -> None:
+    """Runs the codec kernels with one of codec_kernel_isas() in this process from now on
+    (every one computes the same bits; for tests and benchmarks). ValueError for another."""
 
 class DeviceCodec:
     """The codec kernels on device memory (CUDA, or the CPU emulation with fake=True),

@@ -31,7 +31,7 @@ _Collective = _core.Collective
 
 
 def build_info() -> dict:
-    """What this build contains: version, mpi, cuda, transports, cpu_kernels."""
+    """What this build contains: version, mpi, cuda, transports, cpu_kernels, codec_kernels."""
     return dict(_core.build_info())
 
 

@@ -5,13 +5,14 @@
 SCENARIO "die=A,B,...": the ranks listed (old numbering) kill themselves (SIGKILL), one
 per round, in the middle of an all_reduce loop; the survivors of each round catch the
 PeerError, check that the communicator is revoked, shrink, and check an all_reduce on
-the new one. "agree": no failure; agree() with rank 1 voting False, then True, then a
-shrink of the whole, healthy world. "shrinkdie=A,B": A dies in the loop, B while the
-others shrink. "stop=A": A stops itself (SIGSTOP) in the loop; the others time out,
-shrink without it and time the shrink (the test kills A). "resume=A:DIR": A stops
-itself; the others shrink without it, write their report to DIR and keep the shrunk
-communicator until DIR/done exists; the test resumes A, whose shrink must then refuse
-to make a communicator of it alone. Prints one JSON line per rank at the end.
+the new one. "agree": no failure; agree() with rank 1 voting False, then True, then 40
+more (rank 1 voting False in every third), then a shrink of the whole, healthy world.
+"shrinkdie=A,B": A dies in the loop, B while the others shrink. "stop=A": A stops
+itself (SIGSTOP) in the loop; the others time out, shrink without it and time the
+shrink (the test kills A). "resume=A:DIR": A stops itself; the others shrink without
+it, write their report to DIR and keep the shrunk communicator until DIR/done exists;
+the test resumes A, whose shrink must then refuse to make a communicator of it alone.
+Prints one JSON line per rank at the end.
 """
 
 from __future__ import annotations
@@ -78,6 +79,16 @@ def main() -> None:
     report = {"rank": rank, "rounds": []}
     if scenario == "agree":
         report["votes"] = [comm.agree(rank != 1), comm.agree(True)]
+        # Agreement after agreement (a program committing every step): the host's store
+        # keeps only the last rounds' decisions. Counted before a barrier, so that no
+        # rank checks in for the next round meanwhile.
+        server = comm._membership.server
+        keys = [server.key_count()]
+        comm.barrier()
+        report["many"] = [comm.agree(rank != 1 or k % 3 != 0) for k in range(40)]
+        keys.append(server.key_count())
+        comm.barrier()
+        report["keys"] = keys
         new = comm.shrink()
         report["rounds"].append({"new_rank": new.rank, "size": new.world_size, "ok": check(new)})
         new.close()

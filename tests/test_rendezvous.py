@@ -282,6 +282,39 @@ def test_a_wait_is_held_until_its_key_is_set():
     server.close()
 
 
+def test_the_store_s_host_erases_keys_by_prefix_and_counts_them():
+    # How a standby store that hosts agreement after agreement stays small: its host
+    # drops the rounds no one reads (membership._forget). Only the host can.
+    server, (client,) = _store_and_clients(1)
+    for key in ("c/agree/1/0/in/0", "c/agree/1/0/in/1", "c/agree/1/0/decision",
+                "c/agree/10/0/in/0", "c/agree/2/0/decision", "c/agree/1"):  # fmt: skip
+        client.set(key, b"x")
+    assert server.key_count() == 6
+    assert server.erase_prefix("c/agree/1/0/in/") == 2
+    assert server.erase_prefix("c/agree/1/") == 1  # not round 10's, nor the key "c/agree/1"
+    assert server.erase_prefix("c/agree/1/") == 0
+    assert server.key_count() == 3
+    assert client.try_get("c/agree/1/0/decision") is None
+    assert client.try_get("c/agree/10/0/in/0") == b"x" and client.try_get("c/agree/1") == b"x"
+    # A wait held for a key erased meanwhile is answered when it is set again.
+    got = []
+    thread = threading.Thread(
+        target=_wait_in_thread, args=(client, "c/agree/1/0/decision", 1000, got)
+    )
+    thread.start()
+    time.sleep(0.1)
+    server.erase_prefix("c/")
+    assert server.key_count() == 0
+    server.set("c/agree/1/0/decision", b"again")
+    thread.join(10)
+    assert got and got[0][0] == b"again"
+    with pytest.raises(ValueError, match="only by the process that serves the store"):
+        client.erase_prefix("c/")
+    with pytest.raises(ValueError, match="only the process that serves the store counts"):
+        client.key_count()
+    server.close()
+
+
 def _request(cmd: int, key: bytes, value: bytes) -> bytes:
     return bytes([cmd]) + struct.pack("<I", len(key)) + key + struct.pack("<I", len(value)) + value
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import ringreduce as rr
+from ringreduce._comm import membership
 
 from _data import extended
 from _ranks import free_port
@@ -94,6 +95,15 @@ def test_agree_is_an_and_over_every_rank_and_a_healthy_shrink_keeps_everyone():
     assert sorted(reports) == [0, 1, 2]
     for rank, report in reports.items():
         assert report["votes"] == [False, True], report
+        assert report["many"] == [k % 3 != 0 for k in range(40)], report
+        # Rank 0 hosted all 42 rounds: its store dropped every check-in once decided,
+        # and keeps the last _DECISIONS_KEPT (16) decisions, of 2 after the first two
+        # (without forgetting: 4 keys a round, 160 more).
+        before, after = report["keys"]
+        if rank == 0:
+            assert after - before == membership._DECISIONS_KEPT - 2, report
+        else:
+            assert after == before, report  # nothing hosted there
         (shrunk,) = report["rounds"]
         assert shrunk == {"new_rank": rank, "size": 3, "ok": True}, report
 

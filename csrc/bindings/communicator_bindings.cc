@@ -220,6 +220,8 @@ class PyTcpStore {
     }
     return py::bytes(out);
   }
+  size_t erase_prefix(const std::string& prefix) { return live().erase_prefix(prefix); }
+  size_t key_count() { return live().key_count(); }
   bool host_lost() const { return store_ && store_->host_lost(); }
   bool host_unreachable() const { return store_ && store_->host_unreachable(); }
   void set_host_stop_check(bool on) { live().set_host_stop_check(on); }
@@ -259,6 +261,9 @@ void register_communicator(py::module_& m) {
            "The value of key, or None once ms milliseconds (at most 1000) passed without "
            "it: the server holds the request until the key is set.")
       .def("set_if_absent", &PyTcpStore::set_if_absent, py::arg("key"), py::arg("value"))
+      .def("erase_prefix", &PyTcpStore::erase_prefix, py::arg("prefix"),
+           "On the store's host: drops every key that starts with prefix; how many.")
+      .def("key_count", &PyTcpStore::key_count, "On the store's host: how many keys it holds.")
       .def("host_lost", &PyTcpStore::host_lost)
       .def("host_unreachable", &PyTcpStore::host_unreachable,
            "The server's machine answered nothing (keepalive probes or retransmissions): "

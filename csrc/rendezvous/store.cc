@@ -21,6 +21,15 @@ void PollBackoff::reset() {
   ms_ = 1;
 }
 
+size_t Store::erase_prefix(const std::string& prefix) {
+  throw InvalidArgument("store: keys (here '" + prefix +
+                        "...') are erased only by the process that serves the store");
+}
+
+size_t Store::key_count() {
+  throw InvalidArgument("store: only the process that serves the store counts its keys");
+}
+
 std::optional<std::string> Store::look_for(const std::string& key, std::chrono::milliseconds slice,
                                            PollBackoff& backoff, const Deadline& deadline) {
   if (can_wait()) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -73,6 +74,12 @@ class Store {
 
   // True when this process serves the store, so that it ends with us.
   virtual bool hosted_here() const { return false; }
+  // Where this process serves the store (hosted_here()): drops every key that
+  // starts with `prefix` and returns how many (a store that outlives many
+  // rounds of agreement forgets the rounds no one reads any more); and how
+  // many keys it holds. Anywhere else: InvalidArgument.
+  virtual size_t erase_prefix(const std::string& prefix);
+  virtual size_t key_count();
   // True when the store goes away if making the communicator fails here (the
   // process then ends): the maker stays a moment, so that the others read why.
   // Not so for a store that outlives the attempt (a shrink's meeting store).

@@ -89,6 +89,26 @@ class StoreServer {
   void stop_accepting() { sealed_ = true; }
   int port() const { return port_; }
 
+  // Drops every key that starts with `prefix`: keys no reader needs any more
+  // (an agreement's check-ins and decision once later rounds are decided), so
+  // that a store which outlives many rounds does not grow with them. The
+  // number of keys dropped. Safe from any thread.
+  size_t erase_prefix(const std::string& prefix) {
+    std::lock_guard<std::mutex> lock(data_mu_);
+    size_t dropped = 0;
+    auto it = data_.lower_bound(prefix);
+    while (it != data_.end() && it->first.compare(0, prefix.size(), prefix) == 0) {
+      it = data_.erase(it);
+      ++dropped;
+    }
+    return dropped;
+  }
+  // How many keys the store holds now.
+  size_t key_count() {
+    std::lock_guard<std::mutex> lock(data_mu_);
+    return data_.size();
+  }
+
  private:
   struct Client {
     Fd fd;
@@ -289,8 +309,11 @@ class StoreServer {
 
     uint8_t status = kStoreOk;
     std::string reply;
+    // data_ is this thread's but for erase_prefix() and key_count() from others.
+    std::unique_lock<std::mutex> lock(data_mu_);
     if (req.command == kStoreSet) {
       data_[req.key] = req.value;
+      lock.unlock();
       settle_waits(req.key, req.value);
     } else if (req.command == kStoreGet || req.command == kStoreWait) {
       auto it = data_.find(req.key);
@@ -306,6 +329,7 @@ class StoreServer {
     } else {
       auto [it, inserted] = data_.emplace(req.key, req.value);
       reply = it->second;
+      lock.unlock();
       if (inserted) {
         notify_others(c, req.key, req.value);
         settle_waits(req.key, req.value);
@@ -339,6 +363,7 @@ class StoreServer {
   int port_;
   Fd wake_;  // an eventfd: the destructor's word to stop now
   std::vector<Client> clients_;
+  std::mutex data_mu_;  // guards data_ against erase_prefix() and key_count()
   std::map<std::string, std::string> data_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sealed_{false};
@@ -375,6 +400,10 @@ class TcpStore : public Store {
     return value;
   }
   bool hosted_here() const override { return server_ != nullptr; }
+  size_t erase_prefix(const std::string& prefix) override {
+    return server_ ? server_->erase_prefix(prefix) : Store::erase_prefix(prefix);
+  }
+  size_t key_count() override { return server_ ? server_->key_count() : Store::key_count(); }
   bool host_lost() const override { return lost_; }
   bool host_unreachable() const override { return unreachable_; }
   bool host_stopped() const override { return stopped_; }

@@ -1,15 +1,20 @@
 """Reading what every rank of a communicator being made publishes in its store, with
-errors that name the rank that did not (`membership.arm`, `growth`)."""
+errors that name the rank that did not (`membership.arm`, `growth`); and the standby
+store every rank serves."""
 
 from __future__ import annotations
 
+import random
+import socket
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
+from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
+from ..launch.ports import standby_band
 from .meeting import look_ms
 
-__all__ = ["fetch_named", "standby_table"]
+__all__ = ["fetch_named", "on_this_machine", "standby_server", "standby_table"]
 
 _GRACE = 1.0  # seconds a rank waits for rank 0's table beyond rank 0's own timeout
 
@@ -81,3 +86,45 @@ def fetch_named(
             )
             err.peer = peer
             raise err from None
+
+
+def standby_server(toward: str, timeout: float, token: str) -> Tuple[Any, str]:
+    """(a standby store for this rank, the address it is reached at): the address of
+    this machine that ranks reaching ``toward``, the job's rendezvous host, reach."""
+    loopback = toward in ("127.0.0.1", "localhost", "") or toward.startswith("127.")
+    advertise = "127.0.0.1" if loopback else _core.local_ip_towards(toward)
+    return _standby_server(advertise, timeout, token), advertise
+
+
+def _standby_server(host: str, timeout: float, token: str) -> Any:
+    """This rank's standby store, on a free port of the standby band (launch.ports), just
+    below the kernel's ephemeral range: every rank of every communicator serves one; ports
+    the kernel hands out (port 0) are what other programs' connects take, and the band is
+    one that launchers (``free_port``) never give a job."""
+    first, end = standby_band()
+    for _ in range(16):
+        port = random.randrange(first, end)
+        try:
+            return _core.TcpStore(host, port, True, timeout, min(timeout, 5.0), token)
+        except RingReduceError:
+            continue  # taken: another one
+    return _core.TcpStore(host, 0, True, timeout, min(timeout, 5.0), token)
+
+
+def on_this_machine(address: Optional[Tuple[str, int]]) -> bool:
+    """Whether this process could listen on ``address``'s host: it is one of this
+    machine's addresses (binding to another machine's fails)."""
+    if address is None:
+        return False
+    try:
+        infos = socket.getaddrinfo(address[0], 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, where in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(where)
+            return True
+        except OSError:
+            continue
+    return False

@@ -35,16 +35,15 @@ MPI are armed too, and shrink onto shared memory and TCP (`bootstrap`). What it 
 from __future__ import annotations
 
 import json
-import random
-import socket
 import time
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
-from ..launch.ports import standby_band
 from . import processes
 from .arming import fetch_named as _fetch
+from .arming import on_this_machine as _on_this_machine
+from .arming import standby_server
 from .arming import standby_table as _standby_table
 from .meeting import MeetingStore, alive, held_get, probe, refused
 
@@ -56,6 +55,7 @@ _PROBE_EVERY = 0.05  # seconds between connection probes of a missing rank's sta
 _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when members die meanwhile
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
 _LOOK_ELSEWHERE = 0.2  # seconds a rank may be missing before the host looks for its decision
+_DECISIONS_KEPT = 16  # rounds whose decision the host's store keeps (for late readers)
 
 
 class Membership:
@@ -248,6 +248,15 @@ class Membership:
             "majority": ahead or tie,
         }
         store.set(key + "decision", json.dumps(decision).encode())
+        self._forget(key, seq=self.rounds)
+
+    def _forget(self, key: str, seq: int) -> None:
+        """On the host, round ``seq`` decided: drops what no one will read, so that agreeing
+        every step does not grow the store. Check-ins are read only to decide; a decision
+        also by a rank stopped in its round, once resumed: kept `_DECISIONS_KEPT` rounds."""
+        self.server.erase_prefix(f"{key}in/")
+        if seq >= _DECISIONS_KEPT:
+            self.server.erase_prefix(f"{self.id}agree/{seq - _DECISIONS_KEPT}/")
 
     def _not_left_out(self, r: int, deadline: float) -> None:
         """Raises PeerError when rank r, still alive, decided this round already as its
@@ -359,29 +368,6 @@ class Membership:
         raise AssertionError("unreachable: the last attempt raises")
 
 
-def standby_server(toward: str, timeout: float, token: str) -> Tuple[Any, str]:
-    """(a standby store for this rank, the address it is reached at): the address of
-    this machine that ranks reaching ``toward``, the job's rendezvous host, reach."""
-    loopback = toward in ("127.0.0.1", "localhost", "") or toward.startswith("127.")
-    advertise = "127.0.0.1" if loopback else _core.local_ip_towards(toward)
-    return _standby_server(advertise, timeout, token), advertise
-
-
-def _standby_server(host: str, timeout: float, token: str) -> Any:
-    """This rank's standby store, on a free port of the standby band (launch.ports), just
-    below the kernel's ephemeral range: every rank of every communicator serves one; ports
-    the kernel hands out (port 0) are what other programs' connects take, and the band is
-    one that launchers (``free_port``) never give a job."""
-    first, end = standby_band()
-    for _ in range(16):
-        port = random.randrange(first, end)
-        try:
-            return _core.TcpStore(host, port, True, timeout, min(timeout, 5.0), token)
-        except RingReduceError:
-            continue  # taken: another one
-    return _core.TcpStore(host, 0, True, timeout, min(timeout, 5.0), token)
-
-
 def arm(
     core: Any,
     host: str,
@@ -429,22 +415,3 @@ def arm(
     return Membership(
         core, server, addresses, token, options, hold, lobby, frozenset(lobby_ranks), tuple(procs)
     )
-
-
-def _on_this_machine(address: Optional[Tuple[str, int]]) -> bool:
-    """Whether this process could listen on ``address``'s host: it is one of this
-    machine's addresses (binding to another machine's fails)."""
-    if address is None:
-        return False
-    try:
-        infos = socket.getaddrinfo(address[0], 0, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, kind, proto, _, where in infos:
-        try:
-            with socket.socket(family, kind, proto) as probe:
-                probe.bind(where)
-            return True
-        except OSError:
-            continue
-    return False

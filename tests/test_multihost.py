@@ -247,8 +247,11 @@ def test_only_the_majority_side_of_a_partition_goes_on(hosts, cut):
     assert alone.get("shrink_error") == "PeerError", json.dumps(alone)
     assert "no majority" in alone["shrink_message"], alone
     # Its peers' machines answer nothing: unreachable at the keepalive (2 s), whether
-    # or not a link of its own named them, not silent until the agreement's timeout (8 s).
-    assert alone["shrink_s"] < 6, alone
+    # or not a link of its own named them, not silent until the agreement's timeout (8 s);
+    # and the candidate hosts below it are waited out together, in one connect time,
+    # counted as the silence the agreement it then hosts needs (2.2 s either way; rank
+    # 2 took 4.4 s when it tried rank 0 for 2 s first, then waited 2 s as host).
+    assert alone["shrink_s"] < 3.5, alone
 
 
 @pytest.mark.extended

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -209,6 +210,45 @@ def test_a_store_sets_how_often_the_engine_looks_for_a_gone_rank(look_ms):
         assert median >= 0.045, gaps  # sleeps do not end early
     else:
         assert median < 0.025, gaps  # 5 ms asked; 50 ms would be the default
+
+
+def test_candidate_hosts_that_answer_no_connection_are_waited_out_together():
+    # How a cut-off rank learns it is a minority in one connect time whatever its rank:
+    # it waits for every lower candidate host at once (membership._silent). A listening
+    # socket whose accept queue is full drops connections unanswered, as a machine
+    # behind a partition does; one that listens answers; a closed port refuses.
+    from ringreduce._comm.meeting import probe, silent_throughout
+
+    def address(listen: bool, backlog: int = 16) -> tuple:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        held.append(sock)
+        if listen:
+            sock.listen(backlog)
+        return sock.getsockname()
+
+    held: list = []
+    try:
+        full = [address(True, 0) for _ in range(3)]
+        for where in full:  # fill each queue: later connects get no answer
+            for _ in range(4):
+                c = socket.socket()
+                c.setblocking(False)
+                c.connect_ex(where)
+                held.append(c)
+        answers, refuses = address(True), address(False)
+        assert [probe(a) for a in (full[0], answers, refuses)] == ["silent", "answered", "refused"]
+        start = time.monotonic()
+        silent = silent_throughout(
+            {0: refuses, 1: answers, 2: full[0], 3: full[1], 5: full[2]}, 0.5
+        )
+        took = time.monotonic() - start
+        assert silent == {2, 3, 5}
+        assert 0.45 <= took < 1.2, took  # once for all three, not 0.5 s each
+        assert silent_throughout({}, 0.5) == set()
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():

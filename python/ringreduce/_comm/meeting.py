@@ -5,14 +5,15 @@ tell whether a member's process is gone (`membership`, `growth`)."""
 from __future__ import annotations
 
 import errno
+import selectors
 import socket
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..errors import PeerError
 from . import processes
 
-__all__ = ["MeetingStore", "alive", "held_get", "look_ms", "probe", "refused"]
+__all__ = ["MeetingStore", "alive", "held_get", "look_ms", "probe", "refused", "silent_throughout"]
 
 _FEW = 64  # members, at most, of a meeting whose waits look for the dead often
 _LOOK_FEW_MS = 10
@@ -145,3 +146,44 @@ def probe(address: Tuple[str, int]) -> str:
         return "silent"
     except OSError as exc:
         return "silent" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "unknown"
+
+
+def silent_throughout(addresses: Dict[int, Tuple[str, int]], seconds: float) -> Set[int]:
+    """The ranks whose standby port answers no connection for ``seconds`` (their machine,
+    or the network to it, is down), all tried at once: what `probe` says "silent" to,
+    waited out for every rank together rather than one after the other. A rank whose
+    machine answers (accepted, or refused) or whose connect fails on this side is not
+    silent."""
+    pending: Dict[socket.socket, int] = {}
+    silent: Set[int] = set()
+    with selectors.DefaultSelector() as sel:
+        try:
+            for rank, address in addresses.items():
+                try:
+                    sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET)
+                except OSError:
+                    continue  # no descriptor left: evidence of nothing
+                sock.setblocking(False)
+                code = sock.connect_ex(address)
+                if code in (errno.EINPROGRESS, errno.EAGAIN):
+                    pending[sock] = rank
+                    sel.register(sock, selectors.EVENT_WRITE)
+                    continue
+                if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    silent.add(rank)
+                sock.close()
+            end = time.monotonic() + seconds
+            while pending and (left := end - time.monotonic()) > 0:
+                for key, _ in sel.select(left):
+                    sock = key.fileobj
+                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                        silent.add(pending[sock])
+                    sel.unregister(sock)
+                    sock.close()
+                    del pending[sock]
+            silent.update(pending.values())  # no answer at all within the time
+        finally:
+            for sock in pending:
+                sock.close()
+    return silent

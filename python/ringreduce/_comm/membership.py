@@ -45,7 +45,7 @@ from .arming import fetch_named as _fetch
 from .arming import on_this_machine as _on_this_machine
 from .arming import standby_server
 from .arming import standby_table as _standby_table
-from .meeting import MeetingStore, alive, held_get, probe, refused
+from .meeting import MeetingStore, alive, held_get, probe, refused, silent_throughout
 
 __all__ = ["Membership", "arm"]
 
@@ -87,6 +87,7 @@ class Membership:
         self.unreachable: Set[int] = set()
         self.rounds = 0  # agreements completed on this communicator
         self._connect_seconds = _CONNECT_SECONDS
+        self._silent_since: Dict[int, float] = {}  # candidate hosts silent, in this agreement
         self._hold = hold  # stores a communicator made by shrink meets through
         self.lobby = lobby  # the job's rendezvous address, where newcomers look (growth)
         self.lobby_ranks = lobby_ranks  # the ranks on that address's machine (can serve it)
@@ -120,12 +121,15 @@ class Membership:
         # Reaching a stopped host, then a late suspect, may take this long each: a
         # quarter of the timeout at most, so that members still wait for the decision.
         self._connect_seconds = min(_CONNECT_SECONDS, timeout / 4)
+        self._silent_since = {}
         seq = self.rounds
         while True:
             # The host is the lowest rank not proven dead; a rank only suspected (an error
             # may blame a live neighbour when the store's host died) is tried first, so
             # that every survivor reaches the same host.
             host = next(r for r in range(self.size) if r not in self.gone)
+            if host != self.rank and host not in self.unreachable and self._silent(host, deadline):
+                continue
             # Unreachable: trying its standby store would only wait out the connect.
             store = None if host in self.unreachable else self._connect(host, deadline)
             if store is None:
@@ -169,6 +173,23 @@ class Membership:
             decision["host"] = host
             return decision
 
+    def _silent(self, host: int, deadline: float) -> bool:
+        """When ``host``'s machine answers no connection (cut off, or down): waits out the
+        connect for it and every other candidate host below this rank at once, one
+        connect time in all, not one each (a cut-off rank learns it is a minority as
+        soon whatever its rank), and counts those silent throughout dead, noting since
+        when for the agreement this rank may then host. Whether ``host`` was one."""
+        start = time.monotonic()
+        if self.halted(host) or probe(self.addresses[host]) != "silent":
+            return False
+        lower = [r for r in range(host, self.rank) if r not in self.gone | self.unreachable]
+        left = max(0.05, min(deadline - time.monotonic(), self._connect_seconds))
+        for r in silent_throughout({r: self.addresses[r] for r in lower}, left):
+            self.failed.add(r)
+            self.gone.add(r)
+            self._silent_since[r] = start
+        return host in self.gone
+
     def _decide(self, store: Any, key: str, deadline: float) -> None:
         """On the host: waits for every rank not known dead, then writes the decision.
 
@@ -181,9 +202,10 @@ class Membership:
         dead: Set[int] = set()
         proven: Set[int] = set()  # dead for certain: its process is gone or stopped
         probed: Dict[int, float] = {}
-        # Since when its machine answers no connection: for the keepalive time, and it is
-        # unreachable (a rank no link named, e.g. one only sent to across a partition).
-        silent_since: Dict[int, float] = {}
+        # Since when its machine answers no connection (counted from before this rank came
+        # to host, if it found it silent as a candidate host): for the keepalive time, and
+        # it is unreachable (a rank no link named, e.g. one only sent to across a partition).
+        silent_since: Dict[int, float] = dict(self._silent_since)
         silent_limit = float(self.options.tcp_keepalive_seconds or _CONNECT_SECONDS)
         looked: Set[int] = set()  # missing ranks whose store was searched for a decision
         started = time.monotonic()

@@ -150,6 +150,7 @@ SETTINGS = {
     "shm_single_copy_bytes": "RINGREDUCE_SHM_SINGLE_COPY_BYTES",
     "shm_slot_bytes": "RINGREDUCE_SHM_SLOT_BYTES",
     "device_staging_bytes": "RINGREDUCE_DEVICE_STAGING_BYTES",
+    "stream_store_bytes": "RINGREDUCE_STREAM_STORE_BYTES",
     "host_id": "RINGREDUCE_HOST_ID",
     "socket_addr": "RINGREDUCE_SOCKET_ADDR",
 }
@@ -185,6 +186,7 @@ def test_set_settings_reach_their_options_field(no_settings):
         "shm_single_copy_bytes": 1 << 20,
         "shm_slot_bytes": 8192,
         "device_staging_bytes": 1 << 21,
+        "stream_store_bytes": 1 << 22,
         "host_id": "host-7",
         "socket_addr": "10.0.0.7",
     }

@@ -316,6 +316,7 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
                       ctx.segment_bytes, args.dtype,
                       args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes),
                       ctx.interrupt};
+  setup.stream_store_bytes = ctx.stream_store_bytes;
   if (args.device >= 0) {
     setup.staging_bytes = staging_bytes(ring, args, ctx.device_staging_bytes);
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);

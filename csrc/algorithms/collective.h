@@ -93,6 +93,7 @@ struct RingContext {
   Device* device = nullptr;
   const StreamMark* device_mark = nullptr;
   size_t device_staging_bytes = 0;  // the most one staging copy moves (Options)
+  size_t stream_store_bytes = 0;    // host steps from this size stream their output (Options)
   // Asked while waits run, when the caller can be interrupted (see Deadline).
   const Interrupt* interrupt = nullptr;
   // The groups of the hierarchical all_reduce; null or !usable() where it

@@ -290,6 +290,7 @@ void register_communicator(py::module_& m) {
       .def_readwrite("spin_us", &rr::Options::spin_us)
       .def_readwrite("shm_single_copy_bytes", &rr::Options::shm_single_copy_bytes)
       .def_readwrite("device_staging_bytes", &rr::Options::device_staging_bytes)
+      .def_readwrite("stream_store_bytes", &rr::Options::stream_store_bytes)
       .def_readwrite("shm_slot_bytes", &rr::Options::shm_slot_bytes)
       .def_readwrite("socket_addr", &rr::Options::socket_addr)
       .def_readwrite("token", &rr::Options::token)

@@ -235,6 +235,7 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   ctx.hierarchy = &hierarchy_;
   ctx.policy = policy_;
   ctx.issuer = issuer;
+  ctx.stream_store_bytes = options_.stream_store_bytes;
   if (options_.log_algorithm) {
     const std::string line = "ringreduce rank " + std::to_string(rank_) + ": " +
                              describe(args, seq) + ": " + explain_algorithm(ctx, args) + "\n";

@@ -36,6 +36,14 @@ struct Options {
   // segment). Each copy, and each wait for one, costs microseconds of launch
   // and completion latency that a segment-sized copy does not amortize.
   size_t device_staging_bytes = 4 << 20;
+  // Host reductions out of place: a step that reduces at least this many
+  // bytes into the output writes it with streaming (non-temporal) stores, which
+  // skip reading the output's lines into the cache before overwriting them
+  // (RINGREDUCE_STREAM_STORE_BYTES; 0: never). Float32/float64 sums on x86-64.
+  // Measured at 2 ranks over shared memory (docs/performance.md): 64 MB
+  // all_reduce 15% faster, while steps of 8 MB and less were slower with them
+  // (their output is read again from the cache).
+  size_t stream_store_bytes = 16 << 20;
   // Shared memory: messages from this size go by address, in one copy, where
   // the kernel allows cross-memory attach (RINGREDUCE_SHM_SINGLE_COPY_BYTES;
   // 0, the default, keeps every message in the slots: see shm_transport.h),

@@ -49,6 +49,9 @@ struct ExecutorSetup {
   // Device executor: the most bytes one copy between device and host staging
   // moves (a slot; at least a segment). Unused on the host.
   size_t staging_bytes = 0;
+  // Host executor: a step reducing at least this many bytes out of place
+  // writes them with streaming stores (Options::stream_store_bytes; 0: never).
+  size_t stream_store_bytes = 0;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };

@@ -23,6 +23,9 @@ HostExecutor::HostExecutor(const ExecutorSetup& setup, std::vector<char>& storag
     : setup_(setup),
       transport_(setup.transport),
       reduce_(cpu_reduce_fn(setup.dtype, setup.op)),
+      stream_sum_(setup.op == ReduceOp::kSum || setup.op == ReduceOp::kAvg
+                      ? cpu_stream_sum_fn(setup.dtype)
+                      : nullptr),
       elem_(dtype_size(setup.dtype)),
       segment_(segment_size(setup.segment_bytes, elem_)) {
   if (storage.size() < setup.scratch_bytes) storage.resize(setup.scratch_bytes);
@@ -43,6 +46,13 @@ void HostExecutor::step(const StepPlan& plan) {
   // A segment to reduce is read where the transport received it; one to keep
   // is received straight into its place.
   const bool reducing = plan.reduce_with != nullptr;
+  // A large output, out of place: streamed, not read into the cache first.
+  const bool apart = plan.recv + plan.recv_bytes <= plan.reduce_with ||
+                     plan.reduce_with + plan.recv_bytes <= plan.recv;
+  const ReduceFn sum = stream_sum_ != nullptr && setup_.stream_store_bytes > 0 &&
+                               plan.recv_bytes >= setup_.stream_store_bytes && apart
+                           ? stream_sum_
+                           : reduce_;
   const size_t recv_segments = segments_in(plan.recv_bytes, segment_);
   const size_t ahead = reducing ? kViewsAhead : kDirectAhead;
   std::deque<RequestPtr> posted;
@@ -67,7 +77,7 @@ void HostExecutor::step(const StepPlan& plan) {
       char* out = plan.recv + offset;
       const size_t n = len / elem_;
       if (plan.divide_by <= 1) {
-        reduce_(out, plan.reduce_with + offset, received->view(), n);
+        sum(out, plan.reduce_with + offset, received->view(), n);
       } else if (!sum_divide(setup_.dtype, out, plan.reduce_with + offset, received->view(), n,
                              plan.divide_by)) {
         reduce_(out, plan.reduce_with + offset, received->view(), n);

@@ -35,6 +35,7 @@ class HostExecutor final : public Executor {
   ExecutorSetup setup_;
   Transport& transport_;
   ReduceFn reduce_;
+  ReduceFn stream_sum_;  // sums with streaming stores, or null (cpu_stream_sum_fn)
   size_t elem_;
   size_t segment_;
   char* scratch_;

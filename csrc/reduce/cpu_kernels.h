@@ -22,6 +22,14 @@ void divide_by(DataType dtype, void* data, size_t n, int divisor);
 // nothing done, for a dtype without such a kernel (16-bit floats).
 bool sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n, int divisor);
 
+// out[i] = a[i] + b[i], the sum kernel's bits, with `out` written by
+// streaming (non-temporal) stores: they skip reading out's lines into the
+// cache before overwriting them, which pays for an output too large to be
+// read again from the cache. The stores are fenced before it returns, so a
+// peer told afterwards sees them. `out` must not overlap a or b. Null for a
+// dtype without one (float32 and float64 have one on x86-64).
+ReduceFn cpu_stream_sum_fn(DataType dtype);
+
 // Which instruction set the kernels run with on this CPU ("avx2" or "generic").
 const char* cpu_kernel_isa();
 

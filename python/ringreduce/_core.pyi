@@ -74,6 +74,7 @@ class Options:
     shm_single_copy_bytes: int
     shm_slot_bytes: int
     device_staging_bytes: int
+    stream_store_bytes: int
     socket_addr: str
     token: str
     log_algorithm: bool

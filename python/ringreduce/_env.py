@@ -293,6 +293,9 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.device_staging_bytes = _int_env(
         "RINGREDUCE_DEVICE_STAGING_BYTES", options.device_staging_bytes
     )
+    options.stream_store_bytes = _int_env(
+        "RINGREDUCE_STREAM_STORE_BYTES", options.stream_store_bytes
+    )
     options.host_id = os.environ.get("RINGREDUCE_HOST_ID", options.host_id)
     options.socket_addr = os.environ.get("RINGREDUCE_SOCKET_ADDR", options.socket_addr)
     # Tests only: the engine's CPU stand-in for CUDA devices.

@@ -47,12 +47,11 @@ void HostExecutor::step(const StepPlan& plan) {
   // is received straight into its place.
   const bool reducing = plan.reduce_with != nullptr;
   // A large output, out of place: streamed, not read into the cache first.
-  const bool apart = plan.recv + plan.recv_bytes <= plan.reduce_with ||
-                     plan.reduce_with + plan.recv_bytes <= plan.recv;
-  const ReduceFn sum = stream_sum_ != nullptr && setup_.stream_store_bytes > 0 &&
-                               plan.recv_bytes >= setup_.stream_store_bytes && apart
-                           ? stream_sum_
-                           : reduce_;
+  const bool stream = reducing && stream_sum_ != nullptr && setup_.stream_store_bytes > 0 &&
+                      plan.recv_bytes >= setup_.stream_store_bytes &&
+                      (plan.recv + plan.recv_bytes <= plan.reduce_with ||
+                       plan.reduce_with + plan.recv_bytes <= plan.recv);
+  const ReduceFn sum = stream ? stream_sum_ : reduce_;
   const size_t recv_segments = segments_in(plan.recv_bytes, segment_);
   const size_t ahead = reducing ? kViewsAhead : kDirectAhead;
   std::deque<RequestPtr> posted;

@@ -1,6 +1,7 @@
 """The torch backend when things go wrong: mismatched calls name both ranks, the group's
 timeout is honoured, ``abort()`` cancels a collective a peer never joins (torchft's
-use), and ``Work.wait(timeout)`` gives up after its own timeout."""
+use), ``Work.wait(timeout)`` gives up after its own timeout, and a program that ends
+with a future in flight still exits cleanly."""
 
 from __future__ import annotations
 
@@ -111,3 +112,35 @@ def test_work_wait_gives_up_after_its_own_timeout_and_the_work_goes_on():
     assert msg.startswith("TimeoutError") and "Timed out" in msg, gave_up
     assert 0.3 <= float(seconds) < 1.4, gave_up
     assert received == [0.0, 1.0, 2.0]
+
+
+_EXIT_IN_FLIGHT = """
+import torch, torch.distributed as dist
+import ringreduce.torch as rrt
+rrt.init_process_group()
+t = torch.ones({n})
+work = dist.all_reduce(t, async_op=True)
+work.get_future()  # the group's watcher thread now waits in the engine for it
+print("leaving", flush=True)
+"""
+
+
+def test_a_program_that_ends_with_a_future_in_flight_exits_cleanly(tmp_path):
+    # The future's watcher is a daemon thread; if it came back from the engine while the
+    # interpreter finalised, it was ended by force inside C++ frames and the process
+    # aborted after its work was done ("terminate called without an active exception";
+    # every run of this program did, until exit began to stop and wait for it).
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_in_flight.py"
+    script.write_text(_EXIT_IN_FLIGHT.format(n=16 << 20))
+    for _ in range(2):
+        r = subprocess.run(
+            [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--", sys.executable,
+             str(script)],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        out = r.stdout + r.stderr
+        assert r.returncode == 0 and "terminate called" not in out, out[-3000:]
+        assert out.count("leaving") == 2, out[-3000:]

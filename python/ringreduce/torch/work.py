@@ -8,11 +8,13 @@ wait on further collectives (as PowerSGD does).
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import datetime
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -40,16 +42,25 @@ def _as_torch_sees_it(exc: BaseException) -> BaseException:
 _callbacks = concurrent.futures.ThreadPoolExecutor(
     max_workers=4, thread_name_prefix="ringreduce-future"
 )
+_STOP_SECONDS = 10.0  # the longest a group's shutdown (or the exit) waits for its watcher
 
 
 class _Watcher:
     """One thread per process group that waits for works whose futures were asked for,
-    in the order they were asked for, and completes each future on a pool thread."""
+    in the order they were asked for, and completes each future on a pool thread.
+
+    It is a daemon thread (a group never destroyed must not keep the program alive),
+    so it is stopped and waited for when its group shuts down, and at exit for groups
+    never destroyed: a daemon thread that comes back from a wait in the engine while
+    the interpreter finalises is ended by force inside C++ frames, which aborts the
+    process after its work is done ("terminate called without an active exception",
+    as torch's Gloo workers do; docs/troubleshooting.md)."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        _watchers.add(self)
 
     def watch(self, work: _Work) -> None:
         with self._lock:
@@ -70,12 +81,31 @@ class _Watcher:
                 error = None
             except BaseException as exc:  # the future carries it to whoever waits
                 error = exc
-            _callbacks.submit(work._complete_future, error)
+            try:
+                _callbacks.submit(work._complete_future, error)
+            except RuntimeError:  # the pool is shut down: the interpreter is exiting
+                work._complete_future(error)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = _STOP_SECONDS) -> None:
+        """Ends the thread once the works queued before are done, and waits for it (at
+        most ``timeout`` seconds: a work that never ends is bounded by its own timeout)."""
         with self._lock:
-            if self._thread is not None:
-                self._queue.put(None)
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._queue.put(None)
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+
+
+_watchers: weakref.WeakSet[_Watcher] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_watchers() -> None:
+    # atexit runs before finalisation, while a thread may still take the GIL.
+    for watcher in list(_watchers):
+        watcher.stop()
 
 
 class _Work(dist._Work):

@@ -39,7 +39,7 @@ struct Options {
   // Host reductions out of place: a step that reduces at least this many
   // bytes into the output writes it with streaming (non-temporal) stores, which
   // skip reading the output's lines into the cache before overwriting them
-  // (RINGREDUCE_STREAM_STORE_BYTES; 0: never). Float32/float64 sums on x86-64.
+  // (RINGREDUCE_STREAM_STORE_BYTES; 0: never). Float32/float64 sums on x86-64 with AVX.
   // Measured at 2 ranks over shared memory (docs/performance.md): 64 MB
   // all_reduce 15% faster, while steps of 8 MB and less were slower with them
   // (their output is read again from the cache).

@@ -57,72 +57,36 @@ bool sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t 
 namespace {
 
 // One add per element as the sum kernel's, in a + b order, so the bits are its
-// bits. Streaming stores need aligned addresses (16 bytes for SSE2, which every
-// x86-64 has; 32 for AVX, which writes a cache line in two stores instead of
-// four), so the elements before the first aligned one are written plainly.
-template <typename T, size_t kAlign, typename Body>
-inline void stream_sum(T* o, const T* x, const T* y, size_t n, Body vector_body) {
+// bits. AVX's streaming stores write a cache line in two stores and need
+// 32-byte aligned addresses: the elements before the first aligned one, and
+// the tail, are written plainly.
+template <typename T>
+__attribute__((target("avx"))) void stream_sum(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  constexpr size_t kLanes = 32 / sizeof(T);
   size_t i = 0;
-  for (; i < n && (reinterpret_cast<uintptr_t>(o + i) % kAlign) != 0; ++i) o[i] = x[i] + y[i];
-  i = vector_body(o, x, y, i, n);
+  for (; i < n && (reinterpret_cast<uintptr_t>(o + i) % 32) != 0; ++i) o[i] = x[i] + y[i];
+  for (; i + kLanes <= n; i += kLanes) {
+    if constexpr (sizeof(T) == 4) {
+      _mm256_stream_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    } else {
+      _mm256_stream_pd(o + i, _mm256_add_pd(_mm256_loadu_pd(x + i), _mm256_loadu_pd(y + i)));
+    }
+  }
   for (; i < n; ++i) o[i] = x[i] + y[i];
   _mm_sfence();
 }
 
-void stream_sum_f32_sse2(void* out, const void* a, const void* b, size_t n) {
-  stream_sum<float, 16>(
-      static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), n,
-      [](float* o, const float* x, const float* y, size_t i, size_t end) {
-        for (; i + 4 <= end; i += 4) {
-          _mm_stream_ps(o + i, _mm_add_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i)));
-        }
-        return i;
-      });
-}
-
-void stream_sum_f64_sse2(void* out, const void* a, const void* b, size_t n) {
-  stream_sum<double, 16>(
-      static_cast<double*>(out), static_cast<const double*>(a), static_cast<const double*>(b), n,
-      [](double* o, const double* x, const double* y, size_t i, size_t end) {
-        for (; i + 2 <= end; i += 2) {
-          _mm_stream_pd(o + i, _mm_add_pd(_mm_loadu_pd(x + i), _mm_loadu_pd(y + i)));
-        }
-        return i;
-      });
-}
-
-__attribute__((target("avx"))) size_t stream_body_f32_avx(float* o, const float* x, const float* y,
-                                                          size_t i, size_t end) {
-  for (; i + 8 <= end; i += 8) {
-    _mm256_stream_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  }
-  return i;
-}
-
-__attribute__((target("avx"))) size_t stream_body_f64_avx(double* o, const double* x,
-                                                          const double* y, size_t i, size_t end) {
-  for (; i + 4 <= end; i += 4) {
-    _mm256_stream_pd(o + i, _mm256_add_pd(_mm256_loadu_pd(x + i), _mm256_loadu_pd(y + i)));
-  }
-  return i;
-}
-
-void stream_sum_f32_avx(void* out, const void* a, const void* b, size_t n) {
-  stream_sum<float, 32>(static_cast<float*>(out), static_cast<const float*>(a),
-                        static_cast<const float*>(b), n, &stream_body_f32_avx);
-}
-
-void stream_sum_f64_avx(void* out, const void* a, const void* b, size_t n) {
-  stream_sum<double, 32>(static_cast<double*>(out), static_cast<const double*>(a),
-                         static_cast<const double*>(b), n, &stream_body_f64_avx);
-}
-
 }  // namespace
 
+// Without AVX (x86-64 CPUs before 2011) the plain kernels stay.
 ReduceFn cpu_stream_sum_fn(DataType dtype) {
   static const bool avx = __builtin_cpu_supports("avx");
-  if (dtype == DataType::kFloat32) return avx ? &stream_sum_f32_avx : &stream_sum_f32_sse2;
-  if (dtype == DataType::kFloat64) return avx ? &stream_sum_f64_avx : &stream_sum_f64_sse2;
+  if (!avx) return nullptr;
+  if (dtype == DataType::kFloat32) return &stream_sum<float>;
+  if (dtype == DataType::kFloat64) return &stream_sum<double>;
   return nullptr;
 }
 #else

@@ -27,7 +27,7 @@ bool sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t 
 // cache before overwriting them, which pays for an output too large to be
 // read again from the cache. The stores are fenced before it returns, so a
 // peer told afterwards sees them. `out` must not overlap a or b. Null for a
-// dtype without one (float32 and float64 have one on x86-64).
+// dtype or CPU without one (float32 and float64 have one on x86-64 with AVX).
 ReduceFn cpu_stream_sum_fn(DataType dtype);
 
 // Which instruction set the kernels run with on this CPU ("avx2" or "generic").

@@ -4,6 +4,7 @@ get back to work with ``Communicator.shrink()``.
     python bench/fault_drill.py                       # N = 2, 4, 8 on shm and tcp, each failure
     python bench/fault_drill.py --sizes 4 --transports tcp --failures kill --trials 10
     python bench/fault_drill.py --hosts 4 --sizes 4,8 --transports auto   # 4 emulated hosts (root)
+    python bench/fault_drill.py --sizes 4,8 --transports tcp --fresh-links   # every link anew
 
 For every case (transport, N, how the victim fails, where), N ranks loop a collective
 on 1 MiB of float32 (``--where all_reduce`` or ``broadcast``); after a random 0.2-0.6 s
@@ -28,7 +29,9 @@ worst survivor: detection, shrink, detection to a usable shrunk communicator, th
 calls lost (the one in flight), wrong results and hangs (a rank that did not finish
 within ``--case-timeout``), and where the slowest survivor's shrink went: its
 agreement(s), making the new communicator (meeting, links), and arming it (reading the
-standby stores' addresses). ``--json`` writes every survivor's report.
+standby stores' addresses), and how many TCP links of the shrunk ring the survivors took
+over from the old one and made anew (``--fresh-links``: all made anew, the way to measure
+what keeping them saves). ``--json`` writes every survivor's report.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ def rank_main(argv: List[str]) -> None:
 
     rank, n, port, transport, victims, how, where, delay, timeout, master = argv
     rank, n = int(rank), int(n)
+    if os.environ.get("RR_DRILL_FRESH_LINKS") == "1":
+        from ringreduce._comm import membership
+
+        membership._REUSE_LINKS = False  # --fresh-links: every link of the shrunk ring anew
     victims = [int(v) for v in victims.split(",")]
     if where == "init" and rank in victims:
         fail(rank, how)  # before it joins: the others' init must fail, naming it
@@ -105,7 +112,9 @@ def rank_main(argv: List[str]) -> None:
     shrink_s = time.monotonic() - t0
     got = new.all_reduce(np.full(1000, new.rank + 1.0))
     ok = bool(np.all(got == new.world_size * (new.world_size + 1) / 2))
+    stats = new.stats()
     report = {
+        "links": [stats["tcp_links_reused"], stats["tcp_links_connected"]],
         "rank": rank,
         "detected": detected,
         "kind": kind,
@@ -248,6 +257,7 @@ def run_case(
         env = dict(os.environ)
         if args.keepalive is not None:
             env["RINGREDUCE_TCP_KEEPALIVE"] = str(args.keepalive)
+        env["RR_DRILL_FRESH_LINKS"] = "1" if args.fresh_links else "0"
         if hosts:
             env.update(RINGREDUCE_HOST_ID=f"drill-host-{host_of(r)}",
                        RR_DRILL_DEV=f"dveth{host_of(r)}")  # fmt: skip
@@ -331,6 +341,9 @@ def run_case(
             phases=(agree_s, slowest["shrink_s"] - agree_s - arm_s, arm_s),
             agreed=len(agreed) == 1 and agreed == {tuple(sorted(victims))},
             lost_calls=1,
+            # Links of the shrunk ring kept and made (each counted by both its ends).
+            links=[sum(rep.get("links", [0, 0])[i] for rep in reports.values()) // 2
+                   for i in (0, 1)],  # fmt: skip
         )  # fmt: skip
     row["reports"] = reports
     return row
@@ -361,6 +374,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--netns", default="rrdrill",
                    help="with --hosts: the namespaces' names, NETNS0.. and NETNSsw (rrdrill); "
                         "drills run at once need their own")  # fmt: skip
+    p.add_argument("--fresh-links", action="store_true",
+                   help="shrink makes every TCP link of the new ring anew instead of taking "
+                        "over the parked ones (to measure what that saves)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write every row here")
     args = p.parse_args(argv)
@@ -390,9 +406,9 @@ def _emulated_hosts() -> Any:
 def _drill(args: argparse.Namespace) -> int:
     rows = []
     print("| transport | N | failure | where | victims | detection | shrink (worst / median) "
-          "| worst: agree / make / arm | detection to usable | agreed | wrong "
-          "| hangs |")  # fmt: skip
-    print("|---|---:|---|---|---|---:|---:|---|---:|---|---:|---:|")
+          "| worst: agree / make / arm | TCP links kept / made | detection to usable "
+          "| agreed | wrong | hangs |")  # fmt: skip
+    print("|---|---:|---|---|---|---:|---:|---|---|---:|---|---:|---:|")
     for transport in args.transports.split(","):
         for n in [int(v) for v in args.sizes.split(",")]:
             for how in args.failures.split(","):
@@ -419,12 +435,12 @@ def _drill(args: argparse.Namespace) -> int:
                             cells = [transport, n, how, where, row["victims"], ms["detect_s"],
                                      f"{ms['shrink_s']} / {ms['shrink_median_s']}",
                                      " / ".join(f"{v * 1e3:.0f}" for v in row["phases"]),
-                                     ms["usable_s"], row["agreed"], row["wrong"],
-                                     len(row["hung"])]  # fmt: skip
+                                     " / ".join(map(str, row["links"])), ms["usable_s"],
+                                     row["agreed"], row["wrong"], len(row["hung"])]  # fmt: skip
                             print("| " + " | ".join(map(str, cells)) + " |", flush=True)
                         else:
                             print(f"| {transport} | {n} | {how} | {where} | {row['victims']} "
-                                  f"| no report | | | | | | {len(row['hung'])} | {row['errors']}",
+                                  f"| no report | | | | | | | {len(row['hung'])} | {row['errors']}",
                                   flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

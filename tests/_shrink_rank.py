@@ -7,13 +7,14 @@ per round, in the middle of an all_reduce loop; the survivors of each round catc
 PeerError, check that the communicator is revoked, shrink, and check an all_reduce on
 the new one. "agree": no failure; agree() with rank 1 voting False, then True, then 40
 more (rank 1 voting False in every third), then a shrink of the whole, healthy world.
-"shrinkdie=A,B": A dies in the loop, B while the others shrink. "stop=A": A stops
-itself (SIGSTOP) in the loop; the others time out, shrink without it and time the
-shrink (the test kills A). "resume=A:DIR": A stops itself; the others shrink without
-it, write their report to DIR and keep the shrunk communicator until DIR/done exists;
-the test resumes A, whose shrink must then refuse to make a communicator of it alone.
-Prints one JSON line per rank at the end.
-"""
+"shrinkdie=A,B": A dies in the loop, B while the others shrink. "bigdie=A": A dies in a
+loop of 16 MiB all_reduces; the others shrink and check calls of several sizes against
+numpy. "rightdies": rank 1 dies while rank 0 waits on a late rank 2. "stop=A": A stops
+itself (SIGSTOP) in the loop; the others time out, shrink without it and time the shrink
+(the test kills A). "resume=A:DIR": A stops itself; the others shrink without it, write
+their report to DIR and keep the shrunk communicator until DIR/done exists; the test
+resumes A, whose shrink must then refuse to make a communicator of it alone. Prints one
+JSON line per rank at the end."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
-from _victims import check, fail_in_loop
+from _victims import check, check_sizes, fail_in_loop
 
 
-def loop_until_failure(comm, old_rank: int, victim: int) -> dict:
+def loop_until_failure(comm, old_rank: int, victim: int, elems: int = 1 << 15) -> dict:
     """all_reduce until a peer dies (this rank dies itself if it is the victim)."""
-    exc = fail_in_loop(comm, old_rank, victim)
+    exc = fail_in_loop(comm, old_rank, victim, elems=elems)
     if exc is None:
         return {"peer": None}
     if not isinstance(exc, rr.PeerError):
@@ -124,6 +126,32 @@ def main() -> None:
                     time.sleep(0.05)
             new.close()
         report["rounds"].append(seen)
+    elif scenario == "rightdies":
+        # Rank 0 waits on rank 2, which comes 6 s late, when its right neighbour (1) dies:
+        # rank 0 must learn at once, not when it next sends to rank 1.
+        x = np.ones(1 << 20, dtype=np.float32)
+        if rank == 1:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        if rank == 2:
+            time.sleep(6)
+        start = time.monotonic()
+        try:
+            comm.all_reduce(x)
+            seen = {"peer": None}
+        except rr.RingReduceError as exc:
+            seen = {"peer": getattr(exc, "peer", None), "kind": type(exc).__name__}
+        seen["after_s"] = time.monotonic() - start
+        report["rounds"].append(seen)
+    elif scenario.startswith("bigdie="):
+        # 16 MiB calls: the victim dies with megabytes in flight on every link, which
+        # the links taken over must drop before the first call of the shrunk one.
+        seen = loop_until_failure(comm, rank, int(scenario.split("=")[1]), elems=1 << 22)
+        new = comm.shrink()
+        stats = new.stats()
+        seen["links"] = [stats["tcp_links_reused"], stats["tcp_links_connected"]]
+        seen.update(new_rank=new.rank, size=new.world_size, ok=check_sizes(new))
+        report["rounds"].append(seen)
+        new.close()
     elif scenario.startswith("shrinkdie="):
         first, second = (int(v) for v in scenario.split("=")[1].split(","))
         seen = loop_until_failure(comm, rank, first)
@@ -144,6 +172,8 @@ def main() -> None:
             seen["failed_ranks"] = sorted(comm.failed_ranks)
             olds = [o for i, o in enumerate(olds) if i not in comm.failed_ranks]
             seen.update(new_rank=new.rank, size=new.world_size, old_of_new=olds[new.rank])
+            stats = new.stats()
+            seen["links"] = [stats["tcp_links_reused"], stats["tcp_links_connected"]]
             seen["ok"] = check(new)
             comm.close()
             comm = new

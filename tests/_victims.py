@@ -19,6 +19,21 @@ def check(comm) -> bool:
     return bool(np.all(got == comm.world_size * (comm.world_size + 1) / 2))
 
 
+def check_sizes(comm, sizes=(1, 1000, 1 << 18, 1 << 22)) -> bool:
+    """all_reduce of every size (float32, a different random vector on each rank) against
+    numpy's sum of all of them: a link taken over with a stray byte would show here."""
+    ok = True
+    for n in sizes:
+        mine = np.random.default_rng([n, comm.rank]).random(n, dtype=np.float32)
+        every = [
+            np.random.default_rng([n, r]).random(n, dtype=np.float32)
+            for r in range(comm.world_size)
+        ]
+        want = np.sum(every, axis=0, dtype=np.float64)
+        ok = ok and bool(np.allclose(comm.all_reduce(mine), want, rtol=1e-5, atol=1e-5))
+    return ok
+
+
 def fail_in_loop(
     comm, rank: int, victim: int, sig: int = signal.SIGKILL, after: float = 0.3,
     elems: int = 1 << 15,

@@ -73,6 +73,19 @@ CASES = [
 ]
 
 
+def ring_links_kept(before: list, after: list, rank: int) -> list:
+    """[TCP ring links taken over, made anew] for ``rank`` when the ring of ``before``
+    (ranks in order) shrinks to ``after``: its link to its right neighbour and from its
+    left one are kept where that neighbour was its neighbour on the same side before."""
+    if len(after) == 1:
+        return [0, 0]
+    i, j = after.index(rank), before.index(rank)
+    kept = (after[(i + 1) % len(after)] == before[(j + 1) % len(before)]) + (
+        after[i - 1] == before[j - 1]
+    )
+    return [kept, 2 - kept]
+
+
 @pytest.mark.parametrize("links, n, victims", CASES)
 def test_survivors_shrink_and_go_on(links, n, victims):
     reports = run_job(n, links, "die=" + ",".join(map(str, victims)))
@@ -85,10 +98,41 @@ def test_survivors_shrink_and_go_on(links, n, victims):
             assert seen["peer"] == dead_index and seen["failed"] == [dead_index], (rank, seen)
             assert seen["revoked"] and seen["again"] == [dead_index], (rank, seen)
             assert seen["failed_ranks"] == [dead_index], (rank, seen)
+            # Only the TCP links that touched the dead rank are made anew (shm has none).
+            kept = ring_links_kept(alive, [a for a in alive if a != victim], rank)
+            assert seen["links"] == (kept if links != "shm" else [0, 0]), (rank, seen)
             alive.remove(victim)
             # Renumbered in the old order; the all_reduce on the new one is right.
             assert seen["size"] == len(alive) and seen["old_of_new"] == rank, (rank, seen)
             assert seen["new_rank"] == alive.index(rank) and seen["ok"], (rank, seen)
+
+
+@pytest.mark.parametrize(
+    "links, n, victim",
+    [("tcp", 4, 2), ("tcp", 3, 0), ("shm+tcp", 4, 1), extended("shm+tcp", 8, 2)],
+)
+def test_links_taken_over_drop_what_the_failure_left_in_flight(links, n, victim):
+    """The victim dies during 16 MiB all_reduces, with megabytes queued on every link:
+    the links kept by the shrink must come back clean, so calls of every size (one
+    message to many segments) on the shrunk communicator match numpy."""
+    reports = run_job(n, links, f"bigdie={victim}")
+    survivors = [r for r in range(n) if r != victim]
+    assert sorted(reports) == survivors, reports
+    for rank, report in reports.items():
+        (seen,) = report["rounds"]
+        assert seen["peer"] == victim and seen["size"] == n - 1, (rank, seen)
+        assert seen["links"] == ring_links_kept(list(range(n)), survivors, rank), (rank, seen)
+        assert seen["ok"], (rank, seen)
+
+
+def test_a_rank_learns_at_once_that_its_right_neighbour_died():
+    """Over TCP a rank hears of a dead right neighbour while it waits on another rank
+    (the end of the stream it sends on, without a goodbye), not when it next sends there:
+    here rank 0 waits on rank 2, 6 s late, when rank 1 dies 0.5 s into the call."""
+    reports = run_job(3, "tcp", "rightdies")
+    (seen,) = reports[0]["rounds"]
+    assert seen["peer"] == 1 and seen["kind"] == "PeerError", seen
+    assert seen["after_s"] < 3, seen
 
 
 def test_agree_is_an_and_over_every_rank_and_a_healthy_shrink_keeps_everyone():

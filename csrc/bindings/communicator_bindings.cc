@@ -166,6 +166,9 @@ py::dict stats(const rr::Communicator& self) {
   // What the collectives sent to and received from ranks on other hosts.
   d["bytes_sent_between_hosts"] = s.bytes_sent_between_hosts;
   d["bytes_received_between_hosts"] = s.bytes_received_between_hosts;
+  // TCP ring links taken over from the communicator this one shrank from, and made anew.
+  d["tcp_links_reused"] = s.tcp_links_reused;
+  d["tcp_links_connected"] = s.tcp_links_connected;
   // all_reduce calls that skipped the ring (either latency path).
   d["small_message_ops"] = s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kSmall)] +
                            s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kDirect)];
@@ -333,17 +336,28 @@ void register_communicator(py::module_& m) {
       .def_static(
           "create_with_store",
           [](py::object store, int rank, int world_size, const std::string& advertise,
-             const std::string& meeting, const rr::Options& options) {
+             const std::string& meeting, const rr::Options& options, rr::Communicator* parent,
+             std::optional<std::vector<int>> old_ranks) {
             auto impl = std::make_unique<PythonStore>(std::move(store));
             py::gil_scoped_release release;
             PythonInterrupt interrupt;
+            rr::TcpReuse reuse;
+            if (old_ranks) {
+              reuse.parent = parent != nullptr ? parent->parked_tcp_links() : nullptr;
+              reuse.old_ranks = *old_ranks;
+            }
             return rr::create_store_communicator(std::move(impl), rank, world_size, advertise,
-                                                 meeting, options, &interrupt);
+                                                 meeting, options, &interrupt,
+                                                 old_ranks ? &reuse : nullptr);
           },
           py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("advertise"),
-          py::arg("meeting"), py::arg("options"),
+          py::arg("meeting"), py::arg("options"), py::arg("parent") = nullptr,
+          py::arg("old_ranks") = py::none(),
           "A communicator meeting through `store`, an object with set(key, value), "
-          "try_get(key) and set_if_absent(key, value) (bytes values).")
+          "try_get(key) and set_if_absent(key, value) (bytes values). A shrink passes "
+          "`old_ranks` (each new rank's rank in the communicator it shrinks, on every rank) "
+          "and `parent`, that communicator: the TCP ring takes over the links it parked "
+          "between ranks that stay neighbours.")
       .def_property_readonly("rank", &rr::Communicator::rank)
       .def_property_readonly("world_size", &rr::Communicator::size)
       .def_property_readonly("local_rank", &rr::Communicator::local_rank)

@@ -166,8 +166,8 @@ namespace {
 std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store, int rank,
                                                    int size, std::string advertise,
                                                    const std::string& meeting,
-                                                   const Options& options,
-                                                   const Deadline& deadline) {
+                                                   const Options& options, const Deadline& deadline,
+                                                   const TcpReuse* reuse) {
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
   if (advertise.empty()) advertise = local_ip_towards("192.0.2.1");  // the default route's
   // Every key of this communicator lives under an id its members agree on
@@ -192,7 +192,7 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
   const NetworkFactory tcp = [&] {
     return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,
                                       std::chrono::microseconds(options.spin_us), deadline,
-                                      link_token, streams, options.tcp_keepalive_seconds);
+                                      link_token, streams, options.tcp_keepalive_seconds, reuse);
   };
   Placement placement;
   auto transport =
@@ -221,11 +221,11 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
 
 std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
                                                   std::string advertise, const std::string& meeting,
-                                                  const Options& options,
-                                                  const Deadline& deadline) {
+                                                  const Options& options, const Deadline& deadline,
+                                                  const TcpReuse* reuse) {
   try {
-    return connect_communicator(store, rank, size, std::move(advertise), meeting, options,
-                                deadline);
+    return connect_communicator(store, rank, size, std::move(advertise), meeting, options, deadline,
+                                reuse);
   } catch (const Interrupted&) {
     throw;  // Ctrl-C: the caller asked to stop now
   } catch (...) {
@@ -244,10 +244,11 @@ std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> s
                                                         int size, const std::string& advertise,
                                                         const std::string& meeting,
                                                         const Options& options,
-                                                        const Interrupt* interrupt) {
+                                                        const Interrupt* interrupt,
+                                                        const TcpReuse* reuse) {
   check_arguments(rank, size, options);
   return create_communicator(std::move(store), rank, size, advertise, meeting, options,
-                             Deadline::after(options.timeout_seconds, interrupt));
+                             Deadline::after(options.timeout_seconds, interrupt), reuse);
 }
 
 }  // namespace rr

@@ -12,6 +12,7 @@
 #include "engine/communicator.h"
 #include "engine/options.h"
 #include "rendezvous/store.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace rr {
@@ -58,17 +59,21 @@ std::unique_ptr<Communicator> create_tcp_communicator(
 // torch.distributed store, through the bindings): every key goes there, so no
 // port of our own is needed to meet. Sockets advertise `advertise` (empty:
 // the address of the default route's interface, or RINGREDUCE_SOCKET_ADDR).
+// `reuse` (a shrink): the TCP ring takes over the parked links it can
+// (transport/tcp/tcp_transport.h); every rank passes one, or none does.
 std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,
                                                         int size, const std::string& advertise,
                                                         const std::string& meeting,
                                                         const Options& options,
-                                                        const Interrupt* interrupt = nullptr);
+                                                        const Interrupt* interrupt = nullptr,
+                                                        const TcpReuse* reuse = nullptr);
 
 // Both wait for the other ranks within options.timeout_seconds, asking
 // `interrupt` (if any) while they wait: Ctrl-C during a rendezvous.
 // The common end of both: links and the communicator, once a store is there.
 std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
                                                   std::string advertise, const std::string& meeting,
-                                                  const Options& options, const Deadline& deadline);
+                                                  const Options& options, const Deadline& deadline,
+                                                  const TcpReuse* reuse = nullptr);
 
 }  // namespace rr

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "engine/failure_report.h"
 #include "executor/devices.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace rr {
 Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transport> transport,
@@ -23,6 +24,10 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
   // A segment is one message: at least a byte, and at most the 1 GiB that
   // every transport can carry (MPI counts are ints).
   options_.segment_bytes = std::clamp<size_t>(options_.segment_bytes, 1, size_t{1} << 30);
+  if (const TcpTransport* tcp = transport_->tcp_part()) {
+    stats_.tcp_links_reused = tcp->links_reused();
+    stats_.tcp_links_connected = tcp->links_connected();
+  }
   reaches_all_ = true;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_ && !transport_->reaches(peer)) reaches_all_ = false;
@@ -370,6 +375,12 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
   } catch (const std::exception&) {
     // No store to tell: the peers fail as they would have, without the reason.
   }
+}
+
+TcpTransport* Communicator::parked_tcp_links() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.empty() || busy_ || closing_ || closed_) return nullptr;
+  return transport_->tcp_part();
 }
 
 std::string Communicator::failure() const {

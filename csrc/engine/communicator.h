@@ -44,6 +44,10 @@ struct CommStats {
   // Of the collectives' bytes, those to and from ranks on other hosts.
   uint64_t bytes_sent_between_hosts = 0;
   uint64_t bytes_received_between_hosts = 0;
+  // The TCP ring links (to the right neighbour, from the left) this
+  // communicator took over from the one it shrank from, and connected anew.
+  int tcp_links_reused = 0;
+  int tcp_links_connected = 0;
 };
 
 // Where this rank sits among the ranks of its host.
@@ -117,6 +121,11 @@ class Communicator {
   void note_refused_call(const std::string& call, const std::string& reason);
 
   CommStats stats() const;
+
+  // After a failure (or abort()), once no call runs: the TCP transport whose
+  // parked links a shrink of this communicator may take over; else null.
+  // Valid until close().
+  TcpTransport* parked_tcp_links();
 
   // Values beside the collectives, in this communicator's part of the
   // rendezvous store (under "user/"): what a layer above needs every rank to

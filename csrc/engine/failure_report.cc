@@ -278,6 +278,12 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
                {}};
     }
   }
+  // A rank silent (stopped, cut off), here or at the root: the news of the
+  // failure may not travel the ring by itself (transport.h, note_silent).
+  if (is_timeout(error) || mine.reason == kUnreachable || first.kind == "timeout" ||
+      first.reason == kUnreachable) {
+    transport.note_silent();
+  }
   transport.abort();
   const std::string reported = prefix + "reported/";
   try {

@@ -37,8 +37,10 @@ class CountingTransport : public Transport {
   bool reaches(int peer) const override { return inner_->reaches(peer); }
   bool connects(int peer) const override { return inner_->connects(peer); }
   void abort() noexcept override { inner_->abort(); }
+  void note_silent() noexcept override { inner_->note_silent(); }
   void close() noexcept override { inner_->close(); }
   TransportStats stats() const override { return inner_->stats(); }
+  TcpTransport* tcp_part() override { return inner_->tcp_part(); }
 
   // Bytes posted to and from ranks on other hosts.
   TransportStats between_hosts() const;

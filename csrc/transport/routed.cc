@@ -148,4 +148,11 @@ TransportStats RoutedTransport::stats() const {
   return total;
 }
 
+TcpTransport* RoutedTransport::tcp_part() {
+  for (auto& part : parts_) {
+    if (TcpTransport* tcp = part->tcp_part()) return tcp;
+  }
+  return nullptr;
+}
+
 }  // namespace rr

@@ -40,8 +40,12 @@ class RoutedTransport : public Transport {
   void wake() override;
   void set_eager(bool eager) override;
   void abort() noexcept override;
+  void note_silent() noexcept override {
+    for (auto& part : parts_) part->note_silent();
+  }
   void close() noexcept override;
   TransportStats stats() const override;
+  TcpTransport* tcp_part() override;
 
  private:
   Transport& part_for(int peer);

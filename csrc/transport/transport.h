@@ -29,7 +29,8 @@
 
 namespace rr {
 
-class Bulletin;  // transport/bulletin.h
+class Bulletin;      // transport/bulletin.h
+class TcpTransport;  // transport/tcp/tcp_transport.h
 
 // A posted send or receive. It completes inside Transport::wait().
 class Request {
@@ -105,10 +106,16 @@ class Transport {
   // (all_to_all, gather, scatter) need this of every peer.
   virtual bool connects(int peer) const { return reaches(peer); }
 
-  // After a failure: tears down every connection, and tells the peers, so
-  // that peers blocked on us fail fast instead of waiting for their deadline.
-  // Safe to call more than once, and from the error path.
+  // After a failure: stops every connection, and tells the peers, so that
+  // peers blocked on us fail fast instead of waiting for their deadline. A
+  // transport may keep its connections to live peers open but unused (TCP
+  // parks them, for a shrink to take over); close() ends them. Safe to call
+  // more than once, and from the error path.
   virtual void abort() noexcept = 0;
+  // Before abort(): the failure involves a rank that stays silent (a timeout,
+  // an unreachable machine), so a transport that tells only some peers at
+  // abort() and counts on them to pass it on (TCP) must tell all it can.
+  virtual void note_silent() noexcept {}
   // The normal end, when the peers ran the same collectives: tears down
   // without telling anyone of a failure. Idempotent.
   virtual void close() noexcept { abort(); }
@@ -117,6 +124,9 @@ class Transport {
   // The bulletin (transport/bulletin.h) over every rank of the communicator, or null
   // where this transport has none.
   virtual Bulletin* bulletin() { return nullptr; }
+  // The TCP transport among this one's parts (itself, or one it routes
+  // through), or null: where a shrink finds the links it can take over.
+  virtual TcpTransport* tcp_part() { return nullptr; }
 };
 
 }  // namespace rr

@@ -140,6 +140,8 @@ class Communicator:
         advertise: str,
         meeting: str,
         options: Options,
+        parent: Optional[Communicator] = None,
+        old_ranks: Optional[List[int]] = None,
     ) -> Communicator: ...
     @property
     def rank(self) -> int: ...

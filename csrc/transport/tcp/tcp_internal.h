@@ -47,6 +47,11 @@ struct TcpTransport::Stream {
   std::deque<Piece> queue;
   // The peer closed a stream we only send on. Harmless unless we send again.
   bool peer_closed = false;
+  // Bytes this end moved on it (sent or received): what a reuse compares.
+  uint64_t moved = 0;
+  bool failed = false;       // an error, an end of stream or a notice: never used again
+  bool notice_sent = false;  // we sent our one notice back (receive streams)
+  bool notice_read = false;  // we read the peer's "gave up" (send streams)
 };
 
 // One direction between us and a peer: one or more streams.
@@ -87,6 +92,13 @@ constexpr size_t kMaxArrivals = 1024;
 // of whole pages.
 constexpr size_t kStripeMinBytes = 64 << 10;
 constexpr size_t kStripeAlign = 4096;
+
+// The one byte a receiving end may send back on a stream, which otherwise
+// carries data the other way only: it closed its communicator (then the end of
+// the stream follows), or it gave up on it and parked the stream. An end of
+// stream with neither before it means the process ended.
+constexpr char kGoodbye = 'B';
+constexpr char kGaveUp = 'R';
 
 inline std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
 

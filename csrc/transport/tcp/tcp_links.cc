@@ -118,16 +118,38 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
 std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
     Store& store, const std::string& prefix, int rank, int size, const std::string& advertise_host,
     std::chrono::microseconds spin, const Deadline& deadline, const std::string& token, int streams,
-    int keepalive_seconds) {
+    int keepalive_seconds, const TcpReuse* reuse) {
   std::unique_ptr<TcpTransport> t = listen(store, prefix, rank, size, advertise_host, spin,
                                            deadline, token, streams, keepalive_seconds);
   if (size == 1) return t;
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
+  t->ring_right_ = right;
+  t->ring_left_ = left;
+
+  bool kept_right = false;
+  if (reuse != nullptr) {
+    if (static_cast<int>(reuse->old_ranks.size()) != size) {
+      throw InvalidArgument("tcp transport: a reuse needs the old rank of each of the " +
+                            std::to_string(size) + " ranks, got " +
+                            std::to_string(reuse->old_ranks.size()));
+    }
+    // Every rank publishes its parked links (none, when its communicator was not
+    // revoked) before reading its neighbours': nobody waits on anything else.
+    const std::string key = prefix + "parked/";
+    const std::string mine = reuse->parent != nullptr ? reuse->parent->parked_record() : "v1;";
+    store.set(key + std::to_string(rank), mine);
+    const std::string of_right = store.get(key + std::to_string(right), deadline, right);
+    const std::string of_left =
+        left == right ? of_right : store.get(key + std::to_string(left), deadline, left);
+    kept_right = t->reuse_link(*reuse, right, true, mine, of_right, deadline);
+    t->reuse_link(*reuse, left, false, mine, of_left, deadline);
+  }
+  t->links_connected_ = 2 - t->links_reused_;
 
   // Connect first: the kernel completes the handshake from the listener's
   // backlog even before the neighbour calls accept(), so this cannot deadlock.
-  t->connect_to(right, deadline);
+  if (!kept_right) t->connect_to(right, deadline);
 
   while (true) {
     const Link* in = t->find_link(left, false);

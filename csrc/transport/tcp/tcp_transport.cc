@@ -96,6 +96,24 @@ void TcpTransport::release(Request& view) {
   link_to(op.peer_, false).views.give_back(std::move(op.slot));
 }
 
+namespace {
+
+// A stream to or from `peer` failed with `err`.
+[[noreturn]] void fail_link(int peer, int err, int keepalive_seconds) {
+  if (unreachable_errno(err) && keepalive_seconds > 0) {
+    throw PeerError("rank " + std::to_string(peer) +
+                        "'s machine stopped answering: no reply to TCP keepalive probes for " +
+                        std::to_string(keepalive_seconds) +
+                        " s (a network partition, or its host froze or lost power; "
+                        "RINGREDUCE_TCP_KEEPALIVE sets how long)",
+                    peer, kUnreachable);
+  }
+  throw PeerError(errno_message("connection to rank " + std::to_string(peer) + " failed", err),
+                  peer);
+}
+
+}  // namespace
+
 void TcpTransport::progress(Link& link) {
   for (Stream& stream : link.streams) {
     if (!stream.fd.valid()) continue;  // not connected yet (or aborted)
@@ -109,10 +127,15 @@ void TcpTransport::progress(Link& link) {
         p.left -= static_cast<size_t>(k);
         p.op->left -= static_cast<size_t>(k);
         link.moved += static_cast<uint64_t>(k);
+        stream.moved += static_cast<uint64_t>(k);
         (link.sending ? stats_.bytes_sent : stats_.bytes_received) += static_cast<uint64_t>(k);
         if (p.left == 0) stream.queue.pop_front();
         continue;
       }
+      if (errno == EINTR && k < 0) continue;
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && k < 0) break;
+      stream.failed = true;  // whatever the peer says next, this stream is done
+      note(link, k == 0 ? 0 : errno);
       if (k == 0 && !link.sending) {
         throw PeerError("rank " + std::to_string(link.peer) +
                             " closed its connection (it exited, crashed or aborted) while rank " +
@@ -120,20 +143,7 @@ void TcpTransport::progress(Link& link) {
                             " more bytes from it",
                         link.peer);
       }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      if (unreachable_errno(errno) && keepalive_seconds_ > 0) {
-        throw PeerError("rank " + std::to_string(link.peer) +
-                            "'s machine stopped answering: no reply to TCP keepalive probes "
-                            "for " +
-                            std::to_string(keepalive_seconds_) +
-                            " s (a network partition, or its host froze or lost power; "
-                            "RINGREDUCE_TCP_KEEPALIVE sets how long)",
-                        link.peer, kUnreachable);
-      }
-      throw PeerError(
-          errno_message("connection to rank " + std::to_string(link.peer) + " failed", errno),
-          link.peer);
+      fail_link(link.peer, errno, keepalive_seconds_);
     }
   }
 }
@@ -149,12 +159,12 @@ void TcpTransport::poll_links(const Deadline& deadline) {
         continue;
       }
       short events = 0;
-      if (!stream.queue.empty()) {
-        events = link->sending ? POLLOUT : POLLIN;
-      } else if (link->sending && !stream.peer_closed) {
-        // Nobody writes to us on a send stream, so readability means EOF or reset.
+      if (link->sending && !stream.peer_closed) {
+        // Nothing but a notice ever comes back on a send stream (a goodbye,
+        // "gave up", or the end of the stream when the peer's process ended).
         events = POLLIN;
       }
+      if (!stream.queue.empty()) events |= link->sending ? POLLOUT : POLLIN;
       if (events) {
         fds.push_back({stream.fd.get(), events, 0});
         owners.emplace_back(link.get(), &stream);
@@ -176,8 +186,45 @@ void TcpTransport::poll_links(const Deadline& deadline) {
   }
   for (size_t i = 0; i < links; ++i) {
     auto [link, stream] = owners[i];
-    if (link->sending && stream->queue.empty() && fds[i].revents) stream->peer_closed = true;
+    if (link->sending && (fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+      read_notice(*link, *stream);
   }
+}
+
+void TcpTransport::read_notice(const Link& link, Stream& stream) {
+  char notice = 0;
+  const ssize_t k = ::recv(stream.fd.get(), &notice, 1, MSG_DONTWAIT);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  const std::string who = "rank " + std::to_string(link.peer);
+  if (k == 1 && notice == tcp::kGoodbye) {
+    stream.peer_closed = true;  // it closed its communicator: harmless unless we send again
+    return;
+  }
+  if (k == 1 && notice == tcp::kGaveUp) {
+    note(link, 0);
+    stream.notice_read = true;  // the stream itself is sound: a shrink may take it over
+    throw PeerError(who + " gave up on the communicator (it failed, was interrupted or aborted)",
+                    link.peer);
+  }
+  if (k != 1 && link.peer != ring_right_) {
+    // Off the ring nobody counts on us to pass the news on: as before, the end
+    // of the stream is harmless until we send there again.
+    stream.peer_closed = true;
+    return;
+  }
+  note(link, k < 0 ? errno : 0);
+  stream.failed = true;
+  if (k == 1) {
+    throw PeerError(who + " sent " + std::to_string(static_cast<unsigned char>(notice)) +
+                        " back on a link it only receives on: not a notice of this protocol",
+                    link.peer);
+  }
+  if (k < 0) fail_link(link.peer, errno, keepalive_seconds_);
+  throw PeerError(who +
+                      "'s process ended (killed, crashed, or exited without closing its "
+                      "communicator): it closed the connection rank " +
+                      std::to_string(rank_) + " sends to it on without a goodbye",
+                  link.peer);
 }
 
 // The waiter's view of one wait: progress is bytes moved on the awaited
@@ -258,6 +305,7 @@ bool TcpTransport::connects(int peer) const {
 void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline) {
   const auto& op = static_cast<const Op&>(request);
   const Link* link = find_link(op.peer_, op.sending);
+  if (cause_ == Cause::kNone) cause_ = Cause::kSilent;
   if (link != nullptr && link->awaiting()) {
     throw TimeoutError("rank " + std::to_string(op.peer_) + " did not connect to rank " +
                            std::to_string(rank_) + " within " + format_seconds(deadline.seconds()) +
@@ -314,7 +362,56 @@ void TcpTransport::abort() noexcept {
       // Best effort: the peers' deadlines still hold.
     }
   }
-  tear_down();
+  park();
+}
+
+void TcpTransport::park() noexcept {
+  if (ring_right_ < 0) {
+    tear_down();  // no ring (point-to-point links): closing tells each peer
+    return;
+  }
+  listener_.reset();
+  arrivals_.clear();
+  if (parked_) return;
+  parked_ = true;
+  // Our "gave up" goes to the left; the right neighbour hears of the failure from
+  // its own right, unless the news cannot come round that way: a rank that stays
+  // silent (stopped, cut off) stops it. Then (kSilent: see note() and
+  // note_silent()) the link to the right is reset instead of parked, which tells
+  // that rank, and the reset travels on.
+  const bool keep_right = cause_ != Cause::kSilent;
+  for (auto& link : links_) {
+    const bool ring = link->peer == (link->sending ? ring_right_ : ring_left_);
+    for (Stream& stream : link->streams) {
+      stream.queue.clear();
+      if (!stream.fd.valid()) continue;
+      // Every receiving end says it gave up; ring links then stay open.
+      const bool told = !link->sending && !stream.failed && send_notice(stream, tcp::kGaveUp);
+      const bool keep =
+          ring && !stream.failed && !stream.peer_closed && (link->sending ? keep_right : told);
+      if (keep) continue;
+      if (ring && link->sending) {
+        const linger now{1, 0};  // a reset, not an end of stream: see note()
+        ::setsockopt(stream.fd.get(), SOL_SOCKET, SO_LINGER, &now, sizeof now);
+      } else {
+        ::shutdown(stream.fd.get(), SHUT_RDWR);
+      }
+      stream.fd.reset();
+    }
+  }
+}
+
+void TcpTransport::note(const Link& link, int err) {
+  if (cause_ != Cause::kNone) return;
+  const bool reset_from_left = !link.sending && link.peer == ring_left_ && err == ECONNRESET;
+  const bool unreachable = err != 0 && unreachable_errno(err) && keepalive_seconds_ > 0;
+  cause_ = reset_from_left || unreachable ? Cause::kSilent : Cause::kKnown;
+}
+
+bool TcpTransport::send_notice(Stream& stream, char notice) noexcept {
+  if (::send(stream.fd.get(), &notice, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) return false;
+  stream.notice_sent = true;
+  return true;
 }
 
 void TcpTransport::tear_down() noexcept {
@@ -324,6 +421,8 @@ void TcpTransport::tear_down() noexcept {
     for (Stream& stream : link->streams) {
       stream.queue.clear();
       if (stream.fd.valid()) {
+        // The sender then knows the end of the stream is no death.
+        if (!link->sending && !stream.notice_sent) send_notice(stream, tcp::kGoodbye);
         ::shutdown(stream.fd.get(), SHUT_RDWR);
         stream.fd.reset();
       }

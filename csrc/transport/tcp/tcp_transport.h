@@ -15,6 +15,25 @@
 // into S pieces (4 KiB-aligned), one per stream, starting at stream k mod S.
 // Each stream keeps its pieces in order, so no framing is needed here either.
 //
+// Nothing travels against the data on a stream but one notice byte, from the
+// receiving end: a goodbye when it closes its communicator, or "gave up" when
+// it aborts (after a failure). The sending end watches for it while it waits:
+// "gave up", or the end of the stream without a goodbye (the process ended),
+// fails its wait at once, naming that rank. A failure thus travels the ring
+// against its direction, each rank telling its left neighbour, and reaches
+// every rank: none waits for its deadline.
+//
+// At abort() the ring links are *parked*, not closed (other links are): the
+// receiving end sends its "gave up" and nothing more moves. Where the news
+// might not come round (a silent rank, see park()), the link to the right is
+// reset instead, which tells that rank, and it passes the reset on. A shrink's new
+// transport takes over the parked links between two live ranks that are ring
+// neighbours again (TcpReuse): the two ends compare the bytes each stream
+// carried, the receiver reads and drops what is still in flight, the sender
+// reads the notice if it has not yet, and the stream is clean for the new
+// communicator's first message. Only links that touched a dead rank are
+// connected anew. close() ends parked links.
+//
 // Sockets are non-blocking with TCP_NODELAY and large kernel buffers. Progress
 // is driven by wait(): it writes and reads as much as the kernel takes on every
 // link that has work queued, then poll()s in slices of at most 100 ms until the
@@ -36,6 +55,14 @@
 
 namespace rr {
 
+// What a shrink's new ring may take over: the revoked communicator's TCP
+// transport (its links parked; null: none here) and, for each new rank, its
+// rank there.
+struct TcpReuse {
+  TcpTransport* parent = nullptr;
+  std::vector<int> old_ranks;
+};
+
 class TcpTransport : public Transport {
  public:
   // Every connection opens with a hello proving `token` (hello.h); one that
@@ -46,10 +73,13 @@ class TcpTransport : public Transport {
   // `spin` is how long wait() retries before it blocks in poll().
   // `keepalive_seconds`: a link whose peer's machine answers nothing for about
   // that long fails, naming the peer (set_keepalive in common/socket.h; 0: off).
+  // `reuse`: take over the ring links that `reuse->parent` parked where both
+  // ends are still ring neighbours (every rank passes one, or none does).
   static std::unique_ptr<TcpTransport> connect_ring(
       Store& store, const std::string& prefix, int rank, int size,
       const std::string& advertise_host, std::chrono::microseconds spin, const Deadline& deadline,
-      const std::string& token = "", int streams = 1, int keepalive_seconds = 0);
+      const std::string& token = "", int streams = 1, int keepalive_seconds = 0,
+      const TcpReuse* reuse = nullptr);
   // The same without the ring: every link is connected on first use, to the
   // addresses every peer published, all read before this returns.
   static std::unique_ptr<TcpTransport> connect_lazy(
@@ -73,11 +103,19 @@ class TcpTransport : public Transport {
   bool reaches(int peer) const override;
   bool connects(int peer) const override;
   void set_eager(bool eager) override { eager_ = eager; }
-  // Also leaves a notice in the store, so that a peer waiting for a link we
-  // never connected (links are made on first use) learns we gave up.
+  // Parks every link (above). Also leaves a notice in the store, so that a
+  // peer waiting for a link we never connected (links are made on first use)
+  // learns we gave up.
   void abort() noexcept override;
   void close() noexcept override { tear_down(); }
+  void note_silent() noexcept override {
+    if (cause_ == Cause::kNone) cause_ = Cause::kSilent;
+  }
   TransportStats stats() const override { return stats_; }
+  TcpTransport* tcp_part() override { return this; }
+  // Ring links this transport took over from a parked one, and connected anew.
+  int links_reused() const { return links_reused_; }
+  int links_connected() const { return links_connected_; }
 
  private:
   struct Op;
@@ -113,6 +151,33 @@ class TcpTransport : public Transport {
   void poll_links(const Deadline& deadline);
   [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);
   void tear_down() noexcept;
+  // abort()'s parking of the ring links (above); other links are closed.
+  void park() noexcept;
+  // What this transport saw fail first, which says whether park() may keep the
+  // link to the right. kKnown: news that travels by itself, a peer's notice or
+  // the end or failure of a link whose other end died or gave up (which makes
+  // that rank, or its ring neighbours, tell the others). kSilent: a rank that
+  // may pass nothing on, stopped or cut off: a timeout (fail_timeout,
+  // note_silent), an unreachable machine, or a reset from the left neighbour,
+  // which is how a rank passes such news on to the right. kNone: nothing here
+  // (the failure was elsewhere, or ours alone).
+  enum class Cause { kNone, kKnown, kSilent };
+  // Records the first cause: a link failed with `err` (0: the end of the
+  // stream, or the peer's "gave up").
+  void note(const Link& link, int err);
+  // Sends our one notice back on a receive stream; false if it could not.
+  bool send_notice(Stream& stream, char notice) noexcept;
+  // A send stream became readable: the peer's notice, or the end of the
+  // stream. Throws PeerError unless it was a goodbye.
+  void read_notice(const Link& link, Stream& stream);
+  // The parked links, as "<s|r> <peer> <bytes>/<notice> ...;" per link (the
+  // bytes each stream carried; the notice: sent, on a receive stream, or
+  // read, on a send stream): what both ends compare before a reuse.
+  std::string parked_record() const;
+  // Takes over (from `reuse.parent`) the link to or from `peer` when both
+  // ends' records allow it, draining what the old communicator left in flight.
+  bool reuse_link(const TcpReuse& reuse, int peer, bool sending, const std::string& mine,
+                  const std::string& theirs, const Deadline& deadline);
   // Throws PeerError when the peer of `request`, whose link is not connected
   // yet, left the notice abort() leaves (asked every kGoneCheck at most).
   void check_gone(const Request& request);
@@ -142,6 +207,13 @@ class TcpTransport : public Transport {
   // eager; a polite wait blocks at once.
   Clock::duration spin_;
   bool eager_ = true;
+  bool parked_ = false;
+  Cause cause_ = Cause::kNone;
+  // The ring neighbours (connect_ring), whose links abort() parks; -1: none.
+  int ring_right_ = -1;
+  int ring_left_ = -1;
+  int links_reused_ = 0;
+  int links_connected_ = 0;
 };
 
 // The address of the local interface that routes to `host` (no packet is sent).

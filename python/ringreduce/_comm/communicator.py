@@ -417,8 +417,9 @@ class Communicator(PointToPoint, Resilience):
 
         Queued collectives fail at once and the running one within milliseconds
         (``RingReduceError`` "... was aborted"), point-to-point operations likewise; the
-        links are torn down, so the peers raise ``PeerError`` naming this rank rather than
-        wait for their timeout. The process is never killed. Afterwards every call is
+        peers are told (TCP ring links are parked for a ``shrink`` to take over, the
+        others closed), so they raise ``PeerError`` naming this rank rather than wait for
+        their timeout. The process is never killed. Afterwards every call is
         refused, and ``close()`` still releases everything. Idempotent. This is what a
         fault-tolerance layer (torchft) calls to cancel work a dead peer will never join.
         """

@@ -56,6 +56,9 @@ _SHRINK_ATTEMPTS = 3  # agreements + makings of a shrunk communicator, when memb
 _CONNECT_SECONDS = 2.0  # at most, to reach a host's standby store before counting it dead
 _LOOK_ELSEWHERE = 0.2  # seconds a rank may be missing before the host looks for its decision
 _DECISIONS_KEPT = 16  # rounds whose decision the host's store keeps (for late readers)
+# Whether a shrink takes over the TCP links its communicator parked (bench/fault_drill.py
+# --fresh-links turns it off, to measure what that saves).
+_REUSE_LINKS = True
 
 
 class Membership:
@@ -370,9 +373,12 @@ class Membership:
             hold = (meeting_store, self.server) if host == self.rank else (meeting_store,)
             core = None
             try:
+                # The TCP ring takes over the links this one parked between ranks
+                # that stay neighbours; only links that touched the dead are made anew.
                 core = _core.Communicator.create_with_store(
                     meeting_store, members.index(self.rank), len(members), advertise, meeting,
-                    self.options,
+                    self.options, parent=self._core if _REUSE_LINKS else None,
+                    old_ranks=members,
                 )  # fmt: skip
                 return core, arm(core, addr, self.token, self.options, hold, lobby=self.lobby,
                                  alive=alive(meeting_store))  # fmt: skip

@@ -19,6 +19,7 @@
 #include "engine/options.h"
 #include "kernels/codec.h"
 #include "reduce/cpu_kernels.h"
+#include "rendezvous/store.h"
 #include "security/auth.h"
 #include "testing/fuzz.h"
 #include "transport/shm/shm_segment.h"
@@ -354,6 +355,10 @@ PYBIND11_MODULE(_core, m) {
   register_codecs(m);
   register_device_codec(m);
 
+  // How often (ms) a rendezvous wait for a rank's key asks whether it is gone,
+  // unless its store says otherwise (Store::peer_look): the meeting store's
+  // default for large meetings (ringreduce._comm.meeting).
+  m.attr("PEER_LOOK_MS") = static_cast<int>(rr::kPeerLook.count());
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
   m.def(
       "this_process",

@@ -10,6 +10,7 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from .. import _core
 from ..errors import PeerError
 from . import processes
 
@@ -17,7 +18,7 @@ __all__ = ["MeetingStore", "alive", "held_get", "look_ms", "probe", "refused", "
 
 _FEW = 64  # members, at most, of a meeting whose waits look for the dead often
 _LOOK_FEW_MS = 10
-_LOOK_MANY_MS = 50  # the engine's kPeerLook
+_LOOK_MANY_MS = _core.PEER_LOOK_MS  # as every rendezvous wait looks
 
 
 def held_get(store: Any, key: str, cap: float, deadline: float) -> Optional[bytes]:

@@ -29,9 +29,10 @@ worst survivor: detection, shrink, detection to a usable shrunk communicator, th
 calls lost (the one in flight), wrong results and hangs (a rank that did not finish
 within ``--case-timeout``), and where the slowest survivor's shrink went: its
 agreement(s), making the new communicator (meeting, links), and arming it (reading the
-standby stores' addresses), and how many TCP links of the shrunk ring the survivors took
-over from the old one and made anew (``--fresh-links``: all made anew, the way to measure
-what keeping them saves). ``--json`` writes every survivor's report.
+standby stores' addresses), how many TCP links of the shrunk ring the survivors took
+over from the old one and made anew, and how many pairs of them on one host kept their
+shared memory (``--fresh-links``: all made anew, the way to measure what keeping them
+saves). ``--json`` writes every survivor's report.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def rank_main(argv: List[str]) -> None:
     stats = new.stats()
     report = {
         "links": [stats["tcp_links_reused"], stats["tcp_links_connected"]],
+        "shm_kept": stats["shm_peers_reused"],
         "rank": rank,
         "detected": detected,
         "kind": kind,
@@ -344,6 +346,8 @@ def run_case(
             # Links of the shrunk ring kept and made (each counted by both its ends).
             links=[sum(rep.get("links", [0, 0])[i] for rep in reports.values()) // 2
                    for i in (0, 1)],  # fmt: skip
+            # Pairs of local survivors whose shared memory was kept (each counted by both).
+            shm_kept=sum(rep.get("shm_kept", 0) for rep in reports.values()) // 2,
         )  # fmt: skip
     row["reports"] = reports
     return row
@@ -406,9 +410,9 @@ def _emulated_hosts() -> Any:
 def _drill(args: argparse.Namespace) -> int:
     rows = []
     print("| transport | N | failure | where | victims | detection | shrink (worst / median) "
-          "| worst: agree / make / arm | TCP links kept / made | detection to usable "
-          "| agreed | wrong | hangs |")  # fmt: skip
-    print("|---|---:|---|---|---|---:|---:|---|---|---:|---|---:|---:|")
+          "| worst: agree / make / arm | TCP links kept / made | shm pairs kept "
+          "| detection to usable | agreed | wrong | hangs |")  # fmt: skip
+    print("|---|---:|---|---|---|---:|---:|---|---|---:|---:|---|---:|---:|")
     for transport in args.transports.split(","):
         for n in [int(v) for v in args.sizes.split(",")]:
             for how in args.failures.split(","):
@@ -435,13 +439,14 @@ def _drill(args: argparse.Namespace) -> int:
                             cells = [transport, n, how, where, row["victims"], ms["detect_s"],
                                      f"{ms['shrink_s']} / {ms['shrink_median_s']}",
                                      " / ".join(f"{v * 1e3:.0f}" for v in row["phases"]),
-                                     " / ".join(map(str, row["links"])), ms["usable_s"],
+                                     " / ".join(map(str, row["links"])), row["shm_kept"],
+                                     ms["usable_s"],
                                      row["agreed"], row["wrong"], len(row["hung"])]  # fmt: skip
                             print("| " + " | ".join(map(str, cells)) + " |", flush=True)
                         else:
                             print(f"| {transport} | {n} | {how} | {where} | {row['victims']} "
-                                  f"| no report | | | | | | | {len(row['hung'])} | {row['errors']}",
-                                  flush=True)  # fmt: skip
+                                  f"| no report | | | | | | | | {len(row['hung'])} "
+                                  f"| {row['errors']}", flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -468,14 +473,16 @@ def summarize(rows: List[Dict[str, Any]]) -> None:
             groups.setdefault(key, []).append(row)
     print()
     print("| transport | N | failure | where | cases | detection, median (range) "
-          "| shrink, median (range) | agree / make / arm, medians |")  # fmt: skip
-    print("|---|---:|---|---|---:|---:|---:|---|")
+          "| shrink, median (range) | agree / make / arm, medians "
+          "| TCP links kept / made, medians |")  # fmt: skip
+    print("|---|---:|---|---|---:|---:|---:|---|---|")
     for (transport, n, how, where), group in groups.items():
         phases = " / ".join(
             f"{statistics.median(r['phases'][i] for r in group) * 1e3:.0f}" for i in range(3)
         )
+        links = " / ".join(f"{statistics.median(r['links'][i] for r in group):g}" for i in range(2))
         cells = [transport, n, how, where, len(group), spread([r["detect_s"] for r in group]),
-                 spread([r["shrink_s"] for r in group]), phases]  # fmt: skip
+                 spread([r["shrink_s"] for r in group]), phases, links]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 

@@ -149,6 +149,7 @@ def main() -> None:
         new = comm.shrink()
         stats = new.stats()
         seen["links"] = [stats["tcp_links_reused"], stats["tcp_links_connected"]]
+        seen["shm_kept"] = stats["shm_peers_reused"]
         seen.update(new_rank=new.rank, size=new.world_size, ok=check_sizes(new))
         report["rounds"].append(seen)
         new.close()
@@ -174,6 +175,7 @@ def main() -> None:
             seen.update(new_rank=new.rank, size=new.world_size, old_of_new=olds[new.rank])
             stats = new.stats()
             seen["links"] = [stats["tcp_links_reused"], stats["tcp_links_connected"]]
+            seen["shm_kept"] = stats["shm_peers_reused"]
             seen["ok"] = check(new)
             comm.close()
             comm = new

@@ -86,6 +86,16 @@ def ring_links_kept(before: list, after: list, rank: int) -> list:
     return [kept, 2 - kept]
 
 
+def local_peers_after(links: str, n: int, alive: list, victim: int, rank: int) -> int:
+    """The surviving ranks on ``rank``'s host but itself: the shared memory kept
+    (``_shrink_rank.py`` places rank r on emulated host r * hosts // n)."""
+    transport, hosts = _HOSTS[links]
+    if transport == "tcp":
+        return 0
+    host = (lambda r: r * hosts // n) if hosts else (lambda r: 0)
+    return sum(1 for a in alive if a not in (victim, rank) and host(a) == host(rank))
+
+
 @pytest.mark.parametrize("links, n, victims", CASES)
 def test_survivors_shrink_and_go_on(links, n, victims):
     reports = run_job(n, links, "die=" + ",".join(map(str, victims)))
@@ -98,9 +108,11 @@ def test_survivors_shrink_and_go_on(links, n, victims):
             assert seen["peer"] == dead_index and seen["failed"] == [dead_index], (rank, seen)
             assert seen["revoked"] and seen["again"] == [dead_index], (rank, seen)
             assert seen["failed_ranks"] == [dead_index], (rank, seen)
-            # Only the TCP links that touched the dead rank are made anew (shm has none).
+            # Only the TCP links that touched the dead rank are made anew (shm has none),
+            # and the shared memory between survivors is kept.
             kept = ring_links_kept(alive, [a for a in alive if a != victim], rank)
             assert seen["links"] == (kept if links != "shm" else [0, 0]), (rank, seen)
+            assert seen["shm_kept"] == local_peers_after(links, n, alive, victim, rank), seen
             alive.remove(victim)
             # Renumbered in the old order; the all_reduce on the new one is right.
             assert seen["size"] == len(alive) and seen["old_of_new"] == rank, (rank, seen)
@@ -109,19 +121,22 @@ def test_survivors_shrink_and_go_on(links, n, victims):
 
 @pytest.mark.parametrize(
     "links, n, victim",
-    [("tcp", 4, 2), ("tcp", 3, 0), ("shm+tcp", 4, 1), extended("shm+tcp", 8, 2)],
+    [("tcp", 4, 2), ("tcp", 3, 0), ("shm", 4, 2), ("shm+tcp", 4, 1), extended("shm+tcp", 8, 2)],
 )
 def test_links_taken_over_drop_what_the_failure_left_in_flight(links, n, victim):
-    """The victim dies during 16 MiB all_reduces, with megabytes queued on every link:
-    the links kept by the shrink must come back clean, so calls of every size (one
-    message to many segments) on the shrunk communicator match numpy."""
+    """The victim dies during 16 MiB all_reduces, with megabytes queued on every link and
+    messages in the shared-memory inboxes: the links and memory kept by the shrink must
+    come back clean, so calls of every size (one message to many segments) on the shrunk
+    communicator match numpy."""
     reports = run_job(n, links, f"bigdie={victim}")
     survivors = [r for r in range(n) if r != victim]
     assert sorted(reports) == survivors, reports
     for rank, report in reports.items():
         (seen,) = report["rounds"]
         assert seen["peer"] == victim and seen["size"] == n - 1, (rank, seen)
-        assert seen["links"] == ring_links_kept(list(range(n)), survivors, rank), (rank, seen)
+        tcp_kept = ring_links_kept(list(range(n)), survivors, rank) if links != "shm" else [0, 0]
+        assert seen["links"] == tcp_kept, (rank, seen)
+        assert seen["shm_kept"] == local_peers_after(links, n, list(range(n)), victim, rank)
         assert seen["ok"], (rank, seen)
 
 

@@ -169,6 +169,8 @@ py::dict stats(const rr::Communicator& self) {
   // TCP ring links taken over from the communicator this one shrank from, and made anew.
   d["tcp_links_reused"] = s.tcp_links_reused;
   d["tcp_links_connected"] = s.tcp_links_connected;
+  // Local peers whose shared memory was taken over the same way.
+  d["shm_peers_reused"] = s.shm_peers_reused;
   // all_reduce calls that skipped the ring (either latency path).
   d["small_message_ops"] = s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kSmall)] +
                            s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kDirect)];
@@ -341,9 +343,9 @@ void register_communicator(py::module_& m) {
             auto impl = std::make_unique<PythonStore>(std::move(store));
             py::gil_scoped_release release;
             PythonInterrupt interrupt;
-            rr::TcpReuse reuse;
+            rr::LinkReuse reuse;
             if (old_ranks) {
-              reuse.parent = parent != nullptr ? parent->parked_tcp_links() : nullptr;
+              reuse.parent = parent != nullptr ? parent->revoked_transport() : nullptr;
               reuse.old_ranks = *old_ranks;
             }
             return rr::create_store_communicator(std::move(impl), rank, world_size, advertise,

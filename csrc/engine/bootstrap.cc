@@ -68,7 +68,8 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
 std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
                                          int size, const Options& options,
                                          const NetworkFactory& network, Placement* placement,
-                                         const std::string& meeting, const Deadline& deadline) {
+                                         const std::string& meeting, const Deadline& deadline,
+                                         const ShmReuse* reuse) {
   std::vector<int> local{rank};
   if (size > 1) {
     local = ranks_on_this_host(store, prefix, rank, size, options.host_id, meeting, deadline);
@@ -77,14 +78,14 @@ std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix
   placement->local_rank =
       static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
   placement->local_ranks = local;
-  return connect_links_among(store, prefix, rank, size, options, network, local, deadline);
+  return connect_links_among(store, prefix, rank, size, options, network, local, deadline, reuse);
 }
 
 std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& prefix, int rank,
                                                int size, const Options& options,
                                                const NetworkFactory& network,
                                                const std::vector<int>& local,
-                                               const Deadline& deadline) {
+                                               const Deadline& deadline, const ShmReuse* reuse) {
   const std::string& kind = options.transport;
   if (kind != "auto" && kind != "shm") return network();
   const bool one_host = static_cast<int>(local.size()) == size;
@@ -106,7 +107,7 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
                             : std::clamp<size_t>(options.segment_bytes, 4 << 10, 4 << 20);
   settings.cma_min_bytes =
       options.shm_single_copy_bytes == 0 ? SIZE_MAX : options.shm_single_copy_bytes;
-  auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline);
+  auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline, reuse);
   if (one_host) return shm;
   std::vector<std::unique_ptr<Transport>> parts;
   parts.push_back(std::move(shm));
@@ -167,7 +168,7 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
                                                    int size, std::string advertise,
                                                    const std::string& meeting,
                                                    const Options& options, const Deadline& deadline,
-                                                   const TcpReuse* reuse) {
+                                                   const LinkReuse* reuse) {
   if (!options.socket_addr.empty()) advertise = options.socket_addr;
   if (advertise.empty()) advertise = local_ip_towards("192.0.2.1");  // the default route's
   // Every key of this communicator lives under an id its members agree on
@@ -189,14 +190,23 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
   Store& rendezvous = *store;
   const int streams =
       options.tcp_streams > 0 ? options.tcp_streams : default_tcp_streams(advertise);
+  // A shrink: what of the revoked communicator's links each transport takes over.
+  std::optional<TcpReuse> tcp_reuse;
+  std::optional<ShmReuse> shm_reuse;
+  if (reuse != nullptr) {
+    Transport* parent = reuse->parent;
+    tcp_reuse = TcpReuse{parent != nullptr ? parent->tcp_part() : nullptr, reuse->old_ranks};
+    shm_reuse = ShmReuse{parent != nullptr ? parent->shm_part() : nullptr, reuse->old_ranks};
+  }
   const NetworkFactory tcp = [&] {
     return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,
                                       std::chrono::microseconds(options.spin_us), deadline,
-                                      link_token, streams, options.tcp_keepalive_seconds, reuse);
+                                      link_token, streams, options.tcp_keepalive_seconds,
+                                      tcp_reuse ? &*tcp_reuse : nullptr);
   };
   Placement placement;
-  auto transport =
-      connect_links(*store, prefix, rank, size, options, tcp, &placement, meeting, deadline);
+  auto transport = connect_links(*store, prefix, rank, size, options, tcp, &placement, meeting,
+                                 deadline, shm_reuse ? &*shm_reuse : nullptr);
   std::unique_ptr<Transport> p2p;
   if (options.point_to_point && size > 1) {
     const std::string p2p_prefix = prefix + "p2p/";
@@ -222,7 +232,7 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
 std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
                                                   std::string advertise, const std::string& meeting,
                                                   const Options& options, const Deadline& deadline,
-                                                  const TcpReuse* reuse) {
+                                                  const LinkReuse* reuse) {
   try {
     return connect_communicator(store, rank, size, std::move(advertise), meeting, options, deadline,
                                 reuse);
@@ -245,7 +255,7 @@ std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> s
                                                         const std::string& meeting,
                                                         const Options& options,
                                                         const Interrupt* interrupt,
-                                                        const TcpReuse* reuse) {
+                                                        const LinkReuse* reuse) {
   check_arguments(rank, size, options);
   return create_communicator(std::move(store), rank, size, advertise, meeting, options,
                              Deadline::after(options.timeout_seconds, interrupt), reuse);

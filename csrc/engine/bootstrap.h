@@ -12,6 +12,7 @@
 #include "engine/communicator.h"
 #include "engine/options.h"
 #include "rendezvous/store.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
@@ -19,6 +20,16 @@ namespace rr {
 
 // Makes the transport between hosts once every rank is ready to connect.
 using NetworkFactory = std::function<std::unique_ptr<Transport>()>;
+
+// A shrink's: the revoked communicator's transport (null where this rank has
+// none to give: then nothing is taken over from it) and each new rank's rank
+// in that communicator. Its TCP ring links and shared memory between survivors
+// are taken over (tcp_transport.h, shm_transport.h); every rank passes one, or
+// none does.
+struct LinkReuse {
+  Transport* parent = nullptr;
+  std::vector<int> old_ranks;
+};
 
 // Every rank's host (Options::host_id or host_identity()), exchanged through
 // the store: the ranks on ours, ascending, and our place among them.
@@ -36,7 +47,8 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
 std::unique_ptr<Transport> connect_links(Store& store, const std::string& prefix, int rank,
                                          int size, const Options& options,
                                          const NetworkFactory& network, Placement* placement,
-                                         const std::string& meeting, const Deadline& deadline);
+                                         const std::string& meeting, const Deadline& deadline,
+                                         const ShmReuse* reuse = nullptr);
 
 // The same for ranks whose hosts are known (`local`: the ranks on ours), under
 // another prefix: the point-to-point links beside the collectives' ones.
@@ -44,7 +56,8 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
                                                int size, const Options& options,
                                                const NetworkFactory& network,
                                                const std::vector<int>& local,
-                                               const Deadline& deadline);
+                                               const Deadline& deadline,
+                                               const ShmReuse* reuse = nullptr);
 
 // A communicator whose ranks meet at a TCP store on master_addr:master_port
 // hosted by rank 0 (or a file store in `store_dir` when it is not empty).
@@ -59,14 +72,13 @@ std::unique_ptr<Communicator> create_tcp_communicator(
 // torch.distributed store, through the bindings): every key goes there, so no
 // port of our own is needed to meet. Sockets advertise `advertise` (empty:
 // the address of the default route's interface, or RINGREDUCE_SOCKET_ADDR).
-// `reuse` (a shrink): the TCP ring takes over the parked links it can
-// (transport/tcp/tcp_transport.h); every rank passes one, or none does.
+// `reuse`: a shrink's (LinkReuse).
 std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> store, int rank,
                                                         int size, const std::string& advertise,
                                                         const std::string& meeting,
                                                         const Options& options,
                                                         const Interrupt* interrupt = nullptr,
-                                                        const TcpReuse* reuse = nullptr);
+                                                        const LinkReuse* reuse = nullptr);
 
 // Both wait for the other ranks within options.timeout_seconds, asking
 // `interrupt` (if any) while they wait: Ctrl-C during a rendezvous.
@@ -74,6 +86,6 @@ std::unique_ptr<Communicator> create_store_communicator(std::unique_ptr<Store> s
 std::unique_ptr<Communicator> create_communicator(std::unique_ptr<Store> store, int rank, int size,
                                                   std::string advertise, const std::string& meeting,
                                                   const Options& options, const Deadline& deadline,
-                                                  const TcpReuse* reuse = nullptr);
+                                                  const LinkReuse* reuse = nullptr);
 
 }  // namespace rr

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "engine/failure_report.h"
 #include "executor/devices.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rr {
@@ -27,6 +28,9 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
   if (const TcpTransport* tcp = transport_->tcp_part()) {
     stats_.tcp_links_reused = tcp->links_reused();
     stats_.tcp_links_connected = tcp->links_connected();
+  }
+  if (const ShmTransport* shm = transport_->shm_part()) {
+    stats_.shm_peers_reused = shm->peers_reused();
   }
   reaches_all_ = true;
   for (int peer = 0; peer < size_; ++peer) {
@@ -377,10 +381,10 @@ void Communicator::note_refused_call(const std::string& call, const std::string&
   }
 }
 
-TcpTransport* Communicator::parked_tcp_links() {
+Transport* Communicator::revoked_transport() {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_.empty() || busy_ || closing_ || closed_) return nullptr;
-  return transport_->tcp_part();
+  return transport_.get();
 }
 
 std::string Communicator::failure() const {

@@ -48,6 +48,8 @@ struct CommStats {
   // communicator took over from the one it shrank from, and connected anew.
   int tcp_links_reused = 0;
   int tcp_links_connected = 0;
+  // Local peers whose shared memory it took over (a shrink).
+  int shm_peers_reused = 0;
 };
 
 // Where this rank sits among the ranks of its host.
@@ -122,10 +124,10 @@ class Communicator {
 
   CommStats stats() const;
 
-  // After a failure (or abort()), once no call runs: the TCP transport whose
-  // parked links a shrink of this communicator may take over; else null.
-  // Valid until close().
-  TcpTransport* parked_tcp_links();
+  // After a failure (or abort()), once no call runs: the transport whose
+  // parked links (TCP) and memory (shared) a shrink of this communicator may
+  // take over; else null. Valid until close().
+  Transport* revoked_transport();
 
   // Values beside the collectives, in this communicator's part of the
   // rendezvous store (under "user/"): what a layer above needs every rank to

@@ -41,6 +41,7 @@ class CountingTransport : public Transport {
   void close() noexcept override { inner_->close(); }
   TransportStats stats() const override { return inner_->stats(); }
   TcpTransport* tcp_part() override { return inner_->tcp_part(); }
+  ShmTransport* shm_part() override { return inner_->shm_part(); }
 
   // Bytes posted to and from ranks on other hosts.
   TransportStats between_hosts() const;

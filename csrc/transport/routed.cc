@@ -155,4 +155,11 @@ TcpTransport* RoutedTransport::tcp_part() {
   return nullptr;
 }
 
+ShmTransport* RoutedTransport::shm_part() {
+  for (auto& part : parts_) {
+    if (ShmTransport* shm = part->shm_part()) return shm;
+  }
+  return nullptr;
+}
+
 }  // namespace rr

@@ -46,6 +46,7 @@ class RoutedTransport : public Transport {
   void close() noexcept override;
   TransportStats stats() const override;
   TcpTransport* tcp_part() override;
+  ShmTransport* shm_part() override;
 
  private:
   Transport& part_for(int peer);

@@ -30,6 +30,7 @@
 namespace rr {
 
 class Bulletin;      // transport/bulletin.h
+class ShmTransport;  // transport/shm/shm_transport.h
 class TcpTransport;  // transport/tcp/tcp_transport.h
 
 // A posted send or receive. It completes inside Transport::wait().
@@ -127,6 +128,8 @@ class Transport {
   // The TCP transport among this one's parts (itself, or one it routes
   // through), or null: where a shrink finds the links it can take over.
   virtual TcpTransport* tcp_part() { return nullptr; }
+  // The same for the shared-memory transport.
+  virtual ShmTransport* shm_part() { return nullptr; }
 };
 
 }  // namespace rr

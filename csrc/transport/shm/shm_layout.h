@@ -35,7 +35,7 @@ namespace shm {
 
 constexpr uint64_t kMagic = 0x3130484D53485252ull;  // "RRHSHM01"
 // The layout of Header and the inboxes: segments of another version are refused.
-constexpr uint32_t kLayoutVersion = 4;
+constexpr uint32_t kLayoutVersion = 5;
 // Ranks of one host that can share memory with each other.
 constexpr int kMaxLocal = 1024;
 
@@ -72,7 +72,11 @@ struct alignas(64) Header {
   uint64_t nonce;
   // Set when the owner gives up on the communicator after a failure, or
   // closes it, so that peers still waiting on it fail at once instead of at
-  // their deadline.
+  // their deadline. Each holds the generation of the owner's transport that
+  // set it (1, and one more for each shrink that took the memory over): a
+  // transport reads a value of its own generation or later as gone, so the
+  // flags of the communicator a shrink replaced stay set for the ranks it
+  // left out.
   std::atomic<uint32_t> aborted;
   std::atomic<uint32_t> closed;
   // The CPUs the owner may run on (its affinity mask, one bit per CPU, 1024

@@ -23,6 +23,16 @@ int pidfd_open(pid_t pid);
 bool read_remote(pid_t pid, void* local, uint64_t remote, size_t bytes);
 inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
 
+// Whether local rank `l` (global rank local_ranks[l]) is next to us, local rank
+// `me`, in a ring: the communicator's (ranks in order) or this host's (local
+// ranks in order, as hierarchical all_reduce runs it).
+inline bool ring_neighbour(int rank, int size, const std::vector<int>& local_ranks, int l, int me) {
+  const int r = local_ranks[static_cast<size_t>(l)];
+  const int local_size = static_cast<int>(local_ranks.size());
+  return r == (rank + 1) % size || r == (rank + size - 1) % size || l == (me + 1) % local_size ||
+         l == (me + local_size - 1) % local_size;
+}
+
 }  // namespace shm
 
 // A send or a receive. A receive into a view either points into its inbox

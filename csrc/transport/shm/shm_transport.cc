@@ -52,16 +52,6 @@ namespace {
 
 constexpr size_t kPage = 4096;
 
-// Whether local rank `l` (global rank local_ranks[l]) is next to us, local rank
-// `me`, in a ring: the communicator's (ranks in order) or this host's (local
-// ranks in order, as hierarchical all_reduce runs it).
-bool ring_neighbour(int rank, int size, const std::vector<int>& local_ranks, int l, int me) {
-  const int r = local_ranks[static_cast<size_t>(l)];
-  const int local_size = static_cast<int>(local_ranks.size());
-  return r == (rank + 1) % size || r == (rank + size - 1) % size || l == (me + 1) % local_size ||
-         l == (me + local_size - 1) % local_size;
-}
-
 }  // namespace
 
 }  // namespace shm
@@ -83,13 +73,30 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
                                                     int rank, int size,
                                                     const std::vector<int>& local_ranks,
                                                     const ShmSettings& settings,
-                                                    const Deadline& deadline) {
-  std::unique_ptr<ShmTransport> t(new ShmTransport(rank, size, settings));
+                                                    const Deadline& deadline,
+                                                    const ShmReuse* reuse) {
   const int local_size = static_cast<int>(local_ranks.size());
   if (local_size > shm::kMaxLocal) {
     throw Error("shared memory: " + std::to_string(local_size) + " ranks on one host, more than " +
                 std::to_string(shm::kMaxLocal));
   }
+  if (reuse != nullptr) {
+    // Taken over only when every local rank can hand its memory over: each says
+    // whether it can, and all decide alike from the same answers.
+    std::vector<int> olds;
+    for (int r : local_ranks) olds.push_back(reuse->old_ranks.at(static_cast<size_t>(r)));
+    bool all = reuse->parent != nullptr && reuse->parent->can_hand_over(olds);
+    store.set(prefix + "shm_parked/" + std::to_string(rank), all ? "1" : "0");
+    for (int r : local_ranks) {
+      if (r != rank)
+        all = store.get(prefix + "shm_parked/" + std::to_string(r), deadline, r) == "1" && all;
+    }
+    if (all) {
+      return take_over(*reuse->parent, store, prefix, rank, size, local_ranks, reuse->old_ranks,
+                       settings, deadline);
+    }
+  }
+  std::unique_ptr<ShmTransport> t(new ShmTransport(rank, size, settings));
   t->local_ = static_cast<int>(std::find(local_ranks.begin(), local_ranks.end(), rank) -
                                local_ranks.begin());
   // Peers read our memory for large messages; under Yama ptrace_scope 1 that
@@ -176,7 +183,8 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
 // yield when they share cores, since the rank we wait for may be runnable on
 // ours. Every peer wrote its mask before it published its segment.
 void ShmTransport::decide_waits() {
-  const int local_size = static_cast<int>(header_->local_size);
+  int local_size = 1;
+  for (const auto& p : peers_) local_size += p ? 1 : 0;
   bool known = header_->cpus_known != 0;
   uint8_t all[sizeof header_->cpus];
   std::memcpy(all, header_->cpus, sizeof all);
@@ -421,18 +429,32 @@ bool ShmTransport::progress() {
 }
 
 void ShmTransport::abort() noexcept {
-  {
-    std::lock_guard<std::mutex> lock(life_mu_);
-    if (aborted_ || header_ == nullptr) return;
-    aborted_ = true;
-    // Peers waiting on us fail now rather than at their deadline; they look
-    // at the flag whenever a wait of theirs sleeps or spins long.
-    header_->aborted.store(1, std::memory_order_release);
-    for (auto& p : peers_) {
-      if (p) p->header->doorbell.ring();
+  std::lock_guard<std::mutex> lock(life_mu_);
+  if (aborted_ || header_ == nullptr) return;
+  aborted_ = true;
+  // Peers waiting on us fail now rather than at their deadline; they look
+  // at the flag whenever a wait of theirs sleeps or spins long.
+  header_->aborted.store(generation_, std::memory_order_release);
+  for (auto& p : peers_) {
+    if (p) {
+      p->header->doorbell.ring();
+      // Sends by address point into the caller's buffers, which stay the caller's.
+      p->sends.clear();
+      p->by_address_sent.clear();
+      p->recvs.clear();
     }
   }
-  close();
+}
+
+bool ShmTransport::can_hand_over(const std::vector<int>& old) const {
+  if (!aborted_ || header_ == nullptr) return false;
+  for (int r : old) {
+    if (r == rank_) continue;
+    if (r < 0 || static_cast<size_t>(r) >= peers_.size() || !peers_[static_cast<size_t>(r)]) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Safe to call from several threads, and more than once: the first caller
@@ -441,11 +463,12 @@ void ShmTransport::abort() noexcept {
 // communicator joins its threads first; a failing thread aborts its own).
 void ShmTransport::close() noexcept {
   std::lock_guard<std::mutex> lock(life_mu_);
-  if (header_ == nullptr) return;
-  // A peer still waiting on us (it went on while we stopped) learns it now.
-  header_->closed.store(1, std::memory_order_release);
-  for (auto& p : peers_) {
-    if (p) p->header->doorbell.ring();
+  if (header_ != nullptr) {
+    // A peer still waiting on us (it went on while we stopped) learns it now.
+    header_->closed.store(generation_, std::memory_order_release);
+    for (auto& p : peers_) {
+      if (p) p->header->doorbell.ring();
+    }
   }
   // Sends by address point into the caller's buffers, which stay the
   // caller's: forget them (after a normal end nothing is queued), and give

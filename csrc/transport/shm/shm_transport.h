@@ -61,15 +61,30 @@ struct ShmSettings {
   bool log = false;  // say on stderr, once, how waits will go (RINGREDUCE_DEBUG=algorithm)
 };
 
+// What a shrink's transport may take over: the revoked communicator's shared
+// memory transport (null: none here) and, for each new rank, its rank there.
+struct ShmReuse {
+  ShmTransport* parent = nullptr;
+  std::vector<int> old_ranks;
+};
+
 class ShmTransport : public Transport, public Bulletin {
  public:
   // Maps the home segments of every rank in `local_ranks` (global ranks on
   // this host, ascending, `rank` among them), meeting through `store` under
   // `prefix`. Collective over those ranks.
+  //
+  // `reuse` (a shrink; every local rank passes one, or none does): when every
+  // local rank's revoked transport still holds its segment and its mappings of
+  // the others' (abort() parks them), the new transport takes them over
+  // instead of making and mapping new ones (shm_reuse.cc). Each rank empties
+  // its inboxes of what the revoked communicator left there and clears its
+  // flags and bulletin, and nobody sends before everyone has.
   static std::unique_ptr<ShmTransport> connect(Store& store, const std::string& prefix, int rank,
                                                int size, const std::vector<int>& local_ranks,
                                                const ShmSettings& settings,
-                                               const Deadline& deadline);
+                                               const Deadline& deadline,
+                                               const ShmReuse* reuse = nullptr);
   ~ShmTransport() override;
 
   int rank() const override { return rank_; }
@@ -86,9 +101,14 @@ class ShmTransport : public Transport, public Bulletin {
   void wake() override;
   bool reaches(int peer) const override;
   void set_eager(bool eager) override { eager_ = eager; }
+  // Tells the peers (the aborted flag) and parks: the memory stays mapped, for
+  // a shrink to take over, until close().
   void abort() noexcept override;
   void close() noexcept override;
   TransportStats stats() const override { return stats_; }
+  ShmTransport* shm_part() override { return this; }
+  // Local peers whose shared memory this transport took over (a shrink).
+  int peers_reused() const { return peers_reused_; }
 
   // True when large messages to `peer` go by address (cross-memory attach).
   bool single_copy_to(int peer) const;
@@ -106,6 +126,16 @@ class ShmTransport : public Transport, public Bulletin {
   struct Waiting;  // one wait() as the waiter sees it (transport/waiter.h)
 
   ShmTransport(int rank, int size, const ShmSettings& settings);
+  // Whether this parked transport holds its segment and its mappings of the
+  // segments of `old` (ranks of its communicator): what take_over() needs.
+  bool can_hand_over(const std::vector<int>& old) const;
+  // connect()'s other way (shm_reuse.cc): the new transport from `parent`'s memory.
+  static std::unique_ptr<ShmTransport> take_over(ShmTransport& parent, Store& store,
+                                                 const std::string& prefix, int rank, int size,
+                                                 const std::vector<int>& local_ranks,
+                                                 const std::vector<int>& old_ranks,
+                                                 const ShmSettings& settings,
+                                                 const Deadline& deadline);
   Peer& peer(int rank);
   void decide_waits();
   RequestPtr post_recv(std::shared_ptr<Op> op);
@@ -150,6 +180,11 @@ class ShmTransport : public Transport, public Bulletin {
   TransportStats stats_;
   bool eager_ = true;
   bool aborted_ = false;
+  int peers_reused_ = 0;
+  // 1 for memory made for this communicator; one more for each shrink that
+  // took it over (shm_reuse.cc). What this transport writes into the aborted
+  // and closed flags, and the least value of theirs it reads as gone.
+  uint32_t generation_ = 1;
   bool bulletin_ok_ = false;         // every rank of the communicator is local
   bool bulletin_all_[2] = {false, false};  // whether every peer reads our bulletin[i]
 };

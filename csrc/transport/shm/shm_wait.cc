@@ -98,7 +98,7 @@ void ShmTransport::check_peer(Peer& p, const Op& op) {
 }
 
 ShmTransport::Gone ShmTransport::peer_gone(Peer& p) const {
-  if (p.header->aborted.load(std::memory_order_acquire) != 0) return Gone::kAborted;
+  if (p.header->aborted.load(std::memory_order_acquire) >= generation_) return Gone::kAborted;
   bool dead = false;
   if (p.pidfd.valid()) {
     pollfd fd{p.pidfd.get(), POLLIN, 0};
@@ -107,7 +107,7 @@ ShmTransport::Gone ShmTransport::peer_gone(Peer& p) const {
     dead = ::kill(p.pid, 0) != 0 && errno == ESRCH;
   }
   if (dead) return Gone::kDead;
-  if (p.header->closed.load(std::memory_order_acquire) != 0) return Gone::kClosed;
+  if (p.header->closed.load(std::memory_order_acquire) >= generation_) return Gone::kClosed;
   return Gone::kNo;
 }
 

@@ -28,6 +28,12 @@ import time
 from _victims import check, check_sizes, fail_in_loop
 
 
+def segments_mapped() -> int:
+    """How many of ringreduce's shared-memory segments (memfds) this process maps."""
+    with open("/proc/self/maps") as maps:
+        return len({line.split()[4] for line in maps if "memfd:ringreduce" in line})
+
+
 def loop_until_failure(comm, old_rank: int, victim: int, elems: int = 1 << 15) -> dict:
     """all_reduce until a peer dies (this rank dies itself if it is the victim)."""
     exc = fail_in_loop(comm, old_rank, victim, elems=elems)
@@ -167,9 +173,11 @@ def main() -> None:
         olds = list(range(size))  # old rank of each rank of the current communicator
         for victim in [int(v) for v in scenario.split("=")[1].split(",")]:
             seen = loop_until_failure(comm, rank, victim)
+            mapped = segments_mapped()
             start = time.monotonic()
             new = comm.shrink()
             seen["shrink_s"] = time.monotonic() - start
+            seen["segments"] = [mapped, segments_mapped()]
             seen["failed_ranks"] = sorted(comm.failed_ranks)
             olds = [o for i, o in enumerate(olds) if i not in comm.failed_ranks]
             seen.update(new_rank=new.rank, size=new.world_size, old_of_new=olds[new.rank])

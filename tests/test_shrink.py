@@ -113,6 +113,12 @@ def test_survivors_shrink_and_go_on(links, n, victims):
             kept = ring_links_kept(alive, [a for a in alive if a != victim], rank)
             assert seen["links"] == (kept if links != "shm" else [0, 0]), (rank, seen)
             assert seen["shm_kept"] == local_peers_after(links, n, alive, victim, rank), seen
+            # Nothing of the old communicator's but its send/recv memory (half of what it
+            # mapped) stays mapped: the shrink took the rest over or let it go. The new
+            # one maps its local ranks' segments twice (collectives, send/recv).
+            local = local_peers_after(links, n, alive, victim, rank) + 1
+            before, after = seen["segments"]
+            assert after == before // 2 + (2 * local if local > 1 else 0), seen
             alive.remove(victim)
             # Renumbered in the old order; the all_reduce on the new one is right.
             assert seen["size"] == len(alive) and seen["old_of_new"] == rank, (rank, seen)

@@ -416,6 +416,10 @@ void register_communicator(py::module_& m) {
           py::arg("data"), py::arg("bytes"), py::arg("src"), py::arg("tag"),
           "Posts a point-to-point receive into raw host memory; src < 0: from any rank.")
       .def("close", &rr::Communicator::close, py::call_guard<py::gil_scoped_release>())
+      .def("release_links", &rr::Communicator::release_links,
+           py::call_guard<py::gil_scoped_release>(),
+           "After a shrink made the survivors' communicator from this revoked one: closes "
+           "the links and memory it still holds (what the shrink did not take over).")
       .def("abort", &rr::Communicator::abort, py::call_guard<py::gil_scoped_release>(),
            "Stops this rank's work now, from any thread: queued and running collectives "
            "and point-to-point operations fail, the peers are told, and the communicator "

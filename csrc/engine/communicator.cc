@@ -387,6 +387,12 @@ Transport* Communicator::revoked_transport() {
   return transport_.get();
 }
 
+void Communicator::release_links() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.empty() || busy_ || closing_ || closed_) return;
+  transport_->close();
+}
+
 std::string Communicator::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return broken_;

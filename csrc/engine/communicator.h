@@ -128,6 +128,10 @@ class Communicator {
   // parked links (TCP) and memory (shared) a shrink of this communicator may
   // take over; else null. Valid until close().
   Transport* revoked_transport();
+  // Once a shrink has taken over what it could of revoked_transport(): closes
+  // the rest (links to the dead, memory not taken over) now rather than at
+  // close(), which the program may never call. No-op unless revoked and idle.
+  void release_links();
 
   // Values beside the collectives, in this communicator's part of the
   // rendezvous store (under "user/"): what a layer above needs every rank to

@@ -380,8 +380,10 @@ class Membership:
                     self.options, parent=self._core if _REUSE_LINKS else None,
                     old_ranks=members,
                 )  # fmt: skip
-                return core, arm(core, addr, self.token, self.options, hold, lobby=self.lobby,
-                                 alive=alive(meeting_store))  # fmt: skip
+                armed = arm(core, addr, self.token, self.options, hold, lobby=self.lobby,
+                            alive=alive(meeting_store))  # fmt: skip
+                self._core.release_links()  # what the new one did not take over
+                return core, armed
             except (PeerError, TimeoutError) as exc:
                 if core is not None:
                     core.abort()

@@ -43,10 +43,7 @@ std::unique_ptr<ShmTransport> ShmTransport::take_over(ShmTransport& parent, Stor
       std::unique_ptr<Peer>& old =
           parent.peers_[static_cast<size_t>(old_ranks[static_cast<size_t>(r)])];
       std::unique_ptr<Peer> p = std::move(old);
-      p->rank = r;
-      p->sends.clear();
-      p->by_address_sent.clear();
-      p->recvs.clear();
+      p->rank = r;  // its queues were emptied by the parent's abort()
       // Its messages to us that the revoked communicator never took: released.
       const uint64_t head = p->in->head.load(std::memory_order_acquire);
       p->in_next = head;

@@ -145,7 +145,6 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
     kept_right = t->reuse_link(*reuse, right, true, mine, of_right, deadline);
     t->reuse_link(*reuse, left, false, mine, of_left, deadline);
   }
-  t->links_connected_ = 2 - t->links_reused_;
 
   // Connect first: the kernel completes the handshake from the listener's
   // backlog even before the neighbour calls accept(), so this cannot deadlock.

@@ -115,7 +115,7 @@ class TcpTransport : public Transport {
   TcpTransport* tcp_part() override { return this; }
   // Ring links this transport took over from a parked one, and connected anew.
   int links_reused() const { return links_reused_; }
-  int links_connected() const { return links_connected_; }
+  int links_connected() const { return ring_right_ >= 0 ? 2 - links_reused_ : 0; }
 
  private:
   struct Op;
@@ -213,7 +213,6 @@ class TcpTransport : public Transport {
   int ring_right_ = -1;
   int ring_left_ = -1;
   int links_reused_ = 0;
-  int links_connected_ = 0;
 };
 
 // The address of the local interface that routes to `host` (no packet is sent).

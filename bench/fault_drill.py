@@ -108,9 +108,10 @@ def rank_main(argv: List[str]) -> None:
     if where == "shrink" and rank in victims[1:]:
         die_during_shrink(rank, how, random.choice(("agree", "make", "arm")))
     phases = time_phases()
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     new = comm.shrink()
     shrink_s = time.monotonic() - t0
+    cpu_s = time.process_time() - cpu0  # every thread of this rank's process
     got = new.all_reduce(np.full(1000, new.rank + 1.0))
     ok = bool(np.all(got == new.world_size * (new.world_size + 1) / 2))
     stats = new.stats()
@@ -123,6 +124,7 @@ def rank_main(argv: List[str]) -> None:
         "reason": reason,
         "message": message,
         "shrink_s": shrink_s,
+        "cpu_s": cpu_s,
         "agree_s": phases["agree"],
         "arm_s": phases["arm"],
         "calls": calls,
@@ -334,12 +336,22 @@ def run_case(
         detect = [rep["detected"] - failed_at for rep in reports.values()]
         shrink = [rep["shrink_s"] for rep in reports.values()]
         usable = [rep["detected"] + rep["shrink_s"] - failed_at for rep in reports.values()]
+        cpu = [rep.get("cpu_s", 0.0) for rep in reports.values()]
         slowest = max(reports.values(), key=lambda rep: rep["shrink_s"])
         agree_s, arm_s = slowest.get("agree_s", 0.0), slowest.get("arm_s", 0.0)
         agreed = {tuple(rep["failed_ranks"]) for rep in reports.values()}
         row.update(
             detect_s=max(detect), shrink_s=max(shrink), shrink_median_s=statistics.median(shrink),
-            usable_s=max(usable), wrong=sum(not rep["ok"] for rep in reports.values()),
+            usable_s=max(usable),
+            # From the last survivor's detection to every survivor's usable communicator:
+            # the repair alone (a shrink call's time also holds waiting for the last to
+            # learn of the failure, which a ring passes on rank by rank).
+            repair_s=max(usable) - max(detect),
+            # CPU a shrink costs a rank (all its threads): the median, and the busiest
+            # (the agreement's host). With more ranks than cores, the wall time is
+            # bound by their sum over the cores.
+            cpu_median_s=statistics.median(cpu), cpu_max_s=max(cpu),
+            wrong=sum(not rep["ok"] for rep in reports.values()),
             phases=(agree_s, slowest["shrink_s"] - agree_s - arm_s, arm_s),
             agreed=len(agreed) == 1 and agreed == {tuple(sorted(victims))},
             lost_calls=1,
@@ -473,16 +485,20 @@ def summarize(rows: List[Dict[str, Any]]) -> None:
             groups.setdefault(key, []).append(row)
     print()
     print("| transport | N | failure | where | cases | detection, median (range) "
-          "| shrink, median (range) | agree / make / arm, medians "
-          "| TCP links kept / made, medians |")  # fmt: skip
-    print("|---|---:|---|---|---:|---:|---:|---|---|")
+          "| shrink, median (range) | repair, median | agree / make / arm, medians "
+          "| CPU per rank, median / busiest | TCP links kept / made, medians |")  # fmt: skip
+    print("|---|---:|---|---|---:|---:|---:|---:|---|---|---|")
     for (transport, n, how, where), group in groups.items():
         phases = " / ".join(
             f"{statistics.median(r['phases'][i] for r in group) * 1e3:.0f}" for i in range(3)
         )
         links = " / ".join(f"{statistics.median(r['links'][i] for r in group):g}" for i in range(2))
+        ms = {k: statistics.median(r[k] for r in group) * 1e3
+              for k in ("repair_s", "cpu_median_s", "cpu_max_s")}  # fmt: skip
+        cpu = f"{ms['cpu_median_s']:.1f} / {ms['cpu_max_s']:.1f} ms"
         cells = [transport, n, how, where, len(group), spread([r["detect_s"] for r in group]),
-                 spread([r["shrink_s"] for r in group]), phases, links]  # fmt: skip
+                 spread([r["shrink_s"] for r in group]), f"{ms['repair_s']:.0f} ms", phases,
+                 cpu, links]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 

@@ -244,8 +244,7 @@ def _store_and_clients(n):
     from ringreduce import _core
 
     server = _core.TcpStore("127.0.0.1", 0, True, 10.0, 5.0, "")
-    clients = [_core.TcpStore("127.0.0.1", server.port, False, 10.0, 5.0, "") for _ in range(n)]
-    return server, clients
+    return server, [_core_client(server.port) for _ in range(n)]
 
 
 def _wait_in_thread(store, key, ms, into):
@@ -313,6 +312,70 @@ def test_the_store_s_host_erases_keys_by_prefix_and_counts_them():
     with pytest.raises(ValueError, match="only the process that serves the store counts"):
         client.key_count()
     server.close()
+
+
+def test_many_keys_are_read_and_set_together_in_order():
+    # How a rank reads every rank's key at once (Store::try_get_many: the gets sent
+    # together): values in the order asked, None where missing, a key set by another
+    # client and known here only from the server's notice too, and batches larger
+    # than a socket's buffers either way (many keys; replies of megabytes).
+    server, (reader, other) = _store_and_clients(2)
+    keys = [f"rank/{r}/host" for r in range(3000)]  # over 16 KiB of requests: several batches
+    for r in range(0, 3000, 3):
+        other.set(keys[r], f"h{r}".encode())
+    other.set_if_absent("first", b"noticed")  # the server tells the other clients
+    got = reader.try_get_many(keys + ["first", "missing"])
+    assert got[:3000] == [f"h{r}".encode() if r % 3 == 0 else None for r in range(3000)]
+    assert got[3000:] == [b"noticed", None]
+    assert reader.try_get_many([]) == []
+    big = [f"big/{i}" for i in range(12)]
+    for i, key in enumerate(big):
+        other.set(key, bytes([i]) * (1 << 20))
+    values = reader.try_get_many(big)
+    assert [len(v) for v in values] == [1 << 20] * 12
+    assert all(v == bytes([i]) * (1 << 20) for i, v in enumerate(values))
+    # Sets together likewise (set_many), batches of them, one of megabytes among them.
+    items = [(f"s/{i}", str(i).encode()) for i in range(2000)] + [("s/big", b"b" * (3 << 20))]
+    reader.set_many(items)
+    assert other.try_get_many([key for key, _ in items]) == [value for _, value in items]
+    reader.set_many([])
+    # The connection goes on as before.
+    reader.set("after", b"1")
+    assert other.wait_get("after", 1000) == b"1"
+    with pytest.raises(ValueError, match="over the store's limits"):
+        reader.try_get_many(["x" * 2000])
+    with pytest.raises(ValueError, match="over the store's limits"):
+        reader.set_many([("k", b"v")] * 3000 + [("x" * 2000, b"v")])
+    assert other.try_get("k") is None  # none of them set
+    server.close()
+
+
+def test_a_first_value_is_told_to_every_client_and_a_claim_to_none():
+    # set_if_absent's first value reaches every other client in a notice, so that a
+    # first failure is known even once the store's host is gone; a claim (a seat,
+    # which only its setter reads back) is answered alike and told to nobody: at init
+    # N seats would otherwise cost rank 0's store N notices each.
+    from ringreduce import RingReduceError
+
+    server, (setter, other) = _store_and_clients(2)
+    assert setter.set_if_absent("first_error", b"rank 3") == b"rank 3"
+    assert setter.claim("seat/1", b"ticket") == b"ticket"
+    assert other.claim("seat/1", b"another") == b"ticket"  # taken: the first value
+    assert other.set_if_absent("first_error", b"rank 5") == b"rank 3"
+    late = _core_client(server.port)  # a third client, there when the next two are set
+    setter.set_if_absent("told", b"yes")
+    setter.claim("quiet", b"yes")
+    time.sleep(0.1)
+    server.close()  # the host goes: only what late was told remains readable there
+    assert late.try_get("told") == b"yes"
+    with pytest.raises(RingReduceError):
+        late.try_get("quiet")
+
+
+def _core_client(port):
+    from ringreduce import _core
+
+    return _core.TcpStore("127.0.0.1", port, False, 10.0, 5.0, "")
 
 
 def _request(cmd: int, key: bytes, value: bytes) -> bytes:

@@ -30,6 +30,13 @@ using rr::PythonInterrupt;
 
 void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// A store's values as Python sees them: bytes, or None where a key is not set.
+py::list bytes_or_none(const std::vector<std::optional<std::string>>& values) {
+  py::list out;
+  for (const auto& v : values) out.append(v ? py::object(py::bytes(*v)) : py::none());
+  return out;
+}
+
 // The engine's store over a Python object with set(key, value),
 // try_get(key) -> bytes or None, and set_if_absent(key, value) -> bytes: how a
 // torch.distributed store (ringreduce.torch) serves our rendezvous. Calls come
@@ -59,6 +66,53 @@ class PythonStore final : public rr::Store {
   std::string set_if_absent(const std::string& key, const std::string& value) override {
     py::gil_scoped_acquire gil;
     return impl_.attr("set_if_absent")(key, py::bytes(value)).cast<std::string>();
+  }
+  // Optional on the Python side: claim(key, value) -> bytes (rr::Store::claim);
+  // otherwise set_if_absent.
+  std::string claim(const std::string& key, const std::string& value) override {
+    {
+      py::gil_scoped_acquire gil;
+      if (py::hasattr(impl_, "claim")) {
+        return impl_.attr("claim")(key, py::bytes(value)).cast<std::string>();
+      }
+    }
+    return set_if_absent(key, value);
+  }
+  // Optional on the Python side: set_many(items), a list of (key, bytes) set together
+  // (rr::Store::set_many); otherwise one set each.
+  void set_many(const std::vector<std::pair<std::string, std::string>>& items) override {
+    {
+      py::gil_scoped_acquire gil;
+      if (py::hasattr(impl_, "set_many")) {
+        py::list pairs;
+        for (const auto& [key, value] : items) pairs.append(py::make_tuple(key, py::bytes(value)));
+        impl_.attr("set_many")(pairs);
+        return;
+      }
+    }
+    rr::Store::set_many(items);
+  }
+  // Optional on the Python side: try_get_many(keys) -> list of bytes or None, the
+  // keys read together (rr::Store::try_get_many); otherwise one try_get each.
+  std::vector<std::optional<std::string>> try_get_many(
+      const std::vector<std::string>& keys) override {
+    {
+      py::gil_scoped_acquire gil;
+      if (py::hasattr(impl_, "try_get_many")) {
+        py::list values = impl_.attr("try_get_many")(keys);
+        if (values.size() != keys.size()) {
+          throw rr::Error("store: try_get_many returned " + std::to_string(values.size()) +
+                          " values for " + std::to_string(keys.size()) + " keys");
+        }
+        std::vector<std::optional<std::string>> out;
+        for (py::handle v : values) {
+          out.push_back(v.is_none() ? std::nullopt
+                                    : std::optional<std::string>(v.cast<std::string>()));
+        }
+        return out;
+      }
+    }
+    return rr::Store::try_get_many(keys);
   }
   // Optional on the Python side: wait_get(key, ms) -> bytes or None, a get that
   // may wait up to ms for the key (a store whose server can hold a request).
@@ -217,6 +271,28 @@ class PyTcpStore {
     if (!v) return py::none();
     return py::bytes(*v);
   }
+  py::bytes claim(const std::string& key, const py::bytes& value) {
+    std::string v = value, out;
+    {
+      py::gil_scoped_release release;
+      out = live().claim(key, v);
+    }
+    return py::bytes(out);
+  }
+  void set_many(const std::vector<std::pair<std::string, py::bytes>>& items) {
+    std::vector<std::pair<std::string, std::string>> kv;
+    for (const auto& [key, value] : items) kv.emplace_back(key, std::string(value));
+    py::gil_scoped_release release;
+    live().set_many(kv);
+  }
+  py::list try_get_many(const std::vector<std::string>& keys) {
+    std::vector<std::optional<std::string>> got;
+    {
+      py::gil_scoped_release release;
+      got = live().try_get_many(keys);
+    }
+    return bytes_or_none(got);
+  }
   py::bytes set_if_absent(const std::string& key, const py::bytes& value) {
     std::string v = value, out;
     {
@@ -262,6 +338,12 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("port", &PyTcpStore::port)
       .def("set", &PyTcpStore::set, py::arg("key"), py::arg("value"))
       .def("try_get", &PyTcpStore::try_get, py::arg("key"))
+      .def("claim", &PyTcpStore::claim, py::arg("key"), py::arg("value"),
+           "set_if_absent without telling the other clients (a seat).")
+      .def("set_many", &PyTcpStore::set_many, py::arg("items"),
+           "set of each (key, value), in order, in one round trip.")
+      .def("try_get_many", &PyTcpStore::try_get_many, py::arg("keys"),
+           "try_get of each key, in order (None where missing), in one round trip.")
       .def("wait_get", &PyTcpStore::wait_get, py::arg("key"), py::arg("ms"),
            "The value of key, or None once ms milliseconds (at most 1000) passed without "
            "it: the server holds the request until the key is set.")
@@ -356,7 +438,9 @@ void register_communicator(py::module_& m) {
           py::arg("meeting"), py::arg("options"), py::arg("parent") = nullptr,
           py::arg("old_ranks") = py::none(),
           "A communicator meeting through `store`, an object with set(key, value), "
-          "try_get(key) and set_if_absent(key, value) (bytes values). A shrink passes "
+          "try_get(key) and set_if_absent(key, value) (bytes values); optionally "
+          "try_get_many(keys), set_many(items) and claim(key, value), where it can do "
+          "better than one request each. A shrink passes "
           "`old_ranks` (each new rank's rank in the communicator it shrinks, on every rank) "
           "and `parent`, that communicator: the TCP ring takes over the links it parked "
           "between ranks that stay neighbours.")
@@ -439,6 +523,18 @@ void register_communicator(py::module_& m) {
             c.publish(key, v);
           },
           py::arg("key"), py::arg("value"))
+      .def(
+          "try_fetch_many",
+          [](rr::Communicator& c, const std::vector<std::string>& keys) {
+            std::vector<std::optional<std::string>> got;
+            {
+              py::gil_scoped_release release;
+              got = c.try_fetch_many(keys);
+            }
+            return bytes_or_none(got);
+          },
+          py::arg("keys"),
+          "The published values of keys (None where not yet), read together: one round trip.")
       .def(
           "fetch",
           [](rr::Communicator& c, const std::string& key, double seconds) {

@@ -406,6 +406,14 @@ std::string Communicator::fetch(const std::string& key, double seconds) {
   return store_->get(prefix_ + "user/" + key, Deadline::after(seconds));
 }
 
+std::vector<std::optional<std::string>> Communicator::try_fetch_many(
+    const std::vector<std::string>& keys) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& key : keys) full.push_back(prefix_ + "user/" + key);
+  return store_->try_get_many(full);
+}
+
 std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t seq) {
   int peer = -1;
   std::string kind, what, reason;

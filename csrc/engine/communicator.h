@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,8 @@ class Communicator {
   // waits up to `seconds` for the key.
   void publish(const std::string& key, const std::string& value);
   std::string fetch(const std::string& key, double seconds);
+  // The keys set already, read together (None for the others): one round trip.
+  std::vector<std::optional<std::string>> try_fetch_many(const std::vector<std::string>& keys);
   // The communicator's identity: the prefix of its keys, the same on every rank.
   const std::string& id() const { return prefix_; }
   // Why the communicator runs no more collectives (its first failure, or

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "security/auth.h"
@@ -47,20 +49,32 @@ void seat_everyone(Store& store, int size, const std::string& id, const std::str
   auto next_look = Clock::now() + look;
   while (!pending.empty()) {
     bool news = false;
-    for (auto it = pending.begin(); it != pending.end();) {
+    // Every pending rank's seat and ticket, read together: one round trip a look,
+    // not two a rank (rank 0's looks are on every member's path into the communicator).
+    std::vector<std::string> keys;
+    for (int r : pending) {
+      keys.push_back(seat_key(id, r));
+      keys.push_back(ask_key(size, r));
+    }
+    const std::vector<std::optional<std::string>> found = store.try_get_many(keys);
+    std::vector<std::pair<std::string, std::string>> answers;
+    size_t i = 0;
+    for (auto it = pending.begin(); it != pending.end(); i += 2) {
       const int r = *it;
-      if (store.try_get(seat_key(id, r))) {
+      if (found[i]) {
         it = pending.erase(it);
         news = true;
         continue;
       }
-      if (auto ticket = store.try_get(ask_key(size, r))) {
-        if (answered.insert({r, *ticket}).second) {
-          store.set(answer_key(size, r, *ticket), id);
-          news = true;
-        }
+      if (const std::optional<std::string>& ticket = found[i + 1]) {
+        if (answered.insert({r, *ticket}).second)
+          answers.emplace_back(answer_key(size, r, *ticket), id);
       }
       ++it;
+    }
+    if (!answers.empty()) {
+      store.set_many(answers);  // together too
+      news = true;
     }
     if (pending.empty()) break;
     if (deadline.expired()) {
@@ -129,7 +143,7 @@ std::string ask_for_id(Store& store, int rank, int size, const std::string& meet
                   " with a malformed communicator id (" + std::to_string(id->size()) +
                   " bytes); is something else writing to this store?");
     }
-    if (store.set_if_absent(seat_key(*id, rank), ticket) == ticket) return *id;
+    if (store.claim(seat_key(*id, rank), ticket) == ticket) return *id;
     // Another rank `rank` (of a communicator made at the same time on this
     // store) took this seat first: ask again.
   }

@@ -15,7 +15,7 @@
 //     A key named by a ticket drawn just now cannot be stale.
 //   rank 0 answers every ticket it finds under ask/<r> (it cannot tell a
 //     stale ticket from a fresh one, so it answers each it sees) until rank r
-//     takes its seat:          <X>/seat/<r>  (set_if_absent, value q).
+//     takes its seat:          <X>/seat/<r>  (claim: set_if_absent, value q).
 //     A seat under a freshly drawn X cannot be stale either.
 //   rank r, given X, takes seat r with set_if_absent. If the seat holds
 //     another ticket, a rank r of another communicator (made at the same

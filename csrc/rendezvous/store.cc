@@ -67,6 +67,58 @@ std::string Store::get(const std::string& key, const Deadline& deadline, int pee
   }
 }
 
+std::vector<std::optional<std::string>> Store::try_get_many(const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) out.push_back(try_get(key));
+  return out;
+}
+
+void Store::set_many(const std::vector<std::pair<std::string, std::string>>& items) {
+  for (const auto& [key, value] : items) set(key, value);
+}
+
+std::vector<std::string> Store::get_all(const std::vector<std::string>& keys,
+                                        const Deadline& deadline, const std::vector<int>& peers) {
+  if (!peers.empty() && peers.size() != keys.size()) {
+    throw InvalidArgument("store get_all: " + std::to_string(peers.size()) + " ranks for " +
+                          std::to_string(keys.size()) + " keys");
+  }
+  std::vector<std::optional<std::string>> got = try_get_many(keys);
+  while (true) {
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!got[i]) missing.push_back(i);
+    }
+    if (missing.empty()) break;
+    const size_t first = missing.front();
+    got[first] = get(keys[first], deadline, peers.empty() ? -1 : peers[first]);
+    if (missing.size() == 1) break;
+    // Whoever else set theirs meanwhile: read together.
+    std::vector<std::string> rest;
+    for (size_t j = 1; j < missing.size(); ++j) rest.push_back(keys[missing[j]]);
+    std::vector<std::optional<std::string>> more = try_get_many(rest);
+    for (size_t j = 1; j < missing.size(); ++j) got[missing[j]] = std::move(more[j - 1]);
+  }
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (auto& value : got) out.push_back(std::move(*value));
+  return out;
+}
+
+std::vector<std::string> get_of_ranks(Store& store, const std::string& prefix,
+                                      const std::vector<int>& ranks, int except,
+                                      const Deadline& deadline) {
+  std::vector<std::string> keys;
+  std::vector<int> peers;
+  for (int r : ranks) {
+    if (r == except) continue;
+    keys.push_back(prefix + std::to_string(r));
+    peers.push_back(r);
+  }
+  return store.get_all(keys, deadline, peers);
+}
+
 namespace {
 
 class LocalStore : public Store {

@@ -9,6 +9,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/deadline.h"
 
@@ -41,9 +43,22 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // The value, or nothing if the key is not set yet. Never blocks for long.
   virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  // try_get of each key, in order; where the store can, in one round trip (the
+  // TCP store sends the requests together), so that reading every rank's key
+  // costs one round trip, not one per rank.
+  virtual std::vector<std::optional<std::string>> try_get_many(
+      const std::vector<std::string>& keys);
+  // set() of each (key, value), in order; where the store can, in one round trip.
+  virtual void set_many(const std::vector<std::pair<std::string, std::string>>& items);
   // Stores `value` unless the key exists; returns whichever value the key
   // holds afterwards. This is how ranks agree on "the first failure".
   virtual std::string set_if_absent(const std::string& key, const std::string& value) = 0;
+  // set_if_absent for a key only its setter reads back (a seat): a store that
+  // tells every client each first value set (the TCP store's notices, which
+  // carry the first failure) need not tell this one.
+  virtual std::string claim(const std::string& key, const std::string& value) {
+    return set_if_absent(key, value);
+  }
 
   // True when wait_get can hold a request until its key is set (the TCP store).
   virtual bool can_wait() const { return false; }
@@ -65,6 +80,12 @@ class Store {
   // blaming `peer` (the rank that should have set it) when given; and PeerError
   // as soon as peer_gone(peer).
   std::string get(const std::string& key, const Deadline& deadline, int peer = -1);
+  // get() of every key, `peers[i]` the rank that sets keys[i] (or -1): the values
+  // in order. Those already set are read together, one round trip where the
+  // store can; for the first one missing it waits as get() does (the same errors,
+  // naming that rank), then reads the rest together again.
+  std::vector<std::string> get_all(const std::vector<std::string>& keys, const Deadline& deadline,
+                                   const std::vector<int>& peers = {});
 
   // Every rank of the communicator has connected: a store served here takes
   // no new connections from now on, so that a rank that closed this
@@ -110,6 +131,12 @@ class Store {
   // named within milliseconds, not a twentieth of a second).
   virtual std::chrono::milliseconds peer_look() const { return kPeerLook; }
 };
+
+// The values of keys `prefix + r` that ranks r set, for every r in `ranks` but
+// `except`, in that order (Store::get_all, each wait naming its rank).
+std::vector<std::string> get_of_ranks(Store& store, const std::string& prefix,
+                                      const std::vector<int>& ranks, int except,
+                                      const Deadline& deadline);
 
 // The host stop check, on for a scope: while a rank works out and reports
 // why a collective failed.

@@ -20,7 +20,7 @@ Parse parse_store_request(std::string_view in, StoreRequest* out, size_t* consum
                           std::string* error) {
   if (in.empty()) return Parse::kNeedMore;
   const uint8_t command = static_cast<uint8_t>(in[0]);
-  if (command < kStoreSet || command > kStoreWait) {
+  if (command < kStoreSet || command > kStoreClaim) {
     *error = "unknown command " + std::to_string(command);
     return Parse::kMalformed;
   }

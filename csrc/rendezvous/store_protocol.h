@@ -19,6 +19,10 @@
 //   `value` (decimal milliseconds, at most kStoreMaxWaitMs) has passed: the
 //   answer is then ok with the value, or missing. A waiting client sends
 //   nothing else until it is answered (one request at a time, as always).
+//   command 3 (set if absent) tells every other client the key's value when it
+//   sets it, in a notice (how the ranks learn the first failure even once the
+//   store's host is gone); command 5 (claim) is the same without the notice
+//   (a seat, which nobody else reads).
 //   notice   = u8 status 2, u32 length, key '\0' value
 // Lengths are little-endian and bounded by kStoreMaxKey / kStoreMaxValue; a
 // frame outside them is malformed and ends its connection.
@@ -45,6 +49,7 @@ enum StoreCommand : uint8_t {
   kStoreGet = 2,
   kStoreSetIfAbsent = 3,
   kStoreWait = 4,
+  kStoreClaim = 5,
 };
 constexpr int kStoreMaxWaitMs = 1000;
 enum StoreStatus : uint8_t { kStoreOk = 0, kStoreMissing = 1, kStoreNotice = 2 };

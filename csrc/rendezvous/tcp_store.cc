@@ -331,7 +331,7 @@ class StoreServer {
       reply = it->second;
       lock.unlock();
       if (inserted) {
-        notify_others(c, req.key, req.value);
+        if (req.command == kStoreSetIfAbsent) notify_others(c, req.key, req.value);
         settle_waits(req.key, req.value);
       }
     }
@@ -385,6 +385,52 @@ class TcpStore : public Store {
     if (request(kStoreGet, key, "", &value) != kStoreOk) return noticed(key);
     return value;
   }
+  void set_many(const std::vector<std::pair<std::string, std::string>>& items) override {
+    for (const auto& [key, value] : items) check_limits(key, value.size());  // all or none
+    std::string msgs;
+    size_t count = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      msgs += encode_store_request(kStoreSet, items[i].first, items[i].second);
+      ++count;
+      // In batches the socket's buffer holds, as try_get_many's (a large value alone).
+      if (msgs.size() >= kBatchBytes || i + 1 == items.size()) {
+        exchange(msgs, count, 0, nullptr);
+        msgs.clear();
+        count = 0;
+      }
+    }
+  }
+
+  // One round trip for many keys: their gets sent together (a batch of requests
+  // small enough to sit in the socket's buffer while the server answers, so neither
+  // side waits on the other's reading).
+  std::vector<std::optional<std::string>> try_get_many(
+      const std::vector<std::string>& keys) override {
+    std::vector<std::optional<std::string>> out(keys.size());
+    size_t i = 0;
+    while (i < keys.size()) {
+      std::string msgs;
+      std::vector<size_t> asked;
+      for (; i < keys.size() && (asked.empty() || msgs.size() < kBatchBytes); ++i) {
+        if (auto known = noticed(keys[i])) {
+          out[i] = std::move(known);
+          continue;
+        }
+        check_limits(keys[i], 0);
+        msgs += encode_store_request(kStoreGet, keys[i], "");
+        asked.push_back(i);
+      }
+      if (asked.empty()) continue;
+      std::vector<std::string> values;
+      const std::vector<uint8_t> statuses = exchange(msgs, asked.size(), 0, &values);
+      for (size_t j = 0; j < asked.size(); ++j) {
+        const size_t k = asked[j];
+        out[k] = statuses[j] == kStoreOk ? std::optional<std::string>(std::move(values[j]))
+                                         : noticed(keys[k]);
+      }
+    }
+    return out;
+  }
   bool can_wait() const override { return true; }
   // The server holds the request until the key is set or `slice` passes: a
   // waiting rank learns a key the moment it is set, and asks once per slice
@@ -425,6 +471,12 @@ class TcpStore : public Store {
       if (auto known = noticed(key)) return *known;
       throw;
     }
+    return stored;
+  }
+
+  std::string claim(const std::string& key, const std::string& value) override {
+    std::string stored;
+    request(kStoreClaim, key, value, &stored);
     return stored;
   }
 
@@ -482,10 +534,30 @@ class TcpStore : public Store {
   // timeout starts to count.
   uint8_t request(uint8_t cmd, const std::string& key, const std::string& value,
                   std::string* reply = nullptr, double held = 0) {
-    if (key.size() > kStoreMaxKey || value.size() > kStoreMaxValue) {
+    check_limits(key, value.size());
+    std::vector<std::string> replies;
+    const std::vector<uint8_t> statuses =
+        exchange(encode_store_request(cmd, key, value), 1, held, reply ? &replies : nullptr);
+    if (reply) *reply = std::move(replies[0]);
+    return statuses[0];
+  }
+
+  // Requests sent together, at most (plus one): they sit in the socket's buffer
+  // while the server answers, so neither side waits on the other's reading.
+  static constexpr size_t kBatchBytes = 16 << 10;
+
+  static void check_limits(const std::string& key, size_t value_bytes) {
+    if (key.size() > kStoreMaxKey || value_bytes > kStoreMaxValue) {
       throw InvalidArgument("store key '" + key.substr(0, 64) + "' or its value (" +
-                            std::to_string(value.size()) + " bytes) is over the store's limits");
+                            std::to_string(value_bytes) + " bytes) is over the store's limits");
     }
+  }
+
+  // Sends `msgs` (`count` requests, encoded back to back) in one write and reads
+  // their `count` replies in order (notices between them are kept): one round trip
+  // for all. The server answers a connection's requests in the order they came.
+  std::vector<uint8_t> exchange(const std::string& msgs, size_t count, double held,
+                                std::vector<std::string>* replies) {
     std::lock_guard<std::mutex> lock(mu_);
     if (unanswered_) {
       // A request already went unanswered on this connection: its reply may
@@ -500,18 +572,19 @@ class TcpStore : public Store {
                          0);
     }
     const Deadline deadline = Deadline::after(io_seconds_ + held);
-    const std::string msg = encode_store_request(cmd, key, value);
+    std::vector<uint8_t> statuses;
     try {
-      send_exact(fd_.get(), msg.data(), msg.size(), deadline, 0, kWhat);
-      while (true) {
+      send_exact(fd_.get(), msgs.data(), msgs.size(), deadline, 0, kWhat);
+      while (statuses.size() < count) {
         std::string body;
         await_reply(deadline);
         uint8_t status = read_message(deadline, &body);
-        if (status != kStoreNotice) {
-          if (reply) *reply = std::move(body);
-          return status;
+        if (status == kStoreNotice) {
+          keep_notice(body);
+          continue;
         }
-        keep_notice(body);
+        statuses.push_back(status);
+        if (replies) replies->push_back(std::move(body));
       }
     } catch (const PeerError& e) {
       lost_ = true;  // the server closed our connection: its process is gone
@@ -521,6 +594,7 @@ class TcpStore : public Store {
       unanswered_ = true;
       throw;
     }
+    return statuses;
   }
 
   // Waits until the server's next message begins to arrive (or the deadline,

@@ -70,9 +70,7 @@ std::unique_ptr<ShmTransport> ShmTransport::take_over(ShmTransport& parent, Stor
     }
   }
   store.set(prefix + "shm_ready/" + std::to_string(rank), "1");
-  for (int r : local_ranks) {
-    if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline, r);
-  }
+  get_of_ranks(store, prefix + "shm_ready/", local_ranks, rank, deadline);
   t->bulletin_ok_ = local_size == size;
   t->decide_waits();
   return t;

@@ -87,9 +87,9 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
     for (int r : local_ranks) olds.push_back(reuse->old_ranks.at(static_cast<size_t>(r)));
     bool all = reuse->parent != nullptr && reuse->parent->can_hand_over(olds);
     store.set(prefix + "shm_parked/" + std::to_string(rank), all ? "1" : "0");
-    for (int r : local_ranks) {
-      if (r != rank)
-        all = store.get(prefix + "shm_parked/" + std::to_string(r), deadline, r) == "1" && all;
+    for (const std::string& can :
+         get_of_ranks(store, prefix + "shm_parked/", local_ranks, rank, deadline)) {
+      all = can == "1" && all;
     }
     if (all) {
       return take_over(*reuse->parent, store, prefix, rank, size, local_ranks, reuse->old_ranks,
@@ -127,14 +127,16 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
                      "for this rank's segment");
   }
   store.set(prefix + "shm/" + std::to_string(rank), t->home_.record().encode());
-  for (int l = 0; l < local_size; ++l) {
+  const std::vector<std::string> records =
+      get_of_ranks(store, prefix + "shm/", local_ranks, rank, deadline);
+  for (int l = 0, next = 0; l < local_size; ++l) {
     const int r = local_ranks[static_cast<size_t>(l)];
     if (r == rank) continue;
     auto p = std::make_unique<Peer>();
     p->rank = r;
     p->local = l;
     const shm::SegmentRecord record =
-        shm::SegmentRecord::decode(store.get(prefix + "shm/" + std::to_string(r), deadline, r), r);
+        shm::SegmentRecord::decode(records[static_cast<size_t>(next++)], r);
     p->pid = record.pid;
     // Checked before it is mapped, and its header before anything else is read.
     p->segment = shm::Segment::attach(record, bytes, r);
@@ -163,9 +165,7 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(Store& store, const std::str
   // Once every peer has mapped our segment and set its flags, the fd has
   // done its job; from here on the memory lives as long as a mapping.
   store.set(prefix + "shm_ready/" + std::to_string(rank), "1");
-  for (int r : local_ranks) {
-    if (r != rank) store.get(prefix + "shm_ready/" + std::to_string(r), deadline, r);
-  }
+  get_of_ranks(store, prefix + "shm_ready/", local_ranks, rank, deadline);
   t->home_.close_fd();
   for (auto& p : t->peers_) {
     if (p) p->segment.keep_fd_only_if_needed();  // later reservations go through the mapping

@@ -102,8 +102,9 @@ constexpr char kGaveUp = 'R';
 
 inline std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
 
+inline std::string addr_prefix(const std::string& prefix) { return prefix + "addr/"; }
 inline std::string addr_key(const std::string& prefix, int rank) {
-  return prefix + "addr/" + std::to_string(rank);
+  return addr_prefix(prefix) + std::to_string(rank);
 }
 
 // What a rank publishes under addr_key: how many streams a link into it has, then
@@ -133,6 +134,7 @@ inline LinkRecord parse_link_record(const std::string& record) {
 
 // The two source files of the transport use these unqualified.
 using tcp::addr_key;
+using tcp::addr_prefix;
 using tcp::kMaxArrivals;
 using tcp::kStripeAlign;
 using tcp::kStripeMinBytes;

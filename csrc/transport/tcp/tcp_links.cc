@@ -107,10 +107,12 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_lazy(
   // Every peer's address, read now: a first message between two ranks then needs
   // nobody else, not even rank 0 (whose store may be gone by then, closed or dead).
   t->records_.resize(static_cast<size_t>(size));
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) {
-      t->records_[static_cast<size_t>(peer)] = store.get(addr_key(prefix, peer), deadline, peer);
-    }
+  std::vector<int> peers(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) peers[static_cast<size_t>(peer)] = peer;
+  std::vector<std::string> records =
+      get_of_ranks(store, addr_prefix(prefix), peers, rank, deadline);
+  for (int peer = 0, next = 0; peer < size; ++peer) {
+    if (peer != rank) t->records_[static_cast<size_t>(peer)] = std::move(records[next++]);
   }
   return t;
 }
@@ -139,9 +141,10 @@ std::unique_ptr<TcpTransport> TcpTransport::connect_ring(
     const std::string key = prefix + "parked/";
     const std::string mine = reuse->parent != nullptr ? reuse->parent->parked_record() : "v1;";
     store.set(key + std::to_string(rank), mine);
-    const std::string of_right = store.get(key + std::to_string(right), deadline, right);
-    const std::string of_left =
-        left == right ? of_right : store.get(key + std::to_string(left), deadline, left);
+    const std::vector<std::string> both = store.get_all(
+        {key + std::to_string(right), key + std::to_string(left)}, deadline, {right, left});
+    const std::string& of_right = both[0];
+    const std::string& of_left = both[1];
     kept_right = t->reuse_link(*reuse, right, true, mine, of_right, deadline);
     t->reuse_link(*reuse, left, false, mine, of_left, deadline);
   }

@@ -7,14 +7,14 @@ from __future__ import annotations
 import random
 import socket
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
 from ..launch.ports import standby_band
 from .meeting import look_ms
 
-__all__ = ["fetch_named", "on_this_machine", "standby_server", "standby_table"]
+__all__ = ["fetch_all_named", "fetch_named", "on_this_machine", "standby_server", "standby_table"]
 
 _GRACE = 1.0  # seconds a rank waits for rank 0's table beyond rank 0's own timeout
 
@@ -30,8 +30,8 @@ def standby_table(
     look for the missing entry themselves."""
     if rank == 0:
         try:
-            keys = [(f"standby/{r}", r) for r in range(size)]
-            entries = [fetch_named(core, key, r, timeout, alive).decode() for key, r in keys]
+            keys = [f"standby/{r}" for r in range(size)]
+            entries = [e.decode() for e in fetch_all_named(core, keys, range(size), timeout, alive)]
         except (PeerError, TimeoutError) as exc:
             why = str(exc).split(": ", 1)[-1]  # without "rank 0: "
             core.publish("standby/all", f"!{exc.peer} {type(exc).__name__} {why}".encode())
@@ -62,6 +62,27 @@ def standby_table(
         err.peer = int(peer)
         raise err
     return table.split("\n")
+
+
+def fetch_all_named(
+    core: Any,
+    keys: List[str],
+    peers: Iterable[int],
+    timeout: float,
+    alive: Optional[Callable[[int], bool]],
+) -> List[bytes]:
+    """`fetch_named` of every key (``peers``: the rank that sets each), those set
+    already read together (one round trip, not one a key); for the first missing one
+    a wait as fetch_named's, then the rest read together again."""
+    peers = list(peers)
+    got: List[Optional[bytes]] = list(core.try_fetch_many(keys))
+    for i, key in enumerate(keys):
+        if got[i] is None:
+            got[i] = fetch_named(core, key, peers[i], timeout, alive)
+            rest = [j for j in range(i + 1, len(keys)) if got[j] is None]
+            for j, value in zip(rest, core.try_fetch_many([keys[j] for j in rest])):
+                got[j] = value
+    return [value for value in got if value is not None]
 
 
 def fetch_named(

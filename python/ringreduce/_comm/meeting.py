@@ -54,6 +54,21 @@ class MeetingStore:
         self._host_answers()
         return self._store.try_get(key)
 
+    def claim(self, key: str, value: bytes) -> bytes:
+        """set_if_absent, without the store telling its other clients (a seat)."""
+        self._host_answers()
+        return self._store.claim(key, value)
+
+    def set_many(self, items: List[Tuple[str, bytes]]) -> None:
+        """set of each (key, value), in one round trip to the host's store."""
+        self._host_answers()
+        self._store.set_many(items)
+
+    def try_get_many(self, keys: List[str]) -> List[Optional[bytes]]:
+        """try_get of each key, in one round trip to the host's store."""
+        self._host_answers()
+        return self._store.try_get_many(keys)
+
     def wait_get(self, key: str, ms: int) -> Optional[bytes]:
         """The value of key, waiting up to ms for it: the host's store holds the request
         until the key is set, so the members meet without polling. (A host stopped

@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 from .. import _core
 from ..errors import PeerError, RingReduceError, TimeoutError
 from . import processes
-from .arming import fetch_named as _fetch
+from .arming import fetch_all_named as _fetch_all
 from .arming import on_this_machine as _on_this_machine
 from .arming import standby_server
 from .arming import standby_table as _standby_table
@@ -214,13 +214,12 @@ class Membership:
         started = time.monotonic()
         all_in: Optional[float] = None  # when every unsuspected rank had checked in
         while True:
-            for r in range(self.size):
-                if r not in reports:
-                    value = store.try_get(f"{key}in/{r}")
-                    if value is not None:
-                        reports[r] = json.loads(value)
-                        suspected.update(int(d) for d in reports[r]["failed"])
-                        unreachable.update(int(d) for d in reports[r].get("unreachable", ()))
+            out = [r for r in range(self.size) if r not in reports]
+            for r, value in zip(out, store.try_get_many([f"{key}in/{r}" for r in out])):
+                if value is not None:
+                    reports[r] = json.loads(value)
+                    suspected.update(int(d) for d in reports[r]["failed"])
+                    unreachable.update(int(d) for d in reports[r].get("unreachable", ()))
             now = time.monotonic()
             for r in range(self.size):
                 if r in reports or r in dead or now - probed.get(r, 0.0) < _PROBE_EVERY:
@@ -437,8 +436,7 @@ def arm(
         # another rank's init.
         core.publish(f"armed/{rank}", b"1")
         if rank == 0:
-            for r in range(1, size):
-                _fetch(core, f"armed/{r}", r, timeout, alive)
+            _fetch_all(core, [f"armed/{r}" for r in range(1, size)], range(1, size), timeout, alive)
     except BaseException:
         server.close()
         raise

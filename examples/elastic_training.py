@@ -72,18 +72,32 @@ def unflat(v: np.ndarray, like: list) -> list:
     return out
 
 
-def average(comm: rr.Communicator, g: np.ndarray) -> tuple:
-    """The mean of g over the live ranks, and the communicator that computed it: on a
-    PeerError the survivors shrink and average again among themselves."""
+def average(comm: rr.Communicator, g: np.ndarray, step: int, last, shard: int) -> tuple:
+    """(the mean of g over the live ranks, the communicator that computed it, each live
+    rank's shard when the ranks changed, else None). On a PeerError the survivors
+    shrink and average again among themselves. A death may end a call on some ranks and
+    not on others (those that had all they needed end it), so the survivors first say
+    which step they are in: one a step behind takes that step's mean (``last``, as the
+    ranks ahead computed it with the dead rank) from the lowest rank ahead, and the
+    ranks ahead average their step again, with it."""
+    alive = None
     while True:
         try:
-            return comm.all_reduce(g, op="sum") / comm.world_size, comm
+            return comm.all_reduce(g, op="sum") / comm.world_size, comm, alive
         except rr.PeerError as exc:
             survivors = comm.shrink()
             if survivors.rank == 0:
                 say(f"rank(s) {sorted(exc.failed)} died; {survivors.world_size} go on")
             comm.close()
             comm = survivors
+            where = comm.all_gather(np.array([shard, step])).reshape(-1, 2)
+            alive, steps = where[:, 0], where[:, 1]
+            if steps.min() != steps.max():
+                root = int(np.flatnonzero(steps == steps.max())[0])
+                mean = np.array(last) if step == steps.max() else np.empty_like(g)
+                comm.broadcast(mean, root=root)
+                if step == steps.min():
+                    return mean, comm, alive
 
 
 def grow_back(comm: rr.Communicator, size: int, lost: list, w: list, step: int, argv: list):
@@ -128,7 +142,7 @@ def main() -> None:
         comm = rr.init(timeout=20)
         shard = comm.rank  # the data this process trains on, for the whole run
         w, first = init_weights(), 0
-    size, lost = comm.world_size, []
+    size, lost, last = comm.world_size, [], None
     for step in range(first, args.steps):
         if step == args.grow_step and lost and not args.join:
             comm, started = grow_back(comm, size, lost, w, step, argv)
@@ -136,15 +150,13 @@ def main() -> None:
         loss, grads = loss_and_grads(w, *micro_batch(shard, step))
         if shard == args.kill_rank and step == args.kill_step and not args.join:
             os.kill(os.getpid(), signal.SIGKILL)  # the others are in this step's all_reduce
-        before = comm.world_size
-        mean, comm = average(comm, flat(grads))
-        if comm.world_size < before:  # which shards died with their ranks
-            alive = comm.all_gather(np.array([shard])).ravel()
+        # One all_reduce a step: the gradients and the loss.
+        last, comm, alive = average(comm, np.append(flat(grads), loss), step, last, shard)
+        if alive is not None:  # which shards died with their ranks
             lost = sorted(set(range(size)) - set(int(s) for s in alive))
-        w = [wi - args.lr * gi for wi, gi in zip(w, unflat(mean, grads))]
-        mean_loss, comm = average(comm, np.array([loss]))
+        w = [wi - args.lr * gi for wi, gi in zip(w, unflat(last[:-1], grads))]
         if comm.rank == 0:
-            say(f"step {step:3d}  ranks {comm.world_size}  loss {mean_loss[0]:.6f}")
+            say(f"step {step:3d}  ranks {comm.world_size}  loss {last[-1]:.6f}")
     digest = hashlib.sha256(b"".join(wi.tobytes() for wi in w)).hexdigest()[:16]
     say(f"shard {shard}: weights {digest}")
     if args.save:

@@ -51,6 +51,32 @@ def test_a_step_that_loses_a_rank_finishes_with_the_survivors_average(transport,
     assert all(reports[r]["steps"] == first for r in survivors)
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_survivors_a_death_left_a_step_behind_take_its_results_from_the_others(transport):
+    # A death can end a step on some survivors and not on others (a collective completes
+    # where all it needed arrived first). Those that ended it fail in the next step; the
+    # survivors must not reduce one step's gradients with another's (the shapes agree,
+    # so nothing else would notice): the one behind takes step 1's results, reduced with
+    # every rank, and step 2 is the survivors' average on every survivor.
+    n, victim, laggard, steps = 4, 3, 1, 4
+    port = free_port()
+    reports = run_scripts(
+        SCRIPT, lambda r: [r, n, port, transport, victim, steps, "float64", laggard], n, victim
+    )
+    survivors = [r for r in range(n) if r != victim]
+    assert sorted(reports) == survivors
+    for report in reports.values():
+        assert report["changes"] == [3], report["changes"]
+        for step, got in enumerate(report["steps"]):
+            ranks = list(range(n)) if step < 2 else survivors
+            for g, want in zip(got["grads"], expected(ranks, step)):
+                np.testing.assert_allclose(np.asarray(g).reshape(want.shape), want, rtol=1e-12)
+    first = reports[survivors[0]]["steps"]
+    assert all(
+        [s["grads"] for s in reports[r]["steps"]] == [s["grads"] for s in first] for r in survivors
+    )
+
+
 def test_gradsync_step_that_loses_a_rank_equals_the_survivors_run():
     torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     from _ft_gradsync_rank import LR, batch, model_and_data

@@ -26,6 +26,9 @@ class _Bucket:
         wide = describe(buffer).itemsize >= 4
         self.op = "avg" if average > 1 and wide else "sum"
         self.divisor = average if average > 1 and not wide else 1
+        # Fault-tolerant: the last step's reduced result, until the next step ends (for
+        # survivors a death left one step behind: `recovery.replay`). Not reset.
+        self.kept: Any = None
         self.reset()
 
     def reset(self) -> None:

@@ -24,7 +24,7 @@ from .plan import (
     make_spec,
     plan_buckets,
 )
-from .recovery import launch_fault_tolerant, replay
+from .recovery import keep_results, launch_fault_tolerant, replay
 from .trace import Observability, Timeline
 from .tree import TreeReduction
 
@@ -54,7 +54,9 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             communicator (``Communicator.shrink``), reduces the step's buckets again among
             the survivors, averaged over their number, and returns: the step finishes
             without the dead rank's micro-batch. Keeps a copy of each bucket's local
-            contribution while it is reduced. The communicator in use is `comm`.
+            contribution while it is reduced, and of its result until the next step ends
+            (a survivor on which the death ended the step hands it to one on which it
+            did not). The communicator in use is `comm`.
         on_membership_change: called with the new communicator after a shrink (to
             re-shard the data, say).
         compression: each bucket's all-reduce through a codec ("bf16", "fp16", "int8",
@@ -401,6 +403,8 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             self._next_done = len(buckets)
             for bucket in buckets[written:]:
                 copying += self._write_back(bucket)
+            if self._fault_tolerant:
+                keep_results(self, buckets)
             # The copies are write-back time, not communication exposed in wait().
             end = time.perf_counter()
             self._timeline.record_buckets(self._step, buckets, start, end - copying, end)

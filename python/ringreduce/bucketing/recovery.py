@@ -7,18 +7,29 @@ micro-batch is lost.
 
 With compression, each bucket's error-feedback residual is kept as launched too and put
 back before the replay (the calls that ran with the dead rank changed it), so the
-survivors' compressed replay adds each residual once."""
+survivors' compressed replay adds each residual once.
+
+A death may end a step on some survivors and not on others: a collective completes on
+the ranks that received all they needed before the death (a ring's all-gather reaches
+some ranks before others). Those that completed the step go on to the next one and
+fail there. After the shrink every survivor says which step it is in; when they differ,
+those behind take the step's results from the lowest rank ahead (each bucket as kept at
+the end of that step) instead of replaying it (the ranks ahead already used them), and
+the ranks ahead replay their step, which those behind then take part in as an ordinary
+step. Otherwise the two would reduce different steps' gradients together."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PeerError
+import numpy as np
+
+from ..errors import PeerError, RingReduceError
 
 if TYPE_CHECKING:
     from .bucketer import GradientBucketer, _Bucket
 
-__all__ = ["FailedLaunch", "launch_fault_tolerant", "replay"]
+__all__ = ["FailedLaunch", "keep_results", "launch_fault_tolerant", "replay"]
 
 
 class FailedLaunch:
@@ -48,19 +59,33 @@ def launch_fault_tolerant(bucketer: GradientBucketer, bucket: _Bucket) -> None:
         bucket.work = FailedLaunch(exc)
 
 
+def keep_results(bucketer: GradientBucketer, buckets: list[_Bucket]) -> None:
+    """At the end of a step: each bucket's reduced result, kept until the next step ends,
+    in its snapshot's memory (the next launch takes a new snapshot)."""
+    memory = bucketer._memory
+    for bucket in buckets:
+        if bucket.local is not None:
+            memory.restore(bucket.local, bucket.buffer)
+        bucket.kept, bucket.local = bucket.local, None
+
+
 def replay(bucketer: GradientBucketer, buckets: list[_Bucket]) -> None:
     """Shrinks and reduces every bucket of this step again, until one round completes
-    (a rank dying during the replay starts another)."""
+    (a rank dying during the replay starts another); or, when other survivors ended
+    this step already, takes its results from them (the module's docstring)."""
     while True:
         comm = bucketer._comm.shrink()
         bucketer._comm = comm
         bucketer._world_size = int(comm.world_size)
         bucketer._rank = int(comm.rank)
-        for bucket in buckets:
-            _restore(bucketer, bucket)
-        if bucketer._on_membership_change is not None:
-            bucketer._on_membership_change(comm)
         try:
+            behind = _catch_up(bucketer, buckets, comm)
+            if bucketer._on_membership_change is not None:
+                bucketer._on_membership_change(comm)
+            if behind:
+                return  # this step's results came from the ranks that ended it
+            for bucket in buckets:
+                _restore(bucketer, bucket)
             for bucket in buckets:
                 bucket.work = bucketer._issue(bucket)
             for bucket in buckets:
@@ -68,6 +93,40 @@ def replay(bucketer: GradientBucketer, buckets: list[_Bucket]) -> None:
             return
         except PeerError:
             continue
+
+
+def _catch_up(bucketer: GradientBucketer, buckets: list[_Bucket], comm: Any) -> bool:
+    """The survivors' steps, compared (the first call on the shrunk communicator). When
+    some ended the step the others are in, the lowest of them broadcasts each bucket's
+    kept result. True on a rank that was behind: its buckets hold the step's results."""
+    kept = all(bucket.kept is not None for bucket in buckets)
+    mine = np.array([bucketer._step, int(kept)], dtype=np.int64)
+    steps, kept_by = np.asarray(comm.all_gather(mine)).reshape(-1, 2).T
+    first, last = int(steps.min()), int(steps.max())
+    if first == last:
+        return False
+    if last != first + 1:
+        raise RingReduceError(
+            f"rank {comm.rank}: after the shrink the survivors are in steps {first} to "
+            f"{last}: no collective can end a step on some ranks while others are two "
+            "steps behind (a bucketer's steps out of step: is every rank calling wait()?)"
+        )
+    root = int(np.flatnonzero(steps == last)[0])
+    behind = bucketer._step == first
+    if not kept_by[root]:
+        raise RingReduceError(
+            f"rank {root}: ended step {first} but kept no result of it to hand to the "
+            "survivors behind (the buckets changed between the steps)"
+        )
+    for bucket in buckets:
+        # The ranks ahead already divided by the old world size; those behind take it so.
+        into = bucket.buffer if behind else bucket.kept
+        comm.broadcast(into, root=root)
+    if behind:
+        for bucket in buckets:
+            if bucket.divisor != 1:
+                bucket.divisor = bucketer._world_size  # for the next steps, as _restore does
+    return behind
 
 
 def _restore(bucketer: GradientBucketer, bucket: Any) -> None:

@@ -97,7 +97,11 @@ def train(args: argparse.Namespace) -> None:
             loss.backward()  # DDP all-reduces the gradients here
         except RuntimeError:
             # A rank died. No survivor finished this step's all-reduce (the dead rank
-            # never sent its part), so every survivor is at this step, weights untouched.
+            # never sent its part); but a survivor may not have finished the previous
+            # step's, which the dead rank did finish (a collective can end on the ranks
+            # that had all they needed, and fail on the others): it failed there and is
+            # a step behind. DDP(net) below gives every survivor rank 0's weights, and
+            # the broadcast after it rank 0's step, so they all go on from one state.
             world = dist.group.WORLD
             world.comm.agree()  # every survivor now knows the same dead ranks
             dead = sorted(world.comm.failed_ranks)
@@ -105,10 +109,13 @@ def train(args: argparse.Namespace) -> None:
             dist.shrink_group(dead)  # the new default group: the survivors, renumbered
             took = time.monotonic() - start
             model = DDP(net)  # over the shrunk group; syncs from its rank 0
+            at = torch.tensor([step])
+            dist.broadcast(at, src=0)
+            step = int(at.item())  # rank 0's: the step its weights are at
             if dist.get_rank() == 0:
                 print(f"step {step}: rank(s) {dead} died; shrink_group took {took * 1e3:.0f} ms; "
                       f"going on with {dist.get_world_size()} ranks", flush=True)  # fmt: skip
-            continue  # the same step again, among the survivors
+            continue  # that step again, among the survivors
         opt.step()
         if dist.get_rank() == 0:
             print(f"step {step}: loss {loss.item():.6f} on rank 0's micro-batch", flush=True)

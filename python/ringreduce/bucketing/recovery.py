@@ -120,8 +120,10 @@ def _catch_up(bucketer: GradientBucketer, buckets: list[_Bucket], comm: Any) -> 
         )
     for bucket in buckets:
         # The ranks ahead already divided by the old world size; those behind take it so.
-        into = bucket.buffer if behind else bucket.kept
-        comm.broadcast(into, root=root)
+        # The other ranks ahead receive into their bucket (their replay restores it), not
+        # into their kept result: a death during this broadcast may make one of them the
+        # next root.
+        comm.broadcast(bucket.kept if comm.rank == root else bucket.buffer, root=root)
     if behind:
         for bucket in buckets:
             if bucket.divisor != 1:

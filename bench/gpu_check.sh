@@ -38,7 +38,8 @@ if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
 fi
 if [[ "${RR_GPU_CHECK_NO_TESTS:-0}" != 1 ]]; then
   timeout 300 "$PYTHON" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py \
-    tests/test_cuda_build.py tests/test_compression_device.py tests/test_device_staging.py ||
+    tests/test_cuda_build.py tests/test_compression_device.py tests/test_device_staging.py \
+    tests/test_torch_cuda.py ||
     { [[ "$status" != 0 ]] || status=1; }
 fi
 exit "$status"

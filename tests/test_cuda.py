@@ -216,6 +216,43 @@ def test_collectives_on_device_arrays(gpu_pair):
     assert gpu_pair.run(_collectives_on_device_arrays, counts, timeout=600) == [[], []]
 
 
+@pytest.fixture(scope="module")
+def gpu_shm_pair():
+    """Two ranks on GPU 0 over shared memory: an all_reduce of at most 80 bytes goes
+    through the bulletin (staged through pinned memory), up to 64 KiB the direct path."""
+    group = RankGroup(2, transport="shm")
+    yield group
+    group.close()
+
+
+def test_collectives_on_device_arrays_over_shared_memory(gpu_shm_pair):
+    counts = [0, 1, 3, 20, 21, 4099, (1 << 16) + 1]
+    assert gpu_shm_pair.run(_collectives_on_device_arrays, counts, timeout=300) == [[], []]
+
+
+def _device_and_host_ranks_meet(comm, counts):
+    # Rank 0 passes CUDA arrays, rank 1 numpy arrays: both must take the same path.
+    failures = []
+    for count in counts:
+        for dtype in ("float32", "bfloat16", "int64"):
+            x = contribution(comm.rank, count, dtype, "sum")
+            out = np.zeros(count, dtype=np_dtype(dtype))
+            if comm.rank == 0:
+                dx, dout = DeviceArrayView.from_array(x), DeviceArrayView.from_array(out)
+                comm.all_reduce(dx, out=dout)
+                out = dout.get()
+            else:
+                comm.all_reduce(x, out=out)
+            if not same_bits(out, expected(comm.world_size, count, dtype, "sum")):
+                failures.append(f"{dtype} count={count}")
+    return failures
+
+
+def test_device_and_host_ranks_in_one_call_over_shared_memory(gpu_shm_pair):
+    counts = [1, 10, 20, 21, 4099, 1 << 20]
+    assert gpu_shm_pair.run(_device_and_host_ranks_meet, counts, timeout=300) == [[], []]
+
+
 def _torch_cuda_collectives(comm):
     import torch
 
@@ -253,7 +290,7 @@ def _torch_cuda_collectives(comm):
     return failures
 
 
-def _torch_caller_stream_is_waited_for(comm):
+def _torch_caller_stream_is_waited_for(comm, count=1 << 20):
     # The input is written on a side stream behind ~50 ms of sleep; the call is
     # made while that stream is current, so it must see the write.
     import torch
@@ -262,7 +299,7 @@ def _torch_caller_stream_is_waited_for(comm):
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)
-        x = torch.full((1 << 20,), float(comm.rank + 1), device="cuda")
+        x = torch.full((count,), float(comm.rank + 1), device="cuda")
         work = comm.all_reduce(x, async_op=True)
         y = work.wait()
     return bool(torch.all(y == 3).item())
@@ -289,6 +326,13 @@ def test_torch_cuda_all_reduce_two_ranks_one_gpu(gpu_pair):
 @needs_torch_cuda
 def test_torch_caller_stream_is_waited_for(gpu_pair):
     assert gpu_pair.run(_torch_caller_stream_is_waited_for) == [True, True]
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("count", [2, 1000])
+def test_torch_caller_stream_is_waited_for_over_shared_memory(gpu_shm_pair, count):
+    # 2 floats: the bulletin's staging copies; 1000: the direct path's.
+    assert gpu_shm_pair.run(_torch_caller_stream_is_waited_for, count) == [True, True]
 
 
 def _grad_sync_on_cuda_equals_cpu(comm):

@@ -54,19 +54,19 @@ _groups: dict = {}
 
 @pytest.fixture(scope="module")
 def fake_group():
-    """fake_group(n, segment_bytes or (segment_bytes, staging_bytes)) -> ranks whose
-    engine uses the fake device (0: the default)."""
+    """fake_group(n, segment_bytes or (segment_bytes, staging_bytes), transport="tcp")
+    -> ranks whose engine uses the fake device (0: the default)."""
 
-    def get(n: int, segment) -> RankGroup:
+    def get(n: int, segment, transport: str = "tcp") -> RankGroup:
         segment_bytes, staging_bytes = segment if isinstance(segment, tuple) else (segment, 0)
-        key = (n, segment_bytes, staging_bytes)
+        key = (n, segment_bytes, staging_bytes, transport)
         if key not in _groups:
             env = dict(FAKE_DEVICE_ENV)
             if segment_bytes:
                 env["RINGREDUCE_SEGMENT_BYTES"] = str(segment_bytes)
             if staging_bytes:
                 env["RINGREDUCE_DEVICE_STAGING_BYTES"] = str(staging_bytes)
-            _groups[key] = RankGroup(n, env=env)
+            _groups[key] = RankGroup(n, transport=transport, env=env)
         return _groups[key]
 
     yield get
@@ -210,13 +210,20 @@ def _async_calls_in_flight(comm):
     return all(same_bits(o, expected(n, c, "float64", "sum")) for o, c in zip(outs, counts))
 
 
-def _device_and_host_ranks_meet(comm):
-    # Same bytes on the wire: even ranks pass "device" arrays, odd ranks numpy.
+def _device_and_host_ranks_meet(comm, counts):
+    # Same bytes on the wire: even ranks pass "device" arrays, odd ranks numpy. On
+    # shared memory the smallest calls go through the bulletin, whichever the arrays.
     n, r = comm.world_size, comm.rank
-    x = contribution(r, 1001, "float32", "sum")
-    out = np.empty_like(x)
-    comm.all_reduce(fake(x) if r % 2 == 0 else x, out=fake(out) if r % 2 == 0 else out)
-    return same_bits(out, expected(n, 1001, "float32", "sum"))
+    failures = []
+    for count in counts:
+        for op in ("sum", "avg", "max"):
+            x = contribution(r, count, "float32", op)
+            out = np.empty_like(x)
+            comm.all_reduce(fake(x) if r % 2 == 0 else x, op=op,
+                            out=fake(out) if r % 2 == 0 else out)  # fmt: skip
+            if not same_bits(out, expected(n, count, "float32", op)):
+                failures.append(f"{op} count={count}")
+    return failures
 
 
 def _bytes_on_the_wire(comm, count):
@@ -309,8 +316,11 @@ def test_async_calls_in_flight(fake_group, n):
     assert fake_group(n, 40).run(_async_calls_in_flight) == [True] * n
 
 
-def test_device_and_host_ranks_in_one_collective(fake_group):
-    assert fake_group(3, 40).run(_device_and_host_ranks_meet) == [True] * 3
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_device_and_host_ranks_in_one_collective(fake_group, transport):
+    # 1..20 float32 fit a bulletin entry (80 bytes), 21 does not.
+    counts = [1, 2, 20, 21, 1001]
+    assert fake_group(3, 40, transport).run(_device_and_host_ranks_meet, counts) == [[]] * 3
 
 
 def test_same_bytes_on_the_wire_as_the_host_ring(fake_group):
@@ -318,6 +328,22 @@ def test_same_bytes_on_the_wire_as_the_host_ring(fake_group):
         assert staged == host
         # 2(n-1)/n of the buffer, plus one 40-byte header.
         assert host == 2 * 3 * (1 << 16) * 4 // 4 + 40
+
+
+def test_device_arrays_take_the_bulletin_as_host_arrays_do(fake_group):
+    # On shared memory an all_reduce of at most 80 bytes sends no message at all;
+    # a rank with device arrays must do the same as its peers with host arrays.
+    for host, staged in fake_group(2, 0, "shm").run(_bytes_on_the_wire, 20):
+        assert staged == host == 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_reduce_on_the_bulletin(fake_group, n):
+    # Every dtype and op at counts on both sides of the bulletin's 80 bytes, in place
+    # and out of place, staged through the fake device.
+    for dtype in DTYPES:
+        got = fake_group(n, 0, "shm").run(_all_reduce, dtype, [0, 1, 3, 10, 11, 20, 21])
+        assert got == [[]] * n, dtype
 
 
 def test_bad_arguments_fail_locally(fake_group):

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "executor/device.h"
 #include "reduce/cpu_kernels.h"
 
 namespace rr {
@@ -156,9 +157,12 @@ void HeaderExchange::finish() {
 }
 
 bool runs_on_bulletin(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
+  // Not where the buffers live: a rank whose arrays are on a GPU must take the
+  // bulletin exactly when its host-array peers do, or it waits for messages
+  // they never send while they read its header's entry as data.
   return args.kind == CollectiveKind::kAllReduce && algorithm == Algorithm::kDirect &&
-         args.device < 0 && args.count * dtype_size(args.dtype) <= kBulletinDataBytes &&
-         ctx.transport.size() > 1 && ctx.transport.bulletin() != nullptr;
+         args.count * dtype_size(args.dtype) <= kBulletinDataBytes && ctx.transport.size() > 1 &&
+         ctx.transport.bulletin() != nullptr;
 }
 
 void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm) {
@@ -171,10 +175,23 @@ void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm
   const int size = ctx.transport.size();
   const int rank = ctx.transport.rank();
   const size_t bytes = args.count * dtype_size(args.dtype);
+  const Deadline deadline = ctx.deadline();
   Entry mine;
   mine.header = make_call_header(ctx, args, algorithm);
-  std::memcpy(mine.data, args.send, bytes);
-  const Deadline deadline = ctx.deadline();
+  // Device arrays: the few bytes go through pinned staging, one copy each way.
+  Device* device = args.device >= 0 && bytes > 0 ? ctx.device : nullptr;
+  char* staged_out = nullptr;
+  if (device != nullptr) {
+    device->begin(*ctx.device_mark);  // after the caller's work on its stream
+    const Staging staging = device->staging(1, kBulletinDataBytes, 0);
+    device->copy(Lane::kToHost, staging.send_host, args.send, bytes);
+    device->record(Lane::kToHost, 0);
+    device->sync(0, deadline);
+    std::memcpy(mine.data, staging.send_host, bytes);
+    staged_out = staging.recv_host;
+  } else {
+    std::memcpy(mine.data, args.send, bytes);
+  }
   bulletin.publish(ctx.seq, &mine, sizeof(CallHeader) + bytes, true, deadline);
   // Every rank's data, in rank order, in the communicator's scratch.
   if (ctx.scratch.size() < static_cast<size_t>(size) * bytes) {
@@ -194,10 +211,14 @@ void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm
     std::memcpy(slots + static_cast<size_t>(peer) * bytes, theirs.data, bytes);
   }
   const ReduceFn reduce = cpu_reduce_fn(args.dtype, args.op);
-  char* out = static_cast<char*>(args.recv);
+  char* out = staged_out != nullptr ? staged_out : static_cast<char*>(args.recv);
   reduce(out, slots, slots + bytes, args.count);
   for (int r = 2; r < size; ++r) reduce(out, out, slots + static_cast<size_t>(r) * bytes, args.count);
   if (args.op == ReduceOp::kAvg) divide_by(args.dtype, out, args.count, size);
+  if (device != nullptr) {
+    device->copy(Lane::kToDevice, args.recv, staged_out, bytes);
+    device->finish(deadline);  // the caller's memory is final when the call returns
+  }
 }
 
 void exchange_block_sizes(RingContext& ctx, const CollectiveArgs& args) {

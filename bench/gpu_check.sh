@@ -2,7 +2,8 @@
 # Builds ringreduce with the CUDA kernels (required: the build fails if nvcc is
 # missing) and runs bench/gpu_check.py on this machine's GPU, then, where torch
 # sees the GPU, bench/gpu_transports.py (the device all_reduce against Gloo's
-# and our host path; RR_GPU_CHECK_NO_BENCH=1 skips it), then the GPU tests
+# and our host path) and bench/gpu_sync_probe.py (what one copy and synchronize
+# costs; RR_GPU_CHECK_NO_BENCH=1 skips both), then the GPU tests
 # (RR_GPU_CHECK_NO_TESTS=1 skips them). Arguments go to gpu_check.py (--seed S
 # to replay a run). Exit status: the check's, or 1 if it passed and a test
 # failed. Set RR_GPU_CHECK_NO_BUILD=1 to test the ringreduce already installed
@@ -34,7 +35,8 @@ timeout 300 "$PYTHON" bench/gpu_check.py "$@" || status=$?
 if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
   "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   timeout 180 "$PYTHON" bench/gpu_transports.py -n 2 --transports shm,tcp \
-    --sizes 64K,1M,16M,256M || echo "gpu_transports failed (status $?)" >&2
+    --sizes 8,64K,1M,16M,256M || echo "gpu_transports failed (status $?)" >&2
+  timeout 60 "$PYTHON" bench/gpu_sync_probe.py || echo "gpu_sync_probe failed (status $?)" >&2
 fi
 if [[ "${RR_GPU_CHECK_NO_TESTS:-0}" != 1 ]]; then
   timeout 300 "$PYTHON" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py \

@@ -331,6 +331,20 @@ def test_gpu_transports_harness_runs_without_a_gpu():
         assert all(len(row) == 1 + 4 * 2 and float(row[1]) > 0 for row in rows), out.stdout
 
 
+def test_gpu_sync_probe_says_it_needs_a_gpu():
+    # The probe has nothing to time without a GPU: it must say so and exit 2, not fail
+    # somewhere in torch (on a GPU machine it runs, and its table is checked by eye).
+    torch = pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_sync_probe.py")
+    out = run_bench(["--iters", "3"], cmd=[sys.executable, script])
+    if torch.cuda.is_available():
+        assert out.returncode == 0 and "2 process(es)" in out.stdout, out.stderr[-2000:]
+    else:
+        assert out.returncode == 2 and "needs torch with CUDA and a GPU" in out.stderr
+
+
 def test_init_time_reports_each_size_and_the_store_s_traffic():
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "init_time.py")
     out = run_bench(["--sizes", "2,3", "--trials", "1"], cmd=[sys.executable, script])

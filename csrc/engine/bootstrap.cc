@@ -56,28 +56,22 @@ std::vector<int> ranks_on_this_host(Store& store, const std::string& prefix, int
                                     const Deadline& deadline) {
   const std::string mine = host_id.empty() ? host_identity() : host_id;
   store.set(prefix + "host/" + std::to_string(rank), mine);
-  // Every host already there, read together (one round trip, not one a rank: the
-  // store's host would otherwise serve N reads for each of N ranks); then, in rank
-  // order, a wait for each still missing, and the rest read together again.
+  // Every other rank's host, those already there read together (one round trip,
+  // not one a rank: the store's host would otherwise serve N reads for each of N
+  // ranks); the first still missing waited for as await_host() does.
   std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(prefix + "host/" + std::to_string(r));
-  std::vector<std::optional<std::string>> hosts = store.try_get_many(keys);
-  hosts[static_cast<size_t>(rank)] = mine;
-  std::vector<int> local;
+  std::vector<int> others;
   for (int r = 0; r < size; ++r) {
-    if (!hosts[static_cast<size_t>(r)]) {
-      hosts[static_cast<size_t>(r)] = await_host(store, prefix, r, rank, size, meeting, deadline);
-      std::vector<std::string> rest;
-      for (int q = r + 1; q < size; ++q) {
-        if (!hosts[static_cast<size_t>(q)]) rest.push_back(keys[static_cast<size_t>(q)]);
-      }
-      std::vector<std::optional<std::string>> more = store.try_get_many(rest);
-      size_t j = 0;
-      for (int q = r + 1; q < size; ++q) {
-        if (!hosts[static_cast<size_t>(q)]) hosts[static_cast<size_t>(q)] = std::move(more[j++]);
-      }
-    }
-    if (*hosts[static_cast<size_t>(r)] == mine) local.push_back(r);
+    if (r == rank) continue;
+    keys.push_back(prefix + "host/" + std::to_string(r));
+    others.push_back(r);
+  }
+  const std::vector<std::string> hosts = store.get_all(keys, deadline, others, [&](size_t i) {
+    return await_host(store, prefix, others[i], rank, size, meeting, deadline);
+  });
+  std::vector<int> local;
+  for (size_t i = 0, r = 0; r < static_cast<size_t>(size); ++r) {
+    if (static_cast<int>(r) == rank || hosts[i++] == mine) local.push_back(static_cast<int>(r));
   }
   return local;
 }

@@ -79,7 +79,8 @@ void Store::set_many(const std::vector<std::pair<std::string, std::string>>& ite
 }
 
 std::vector<std::string> Store::get_all(const std::vector<std::string>& keys,
-                                        const Deadline& deadline, const std::vector<int>& peers) {
+                                        const Deadline& deadline, const std::vector<int>& peers,
+                                        const WaitFor& wait) {
   if (!peers.empty() && peers.size() != keys.size()) {
     throw InvalidArgument("store get_all: " + std::to_string(peers.size()) + " ranks for " +
                           std::to_string(keys.size()) + " keys");
@@ -92,7 +93,7 @@ std::vector<std::string> Store::get_all(const std::vector<std::string>& keys,
     }
     if (missing.empty()) break;
     const size_t first = missing.front();
-    got[first] = get(keys[first], deadline, peers.empty() ? -1 : peers[first]);
+    got[first] = wait ? wait(first) : get(keys[first], deadline, peers.empty() ? -1 : peers[first]);
     if (missing.size() == 1) break;
     // Whoever else set theirs meanwhile: read together.
     std::vector<std::string> rest;

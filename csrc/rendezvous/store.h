@@ -83,9 +83,12 @@ class Store {
   // get() of every key, `peers[i]` the rank that sets keys[i] (or -1): the values
   // in order. Those already set are read together, one round trip where the
   // store can; for the first one missing it waits as get() does (the same errors,
-  // naming that rank), then reads the rest together again.
+  // naming that rank), or as `wait(i)` does where given, then reads the rest
+  // together again.
+  using WaitFor = std::function<std::string(size_t index)>;
   std::vector<std::string> get_all(const std::vector<std::string>& keys, const Deadline& deadline,
-                                   const std::vector<int>& peers = {});
+                                   const std::vector<int>& peers = {},
+                                   const WaitFor& wait = nullptr);
 
   // Every rank of the communicator has connected: a store served here takes
   // no new connections from now on, so that a rank that closed this

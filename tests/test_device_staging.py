@@ -226,6 +226,60 @@ def _device_and_host_ranks_meet(comm, counts):
     return failures
 
 
+def _every_collective_mixed(comm, counts):
+    # Even ranks pass "device" arrays, odd ranks numpy, in every collective: no path
+    # may depend on where one rank's arrays live (each rank's choice must be its
+    # peers', or the host ranks misread the stream and the device ranks wait).
+    n, r = comm.world_size, comm.rank
+    arr = fake if r % 2 == 0 else (lambda a: a)
+    failures = []
+
+    def poison(shape):
+        return np.full(shape, 99, dtype=np.float32)
+
+    def mine(i, count, op="sum"):
+        return contribution(i, count, "float32", op)
+
+    for count in counts:
+        stacked = np.stack([mine(i, count) for i in range(n)])
+        out = poison(count)
+        comm.all_reduce(arr(mine(r, count)), out=arr(out))
+        if not same_bits(out, expected(n, count, "float32", "sum")):
+            failures.append(f"all_reduce count={count}")
+        start, stop = rr.chunk_bounds(count, n, r)
+        block = poison(stop - start)
+        comm.reduce_scatter(arr(mine(r, count)), out=arr(block))
+        if not same_bits(block, expected(n, count, "float32", "sum")[start:stop]):
+            failures.append(f"reduce_scatter count={count}")
+        rows = poison((n, count))
+        comm.all_gather(arr(mine(r, count)), out=arr(rows))
+        if not same_bits(rows, stacked):
+            failures.append(f"all_gather count={count}")
+        for root in range(n):
+            x = mine(r, count)
+            comm.broadcast(arr(x), root=root)
+            if not same_bits(x, stacked[root]):
+                failures.append(f"broadcast root={root} count={count}")
+            out = poison(count)
+            comm.reduce(arr(mine(r, count, "max")), "max", root, out=arr(out))
+            if r == root and not same_bits(out, expected(n, count, "float32", "max")):
+                failures.append(f"reduce root={root} count={count}")
+            rows = poison((n, count))
+            comm.gather(arr(mine(r, count)), root, out=arr(rows))
+            if r == root and not same_bits(rows, stacked):
+                failures.append(f"gather root={root} count={count}")
+            part = poison(count)
+            comm.scatter(arr(stacked) if r == root else None, root, out=arr(part))
+            if not same_bits(part, stacked[r]):
+                failures.append(f"scatter root={root} count={count}")
+        x = np.concatenate([mine(r * n + d, count) for d in range(n)])
+        out = poison(n * count)
+        comm.all_to_all(arr(x), out=arr(out))
+        if not same_bits(out, np.concatenate([mine(q * n + r, count) for q in range(n)])):
+            failures.append(f"all_to_all count={count}")
+    return failures
+
+
 def _bytes_on_the_wire(comm, count):
     # The staged path sends exactly what the host ring sends.
     x = np.ones(count, dtype=np.float32)
@@ -321,6 +375,14 @@ def test_device_and_host_ranks_in_one_collective(fake_group, transport):
     # 1..20 float32 fit a bulletin entry (80 bytes), 21 does not.
     counts = [1, 2, 20, 21, 1001]
     assert fake_group(3, 40, transport).run(_device_and_host_ranks_meet, counts) == [[]] * 3
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm", "shm+tcp"])
+def test_device_and_host_ranks_in_every_collective(fake_group, transport):
+    # Sizes through the bulletin (1, 20 floats), the latency paths and the ring.
+    counts = [1, 20, 1001, 70_001]
+    got = fake_group(3, 0, transport).run(_every_collective_mixed, counts, timeout=300)
+    assert got == [[]] * 3
 
 
 def test_same_bytes_on_the_wire_as_the_host_ring(fake_group):

@@ -181,6 +181,21 @@ void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm
   // Device arrays: the few bytes go through pinned staging, one copy each way.
   Device* device = args.device >= 0 && bytes > 0 ? ctx.device : nullptr;
   char* staged_out = nullptr;
+  // After an error, as the device executor does: drain the lanes, so that no copy
+  // still queued touches the staging memory once the call has failed.
+  struct DrainOnError {
+    Device* device;
+    const Deadline& deadline;
+    bool done = false;
+    ~DrainOnError() {
+      if (device == nullptr || done) return;
+      try {
+        device->finish(deadline);
+      } catch (...) {
+        // Already failing: the first error is the one to report.
+      }
+    }
+  } drain{device, deadline};
   if (device != nullptr) {
     device->begin(*ctx.device_mark);  // after the caller's work on its stream
     const Staging staging = device->staging(1, kBulletinDataBytes, 0);
@@ -218,6 +233,7 @@ void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm
   if (device != nullptr) {
     device->copy(Lane::kToDevice, args.recv, staged_out, bytes);
     device->finish(deadline);  // the caller's memory is final when the call returns
+    drain.done = true;
   }
 }
 

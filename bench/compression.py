@@ -73,11 +73,19 @@ def sh(*cmd: str) -> None:
 
 
 def hosts_up(
-    n: int, rate: str, ns: str = NS, switch: str = SWITCH, subnet: str = SUBNET, dev: str = "c"
+    n: int,
+    rate: str,
+    ns: str = NS,
+    switch: str = SWITCH,
+    subnet: str = SUBNET,
+    dev: str = "c",
+    burst: int = 256 * 1024,
 ) -> None:
     """n namespaces ``ns0..`` (addresses subnet.1..) on a bridge in ``switch``, each veth
     shaped to ``rate`` both ways; ``dev`` prefixes the veths' names (bench/compression_e2e.py
-    makes its own hosts with other names)."""
+    makes its own hosts with other names). tbf lets ``burst`` bytes through at the veth's
+    own speed before the rate holds; below 256 KiB it no longer holds 1 Gbit/s or more
+    here (docs/perf/compression_crossover_fine.txt)."""
     sh("ip", "netns", "add", switch)
     sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
     sh("ip", "-n", switch, "link", "set", "br0", "up")
@@ -93,7 +101,7 @@ def hosts_up(
         sh("ip", "-n", switch, "link", "set", port, "up")
         for where, link in ((host, veth), (switch, port)):
             sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", link, "root", "tbf",
-               "rate", rate, "burst", str(256 * 1024), "latency", "50ms")  # fmt: skip
+               "rate", rate, "burst", str(burst), "latency", "50ms")  # fmt: skip
 
 
 def hosts_down(n: int, ns: str = NS, switch: str = SWITCH) -> None:
@@ -107,7 +115,7 @@ def launch(args: argparse.Namespace, mode: str) -> dict:
     port = str(20000 + int.from_bytes(os.urandom(2), "little") % 20000)
     if shaped:
         hosts_down(n)
-        hosts_up(n, args.link)
+        hosts_up(n, args.link, burst=parse_size(args.burst))
     procs = []
     try:
         for r in range(n):
@@ -386,6 +394,7 @@ def main() -> None:
         help="crossover: the link rates to measure at (4 emulated hosts)",
     )
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--burst", default="256K", help="tc tbf's burst on every shaped link")
     p.add_argument("--steps", type=int, default=30, help="fidelity: training steps")
     p.add_argument("--timeout", type=float, default=3000)
     p.add_argument("--json", help="also write the report here")

@@ -84,8 +84,8 @@ def hosts_up(
     """n namespaces ``ns0..`` (addresses subnet.1..) on a bridge in ``switch``, each veth
     shaped to ``rate`` both ways; ``dev`` prefixes the veths' names (bench/compression_e2e.py
     makes its own hosts with other names). tbf lets ``burst`` bytes through at the veth's
-    own speed before the rate holds; below 256 KiB it no longer holds 1 Gbit/s or more
-    here (docs/perf/compression_crossover_fine.txt)."""
+    own speed before the rate holds; 64 KiB no longer held 1 or 10 Gbit/s on the 2-core
+    machine (docs/perf/compression_crossover_fine.txt)."""
     sh("ip", "netns", "add", switch)
     sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
     sh("ip", "-n", switch, "link", "set", "br0", "up")

@@ -7,23 +7,36 @@
 # skipped with RINGREDUCE_NO_IMB=1 or where Intel MPI cannot be installed), and
 # the README's table from all of them (bench/readme_table.py).
 #   bash bench/perf_readme.sh [outdir]      (default docs/perf)
+# Everything is measured in SWEEPS whole sweeps (default 3), one after the
+# other, and the table takes each figure's median over them: on a shared
+# virtual machine one sweep can hold a 5-10x outlier at a single size. The
+# first sweep's files are n{2,4}_{shm,tcp,mpi}.{txt,json} and imb_n{2,4}.txt
+# (the plots are drawn from it); sweep k's add .sweepK before the suffix.
 set -euo pipefail
 out=${1:-docs/perf}
+sweeps=${SWEEPS:-3}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 here=$(cd "$(dirname "$0")" && pwd)
-for n in 2 4; do
-  for t in shm tcp mpi; do
-    mpirun -np "$n" python -m ringreduce bench --transport "$t" -b 8 -e 64M -f 2 \
-      --compare mpi,gloo --json "$out/n${n}_${t}.json" | tee "$out/n${n}_${t}.txt"
+rm -f "$out"/*.sweep[0-9]*.*
+for k in $(seq 1 "$sweeps"); do
+  tag=$([ "$k" = 1 ] && echo "" || echo ".sweep$k")
+  for n in 2 4; do
+    for t in shm tcp mpi; do
+      mpirun -np "$n" python -m ringreduce bench --transport "$t" -b 8 -e 64M -f 2 \
+        --compare mpi,gloo --json "$out/n${n}_${t}${tag}.json" | tee "$out/n${n}_${t}${tag}.txt"
+    done
   done
+  if [ -z "${RINGREDUCE_NO_IMB:-}" ]; then
+    for n in 2 4; do
+      bash "$here/imb_allreduce.sh" "$n" > "$out/imb_n${n}${tag}.txt" ||
+        rm -f "$out/imb_n${n}${tag}.txt"
+    done
+  fi
+done
+for n in 2 4; do
   python "$here/plot_runs.py" "$out/n${n}_shm.json" "$out/n${n}_tcp.json" "$out/n${n}_mpi.json" \
     -o "$out/allreduce_n${n}.png"
 done
-if [ -z "${RINGREDUCE_NO_IMB:-}" ]; then
-  for n in 2 4; do
-    bash "$here/imb_allreduce.sh" "$n" > "$out/imb_n${n}.txt" || rm -f "$out/imb_n${n}.txt"
-  done
-fi
 python "$here/readme_table.py" "$out"

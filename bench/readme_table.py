@@ -6,36 +6,48 @@ Reads n{2,4}_shm.json and n{2,4}_tcp.json (ringreduce bench --json) and, where
 present, imb_n{2,4}.txt (bench/imb_allreduce.sh); prints a markdown table of busbw
 (GB/s) and times side by side. Intel MPI's times come from its own C benchmark, run
 after ours on the same host: a comparison across runs, not interleaved like the rest.
+Where perf_readme.sh made several sweeps (files with .sweepK before the suffix), each
+figure is its median over the sweeps.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 SIZES = [8, 2048, 65536, 1 << 20, 16 << 20, 64 << 20]
 
 
+def sweeps(path: Path) -> list:
+    """The files of every sweep of ``path``: itself, then its .sweepK siblings."""
+    extra = sorted(path.parent.glob(f"{path.stem}.sweep*{path.suffix}"))
+    return [p for p in [path, *extra] if p.exists()]
+
+
 def rows(path: Path) -> dict:
-    """(system, placement, size) -> row."""
-    if not path.exists():
-        return {}
+    """(system, placement, size) -> row, its times and bandwidths the median over the
+    sweeps that measured it."""
+    per_key: dict = {}
+    for p in sweeps(path):
+        for r in json.loads(p.read_text())["rows"]:
+            per_key.setdefault((r["system"], r["placement"], r["size"]), []).append(r)
     return {
-        (r["system"], r["placement"], r["size"]): r for r in json.loads(path.read_text())["rows"]
+        key: {f: statistics.median(r[f] for r in rs) for f in ("time_us", "algbw_gbs", "busbw_gbs")}
+        for key, rs in per_key.items()
     }
 
 
 def imb(path: Path) -> dict:
-    """size -> t_avg in us."""
-    if not path.exists():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            size, t = line.split()
-            out[int(size)] = float(t)
-    return out
+    """size -> t_avg in us (the median over the sweeps)."""
+    times: dict = {}
+    for p in sweeps(path):
+        for line in p.read_text().splitlines():
+            if line and not line.startswith("#"):
+                size, t = line.split()
+                times.setdefault(int(size), []).append(float(t))
+    return {size: statistics.median(ts) for size, ts in times.items()}
 
 
 def label(size: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 
 import numpy as np
 import pytest
@@ -93,12 +94,22 @@ def ddp_vs_gradsync_rank(
             p.grad.data_ptr() == sync.bucketer.view(h).ctypes.data
             for h, p in zip(handles, ours.parameters())
         )
-        return (
+        result = (
             [p.detach().numpy().copy() for p in ddp.module.parameters()],
             [p.detach().numpy().copy() for p in ours.parameters()],
             len(sync.bucketer.plan),
             in_buckets,
         )
+        # Quiet torch's Gloo workers before the reference side is torn down. A worker
+        # drops a finished work's last reference on its own thread, which takes the GIL;
+        # if the process group is destroyed meanwhile (a join of those threads, under the
+        # GIL, from DDP's Reducer going away), torch deadlocks: seen once in CI, rank 1 in
+        # ~ProcessGroupGloo joining a runLoop thread blocked on the GIL in
+        # ~AsyncAllreduceWork. A barrier, then a moment with the GIL released, lets every
+        # worker finish first.
+        dist.barrier()
+        time.sleep(0.1)
+        return result
     finally:
         dist.destroy_process_group()
 

@@ -3,9 +3,9 @@
 # (default address,undefined) into a directory of its own and runs the tests
 # that drive the C++'s parsers and failure handling hardest (the store under
 # hostile connections and wrong tokens, the parsers' fuzzer, the rendezvous,
-# shared memory with its failure paths, segments that lie, communicators made and
-# closed hundreds of times in a row) against it, with the sanitizer's runtime preloaded
-# into Python. Any report fails the run.
+# shared memory with its failure paths, segments that lie, windows read in place by
+# their peers, communicators made and closed hundreds of times in a row) against it,
+# with the sanitizer's runtime preloaded into Python. Any report fails the run.
 #
 #   bash .ci/sanitizers.sh                     # ASan + UBSan
 #   bash .ci/sanitizers.sh thread tests/test_shm.py   # TSan, chosen tests
@@ -17,7 +17,7 @@ shift || true
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py
-         tests/test_shm_segments.py tests/test_churn.py)
+         tests/test_shm_segments.py tests/test_churn.py tests/test_windows.py)
 fi
 name="$(echo "$sanitize" | tr ',' '-')"
 # Inside this checkout's (ignored) build/ unless told otherwise, so that a

@@ -250,6 +250,26 @@ def test_compare_gloo(tmp_path):
     assert all(row["ratio_ours"] > 0 for row in gloo)
 
 
+def test_compare_window(tmp_path):
+    """--compare window: ours again, on comm.empty arrays (the window path), checked like
+    ours: its #wrong counts in the total, and its calls took the window path."""
+    out_json = tmp_path / "r.json"
+    args = ["-n", "3", "-b", "1K", "-e", "1M", "-f", "32", *QUICK, "--transport", "shm"]
+    r = run_bench([*args, "--compare", "window", "--json", str(out_json)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "#wrong total (ringreduce) : 0 OK" in r.stdout
+    rows = table(r.stdout)
+    assert len(rows) == 3 and all(len(row) == 17 for row in rows)  # ours, memcpy, window
+    window = [row for row in json.loads(out_json.read_text())["rows"] if row["system"] == "window"]
+    assert [row["size"] for row in window] == [1024, 32768, 1048576]
+    assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in window)
+    # Over TCP there are no windows: the column is left out, with a note saying why.
+    r = run_bench(["-n", "2", "-e", "1K", *QUICK, "--transport", "tcp", "--compare", "window"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "# note: window skipped: windows need every rank on one host" in r.stdout
+    assert all(len(row) == 14 for row in table(r.stdout))
+
+
 @pytest.mark.mpi
 def test_under_mpirun(tmp_path):
     mpirun = shutil.which("mpirun")

@@ -49,7 +49,9 @@ std::string describe_header(const CallHeader& h) {
       h.algorithm == static_cast<uint8_t>(Algorithm::kSmall)    ? " (small-message path)"
       : h.algorithm == static_cast<uint8_t>(Algorithm::kDirect) ? " (direct small-message path)"
       : h.algorithm == static_cast<uint8_t>(Algorithm::kHierarchical) ? " (hierarchical)"
-                                                                      : "";
+      : h.algorithm == static_cast<uint8_t>(Algorithm::kWindow)
+          ? " (window path: every buffer from comm.empty)"
+          : "";
   return describe_call(args) + path + " as call #" + std::to_string(h.seq);
 }
 

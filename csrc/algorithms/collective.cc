@@ -7,6 +7,7 @@
 #include "algorithms/call_header.h"
 #include "algorithms/ring_schedule.h"
 #include "algorithms/schedule.h"
+#include "algorithms/window_all_reduce.h"
 #include "common/error.h"
 #include "executor/device_executor.h"
 #include "executor/host_executor.h"
@@ -85,6 +86,8 @@ const char* algorithm_name(Algorithm algorithm) {
       return "direct";
     case Algorithm::kHierarchical:
       return "hierarchical";
+    case Algorithm::kWindow:
+      return "window";
   }
   return "?";
 }
@@ -120,6 +123,9 @@ Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
     case AlgorithmPolicy::kAuto:
       break;
   }
+  // The one choice made from where the buffers live: a rank whose buffers are
+  // not all in windows chooses otherwise, and the headers say so.
+  if (window_buffers(ctx, args)) return Algorithm::kWindow;
   const size_t bytes = args.count * dtype_size(args.dtype);
   if (bytes <= ctx.small_bytes) return ctx.reaches_all ? Algorithm::kDirect : Algorithm::kSmall;
   return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
@@ -175,6 +181,11 @@ std::string explain_algorithm(const RingContext& ctx, const CollectiveArgs& args
                  : "RINGREDUCE_ALGORITHM=hierarchical, but " + hosts_sentence(ctx) + ": " + name;
     case AlgorithmPolicy::kAuto:
       break;
+  }
+  if (chosen == Algorithm::kWindow) {
+    return "every buffer of this rank is in a window (comm.empty) and all " +
+           std::to_string(ctx.transport.size()) +
+           " ranks share this host, so the ranks read each other's buffers in place: " + name;
   }
   const size_t bytes = args.count * dtype_size(args.dtype);
   const std::string limit = "the small-message limit of " + byte_count(ctx.small_bytes) + " at " +
@@ -303,6 +314,10 @@ void run_collective(RingContext& ctx, const CollectiveArgs& args) {
     check_links(ctx.transport, args);
     if (runs_on_bulletin(ctx, args, algorithm)) {
       bulletin_all_reduce(ctx, args, algorithm);
+      return;
+    }
+    if (algorithm == Algorithm::kWindow) {
+      window_all_reduce(ctx, args);
       return;
     }
     header.emplace(ctx, args, algorithm);

@@ -14,6 +14,7 @@ namespace rr {
 
 class Device;
 class StreamMark;
+class WindowRegistry;
 
 // Numbering is part of the wire header: append only.
 enum class CollectiveKind : uint8_t {
@@ -103,6 +104,8 @@ struct RingContext {
   AlgorithmPolicy policy = AlgorithmPolicy::kAuto;
   // The issuing thread's tag (Communicator::set_issuer), sent in the header.
   uint64_t issuer = 0;
+  // The communicator's windows (comm.empty); null where it makes none.
+  const WindowRegistry* windows = nullptr;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };
@@ -116,8 +119,12 @@ enum class Algorithm : uint8_t {
   // reduce-scatter on each host, all-reduce across hosts (one ring per local
   // rank), all-gather on each host: hierarchical.cc
   kHierarchical = 3,
+  // every buffer in a window (comm.empty): each rank reduces its chunk out of
+  // the peers' inputs in place, then copies the others' results:
+  // window_all_reduce.h
+  kWindow = 4,
 };
-constexpr int kAlgorithms = 4;
+constexpr int kAlgorithms = 5;
 const char* algorithm_name(Algorithm algorithm);
 
 Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);

@@ -395,6 +395,17 @@ void register_communicator(py::module_& m) {
                              "A receive's sender, once it has arrived (else -1).")
       .def_property_readonly("description", &rr::Work::description);
 
+  py::class_<rr::SharedWindow, std::shared_ptr<rr::SharedWindow>>(m, "Window",
+                                                                  py::buffer_protocol(),
+                                                                  "A window's bytes "
+                                                                  "(Communicator.allocate_window).")
+      .def_buffer([](rr::SharedWindow& w) {
+        return py::buffer_info(w.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(w.bytes())}, {1});
+      })
+      .def_property_readonly("id", &rr::SharedWindow::id)
+      .def_property_readonly("nbytes", &rr::SharedWindow::bytes);
+
   py::class_<rr::Communicator>(m, "Communicator")
       .def_static(
           "create_tcp",
@@ -515,6 +526,16 @@ void register_communicator(py::module_& m) {
       .def("set_issuer", &rr::Communicator::set_issuer, py::arg("tag"),
            "Tags the calls that follow with the issuing thread (see Communicator::set_issuer).")
       .def("stats", &stats)
+      .def(
+          "allocate_window",
+          [](rr::Communicator& c, size_t bytes) {
+            py::gil_scoped_release release;
+            PythonInterrupt interrupt;
+            return c.allocate_window(bytes, &interrupt);
+          },
+          py::arg("bytes"),
+          "Collective: a Window of `bytes` that every rank maps, for all_reduce to read in "
+          "place; None where the ranks do not all share this host.")
       .def(
           "publish",
           [](rr::Communicator& c, const std::string& key, const py::bytes& value) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "common/error.h"
 #include "engine/failure_report.h"
@@ -245,6 +246,7 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   ctx.policy = policy_;
   ctx.issuer = issuer;
   ctx.stream_store_bytes = options_.stream_store_bytes;
+  ctx.windows = &windows_;
   if (options_.log_algorithm) {
     const std::string line = "ringreduce rank " + std::to_string(rank_) + ": " +
                              describe(args, seq) + ": " + explain_algorithm(ctx, args) + "\n";
@@ -517,6 +519,91 @@ CommStats Communicator::stats() const {
     s.bytes_received += p.bytes_received;
   }
   return s;
+}
+
+std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
+                                                            const Interrupt* interrupt) {
+  if (bytes == 0) throw InvalidArgument("a window needs at least one byte");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_if_unusable();
+  }
+  // Every rank sees the same: whether all ranks share one host (the bulletin).
+  if (size_ == 1 || transport_->bulletin() == nullptr) return nullptr;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = windows_.next_id();
+  }
+  // What each rank tells the others: where its window is, or why it has none.
+  struct Record {
+    int64_t pid, fd;
+    uint64_t inode, bytes, nonce, id;
+    char error[208];
+  };
+  static_assert(sizeof(Record) == 256, "exchanged as bytes");
+  auto exchange = [&](const Record& mine) {
+    std::vector<Record> all(static_cast<size_t>(size_));
+    CollectiveArgs a;
+    a.kind = CollectiveKind::kAllGather;
+    a.send = &mine;
+    a.recv = all.data();
+    a.count = sizeof(Record);
+    a.dtype = DataType::kUInt8;
+    run(a, interrupt);
+    for (int r = 0; r < size_; ++r) {
+      const Record& got = all[static_cast<size_t>(r)];
+      if (got.error[0] != '\0') {
+        throw Error("comm.empty: rank " + std::to_string(r) + " could not make or map window " +
+                    std::to_string(id) + ": " +
+                    std::string(got.error, strnlen(got.error, sizeof got.error)));
+      }
+      if (got.id != id) {
+        throw Error("comm.empty: rank " + std::to_string(r) + " made window " +
+                    std::to_string(got.id) + " where rank " + std::to_string(rank_) +
+                    " made window " + std::to_string(id) +
+                    " (every rank must call it the same number of times)");
+      }
+    }
+    return all;
+  };
+  auto failed = [&](const std::exception& e) {
+    Record r{};
+    r.id = id;
+    std::snprintf(r.error, sizeof r.error, "%s", e.what());
+    return r;
+  };
+  std::shared_ptr<SharedWindow> window;
+  Record mine{};
+  try {
+    window = SharedWindow::create(id, bytes, rank_, size_);
+    const shm::SegmentRecord rec = window->record();
+    mine = Record{rec.pid, rec.fd, rec.inode, rec.bytes, rec.nonce, id, {}};
+  } catch (const Error& e) {
+    mine = failed(e);
+  }
+  const std::vector<Record> all = exchange(mine);
+  Record attached{};
+  attached.id = id;
+  try {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const Record& got = all[static_cast<size_t>(r)];
+      shm::SegmentRecord rec;
+      rec.pid = static_cast<pid_t>(got.pid);
+      rec.fd = static_cast<int>(got.fd);
+      rec.inode = got.inode;
+      rec.bytes = got.bytes;
+      rec.nonce = got.nonce;
+      window->attach(r, rec);
+    }
+  } catch (const Error& e) {
+    attached = failed(e);
+  }
+  exchange(attached);  // every rank has mapped every other's, or all say who could not
+  window->attached_by_all();
+  windows_.add(window);
+  return window;
 }
 
 }  // namespace rr

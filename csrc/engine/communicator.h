@@ -32,6 +32,7 @@
 #include "executor/device.h"
 #include "rendezvous/store.h"
 #include "transport/counting.h"
+#include "transport/shm/shm_window.h"
 #include "transport/transport.h"
 
 namespace rr {
@@ -125,6 +126,13 @@ class Communicator {
 
   CommStats stats() const;
 
+  // A window of `bytes` (> 0) that every rank of the communicator maps
+  // (transport/shm/shm_window.h), for all_reduce to read in place: collective,
+  // the k-th call making window k on every rank, each of its own size. Null,
+  // with nothing exchanged, where the ranks do not all share this host. Throws
+  // Error naming the rank that could not make or map one (on every rank).
+  std::shared_ptr<SharedWindow> allocate_window(size_t bytes, const Interrupt* interrupt);
+
   // After a failure (or abort()), once no call runs: the transport whose
   // parked links (TCP) and memory (shared) a shrink of this communicator may
   // take over; else null. Valid until close().
@@ -205,6 +213,7 @@ class Communicator {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PointToPoint> p2p_;
   std::vector<char> scratch_;  // host scratch of the running collective
+  WindowRegistry windows_;     // allocate_window's, for the collectives to find
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

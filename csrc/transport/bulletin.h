@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/deadline.h"
 
@@ -44,6 +45,21 @@ class Bulletin {
   // it died, gave up or closed.
   virtual uint64_t read(int peer, uint64_t n, void* out, size_t bytes,
                         const Deadline& deadline) = 0;
+
+  // The phase: one more word each rank publishes, a counter it only raises,
+  // for calls that read their peers' memory in place (a window all_reduce,
+  // algorithms/window_all_reduce.h) and must say how far they have got.
+  // A rank that refuses such a call raises it with kPhaseRefused set, so that
+  // peers waiting on it fail at once instead of at their deadline.
+  static constexpr uint64_t kPhaseRefused = 1ull << 63;
+  virtual void raise_phase(uint64_t value) = 0;
+  // Waits until `peer`'s phase is at least `value`. Throws Error naming the
+  // peer if it refused the call, TimeoutError or PeerError as read() does;
+  // `what` says what the wait is for ("rank 1 to reduce block 3 of call #7").
+  virtual void await_phase(int peer, uint64_t value, const std::string& what,
+                           const Deadline& deadline) = 0;
+  // The peer's phase now, without waiting.
+  virtual uint64_t phase_of(int peer) = 0;
 };
 
 }  // namespace rr

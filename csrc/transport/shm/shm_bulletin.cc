@@ -143,4 +143,33 @@ uint64_t ShmTransport::read(int peer_rank, uint64_t n, void* out, size_t bytes,
   }
 }
 
+void ShmTransport::raise_phase(uint64_t value) {
+  if (header_ == nullptr) throw Error("shared memory: " + rank_name(rank_) + " is closed");
+  // Sequentially consistent: against a waiter's sleepers count, as publish().
+  header_->phase.store(value, std::memory_order_seq_cst);
+  for (auto& p : peers_) {
+    if (p) p->header->doorbell.ring_if_sleeping();
+  }
+}
+
+uint64_t ShmTransport::phase_of(int peer_rank) {
+  return peer(peer_rank).header->phase.load(std::memory_order_acquire);
+}
+
+void ShmTransport::await_phase(int peer_rank, uint64_t value, const std::string& what,
+                               const Deadline& deadline) {
+  Peer& p = peer(peer_rank);
+  const std::atomic<uint64_t>& phase = p.header->phase;
+  auto reached = [&phase, value] {
+    const uint64_t v = phase.load(std::memory_order_acquire);
+    return v >= value || (v & kPhaseRefused) != 0;
+  };
+  if (!reached()) bulletin_wait(p, reached, what, deadline);
+  if ((phase.load(std::memory_order_acquire) & kPhaseRefused) != 0) {
+    throw PeerError(rank_name(peer_rank) + " refused the call while " + rank_name(rank_) +
+                        " was waiting for " + what,
+                    peer_rank);
+  }
+}
+
 }  // namespace rr

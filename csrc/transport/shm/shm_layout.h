@@ -21,7 +21,7 @@
 // passed it. Both are monotonic 64-bit counters, so they never wrap.
 //
 // The header also holds the owner's bulletin (transport/bulletin.h): two
-// entries it writes and its peers read.
+// entries it writes and its peers read, and its phase counter.
 #pragma once
 
 #include <atomic>
@@ -35,7 +35,7 @@ namespace shm {
 
 constexpr uint64_t kMagic = 0x3130484D53485252ull;  // "RRHSHM01"
 // The layout of Header and the inboxes: segments of another version are refused.
-constexpr uint32_t kLayoutVersion = 5;
+constexpr uint32_t kLayoutVersion = 6;
 // Ranks of one host that can share memory with each other.
 constexpr int kMaxLocal = 1024;
 
@@ -90,6 +90,9 @@ struct alignas(64) Header {
   alignas(64) std::atomic<uint8_t> cma_from[kMaxLocal];
   // The bulletin: entry n at bulletin[n % 2].
   BulletinEntry bulletin[2];
+  // The owner's phase in a call that reads its peers' windows in place
+  // (Bulletin::raise_phase): only ever raised, within a communicator.
+  alignas(64) std::atomic<uint64_t> phase;
 };
 
 struct alignas(64) InboxControl {

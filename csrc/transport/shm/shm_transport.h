@@ -119,6 +119,10 @@ class ShmTransport : public Transport, public Bulletin {
   void publish(uint64_t n, const void* body, size_t bytes, bool read_by_all,
                const Deadline& deadline) override;
   uint64_t read(int peer, uint64_t n, void* out, size_t bytes, const Deadline& deadline) override;
+  void raise_phase(uint64_t value) override;
+  void await_phase(int peer, uint64_t value, const std::string& what,
+                   const Deadline& deadline) override;
+  uint64_t phase_of(int peer) override;
 
  private:
   struct Op;

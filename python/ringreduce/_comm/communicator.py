@@ -23,6 +23,7 @@ from .p2p import PointToPoint
 from .refusal import collective
 from .resilience import Resilience
 from .shaping import Call
+from .windows import Windows
 from .work import Work
 
 __all__ = ["Communicator", "build_info"]
@@ -35,7 +36,7 @@ def build_info() -> dict:
     return dict(_core.build_info())
 
 
-class Communicator(PointToPoint, Resilience):
+class Communicator(PointToPoint, Resilience, Windows):
     """A group of ranks that run collectives together. Create with ``ringreduce.init()``.
 
     Threads: ranks pair collectives in the order each rank issues them, so a

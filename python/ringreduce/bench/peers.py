@@ -4,6 +4,11 @@ Each peer wraps one system (MPI_Allreduce through mpi4py, torch.distributed's Gl
 backend) behind the same two calls the benchmark uses for ringreduce: ``bind(buf)`` returns
 a function that reduces ``buf`` in place across all ranks, and ``close()``. Both systems
 are timed in place because torch.distributed.all_reduce has no out-of-place form.
+
+"window" is ringreduce itself on arrays from ``comm.empty`` (the window path, which reads
+the peers' arrays in place), timed out of place like ours on numpy arrays: its function
+reduces arrays of its own (``buffers``: input and output), which the benchmark fills and
+checks.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 from .. import _env
 from ..launch import free_port
 
-__all__ = ["GlooPeer", "MpiPeer", "Peer", "open_peers", "under_mpirun"]
+__all__ = ["GlooPeer", "MpiPeer", "Peer", "WindowPeer", "open_peers", "under_mpirun"]
 
 
 def under_mpirun() -> bool:
@@ -30,6 +35,10 @@ class Peer:
     """One comparison system: an in-place all-reduce over the same ranks as ours."""
 
     name = "peer"
+    placement = "in-place"
+    # Where bind's function takes its input and leaves its result, when not in ``buf``
+    # itself (set by bind).
+    buffers: tuple[np.ndarray, np.ndarray] | None = None
 
     def bind(self, buf: np.ndarray) -> Callable[[], None]:
         """A function that all-reduces ``buf`` in place; built outside the timed loop."""
@@ -104,6 +113,25 @@ class GlooPeer(Peer):
         self._dist.destroy_process_group()
 
 
+class WindowPeer(Peer):
+    """ringreduce's all_reduce from one window (``comm.empty``) of buf's shape into
+    another."""
+
+    name = "window"
+    placement = "out-of-place"
+
+    def __init__(self, comm: Any, op: str):
+        if comm.world_size > 1 and comm.transport != "shm":
+            raise _Unsupported(f"windows need every rank on one host (transport {comm.transport})")
+        self._comm, self._op = comm, op
+
+    def bind(self, buf: np.ndarray) -> Callable[[], None]:
+        comm, op = self._comm, self._op
+        x, out = comm.empty(buf.shape, buf.dtype), comm.empty(buf.shape, buf.dtype)  # collective
+        self.buffers = (x, out)
+        return lambda: comm.all_reduce(x, op, out=out)
+
+
 class _Unsupported(Exception):
     """This system cannot run the requested reduction; the text says why."""
 
@@ -154,8 +182,10 @@ def open_peers(
                 peer = MpiPeer(op)
             elif name == "gloo":
                 peer = GlooPeer(comm, op, timeout)
+            elif name == "window":
+                peer = WindowPeer(comm, op)
             else:
-                raise _Unsupported("unknown system (known: mpi, gloo)")
+                raise _Unsupported("unknown system (known: mpi, gloo, window)")
         except _Unsupported as exc:
             notes.append(f"{name} skipped: {exc}")
         except ImportError as exc:

@@ -36,7 +36,7 @@ class Header:
     def __init__(self, dtype: str, op: str, peers: list[Any]):
         self.dtype = dtype
         self.op = op
-        self.peers = [p.name for p in peers]
+        self.peers = [f"{p.name} ({p.placement})" for p in peers]
 
     def print(self) -> None:
         """Prints the three '#' header lines (block titles, column names, units)."""
@@ -48,7 +48,7 @@ class Header:
         copy = f"  {'memcpy':>7}  {'busbw/':>6}"
         copy_unit = f"  {'(GB/s)':>7}  {'memcpy':>6}"
         titles = f"{'out-of-place':^42}{'in-place':^42}{'1 core':^17}" + "".join(
-            f"{p + ' (in-place)':^33}" for p in self.peers
+            f"{p:^33}" for p in self.peers
         )
         names = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}{block}{block}{copy}"
         units = f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}{unit}{unit}{copy_unit}"
@@ -83,18 +83,23 @@ def footer(rows: list[Row], wrong: int, check: int, peers: list[str]) -> None:
     if check:
         print(f"# #wrong total (ringreduce) : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     print(f"# Avg bus bandwidth    : {mean(ours):.6g}")
-    ours_ip = [
-        r["busbw_gbs"] for r in rows if r["system"] == "ringreduce" and r["placement"] == "in-place"
-    ]
     for name in peers:
-        theirs = mean([r["busbw_gbs"] for r in rows if r["system"] == name])
+        theirs_rows = [r for r in rows if r["system"] == name]
+        theirs = mean([r["busbw_gbs"] for r in theirs_rows])
         if math.isnan(theirs):
             print(f"# Avg bus bandwidth {name:<5}: n/a (failed, see notes)")
             continue
-        ours = mean(ours_ip)
+        placement = theirs_rows[0]["placement"]
+        ours = mean(
+            [
+                r["busbw_gbs"]
+                for r in rows
+                if r["system"] == "ringreduce" and r["placement"] == placement
+            ]
+        )
         print(
             f"# Avg bus bandwidth {name:<5}: {theirs:.6g}   "
-            f"(ours in-place {ours:.6g}, ratio ours/{name} {ratio(ours, theirs):.3g})"
+            f"(ours {placement} {ours:.6g}, ratio ours/{name} {ratio(ours, theirs):.3g})"
         )
     print("#")
     sys.stdout.flush()

@@ -99,7 +99,10 @@ def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
         "--timeout", type=float, default=60.0, help="per-call timeout, seconds (default: 60)"
     )
     p.add_argument(
-        "--compare", default="", help="comma list of other systems: mpi,gloo (default: none)"
+        "--compare",
+        default="",
+        help="comma list of other systems: mpi,gloo,window (window: ours on comm.empty "
+        "arrays) (default: none)",
     )
     p.add_argument("--json", metavar="PATH", help="write all rows as JSON")
     p.add_argument("--csv", metavar="PATH", help="write all rows as CSV")
@@ -284,7 +287,7 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
         for name, reason in disabled.items():
             notes.append(f"{name} failed ({reason}); its columns show nan from then on")
             print(f"# note: {notes[-1]}")
-    wrong = sum(r["wrong"] or 0 for r in rows if r["system"] == "ringreduce")
+    wrong = sum(r["wrong"] or 0 for r in rows if r["system"] in ("ringreduce", "window"))
     if lead:
         report.footer(rows, wrong, args.check, [p.name for p in peers])
         meta = {
@@ -331,15 +334,18 @@ def _measure(
         return -1 if expected is None else count_wrong(buf, expected, op)
 
     copy_target = np.empty_like(send)
-    cases: list[tuple[str, str, Callable[[], Any], np.ndarray]] = [
-        ("ringreduce", "out-of-place", lambda: comm.all_reduce(send, op, out=recv), recv),
-        ("ringreduce", "in-place", lambda: comm.all_reduce(work, op, out=work), work),
+    # (system, placement, call, where its input goes, where its result is)
+    cases: list[tuple[str, str, Callable[[], Any], np.ndarray, np.ndarray]] = [
+        ("ringreduce", "out-of-place", lambda: comm.all_reduce(send, op, out=recv), send, recv),
+        ("ringreduce", "in-place", lambda: comm.all_reduce(work, op, out=work), work, work),
         # The machine's yardstick: one core copying the same bytes, on every rank at
         # once, timed like the rest (busbw reads against it).
-        ("memcpy", "copy", lambda: np.copyto(copy_target, send), copy_target),
+        ("memcpy", "copy", lambda: np.copyto(copy_target, send), send, copy_target),
     ]
     for peer in peers:
-        cases.append((peer.name, "in-place", peer.bind(work), work))
+        fn = peer.bind(work)
+        source, result = (work, work) if peer.buffers is None else peer.buffers
+        cases.append((peer.name, peer.placement, fn, source, result))
     times = np.zeros(len(cases), dtype=np.float64)
     wrongs = np.zeros(len(cases), dtype=np.int64)
     failed = np.zeros(len(cases), dtype=np.int64)
@@ -350,10 +356,10 @@ def _measure(
     # them alike; each case's time is its median round.
     rounds: list[list[float]] = [[] for _ in cases]
     counts = [iters] * len(cases)  # calls timed per round, by case
-    for i, (system, _placement, fn, buf) in enumerate(cases):
+    for i, (system, _placement, fn, source, buf) in enumerate(cases):
         if system in disabled:
             continue
-        np.copyto(work, send)
+        np.copyto(source, send)  # fresh input where the in-place cases reduce
         try:
             fn()
             wrongs[i] = check(buf) if system != "memcpy" else 0
@@ -363,7 +369,7 @@ def _measure(
             failed[i] = 1
             errors[system] = f"at {size} B: {type(exc).__name__}: {exc}"
     for _ in range(args.rounds):
-        for i, (system, _placement, fn, _buf) in enumerate(cases):
+        for i, (system, _placement, fn, _source, _buf) in enumerate(cases):
             if system in disabled or failed[i]:
                 continue
             try:
@@ -384,7 +390,7 @@ def _measure(
     # every rank drops the same systems and none waits in a collective the others skip.
     totals = comm.all_reduce(np.concatenate([wrongs, failed]), "sum")
     wrongs, failed = totals[: len(cases)], totals[len(cases) :]
-    for i, (system, _placement, _fn, _buf) in enumerate(cases):
+    for i, (system, _placement, _fn, _source, _buf) in enumerate(cases):
         if failed[i] and system not in disabled:
             disabled[system] = errors.get(system, f"at {size} B on another rank")
             if comm.rank == 0:
@@ -401,8 +407,8 @@ def _measure(
         "warmup": warmup,
         "iters": iters,
     }
-    ours_inplace = None
-    for i, (system, placement, _fn, _buf) in enumerate(cases):
+    ours: dict[str, float] = {}  # our busbw by placement: each system's ratio is to ours alike
+    for i, (system, placement, _fn, _source, _buf) in enumerate(cases):
         t = float(times[i])
         algbw = size / t / 1e9 if t > 0 else math.nan
         row = dict(
@@ -418,10 +424,11 @@ def _measure(
             if expected is None or system in disabled or system == "memcpy"
             else int(wrongs[i]),
         )
-        if system == "ringreduce" and placement == "in-place":
-            ours_inplace = row["busbw_gbs"]
+        if system == "ringreduce":
+            ours[placement] = row["busbw_gbs"]
         if system != "ringreduce":
-            row["ratio_ours"] = report.ratio(ours_inplace, row["busbw_gbs"])
+            same = ours.get(placement, ours.get("in-place"))
+            row["ratio_ours"] = report.ratio(same, row["busbw_gbs"])
         rows.append(row)
     return rows
 

@@ -24,14 +24,8 @@ struct Entry {
 };
 static_assert(sizeof(Entry) <= Bulletin::kEntryBytes, "one bulletin entry");
 
-// A rank's phase in call `seq`: block b of its chunk reduced is step b + 1;
-// kDone once it has copied every chunk it needs from its peers.
-constexpr int kStepBits = 24;
-constexpr uint64_t kDone = (uint64_t{1} << kStepBits) - 1;
-uint64_t phase(uint64_t seq, uint64_t step) { return (seq << kStepBits) | step; }
-
-// Blocks of a chunk: reduced and published one at a time, so that a peer
-// copies a block while it is still in the cache of the rank that reduced it.
+// A chunk is reduced and handed out a block at a time, so that the copies into
+// the peers' outputs read it from the cache.
 constexpr size_t kBlockBytes = 64 << 10;
 
 bool overlap(const void* a, const void* b, size_t bytes) {
@@ -61,9 +55,6 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   const size_t bytes = args.count * elem;
   const Deadline deadline = ctx.deadline();
   const uint64_t seq = ctx.seq;
-  if (seq >= (uint64_t{1} << (63 - kStepBits))) {
-    throw Error("all_reduce: call #" + std::to_string(seq) + " is past the window path's count");
-  }
   auto send = ctx.windows->find(args.send, bytes);
   auto recv = ctx.windows->find(args.recv, bytes);
   if (!send || !recv) throw Error("all_reduce: the window path's buffers left their windows");
@@ -74,12 +65,12 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
 
   // Every rank's input and output, as mapped here.
   std::vector<const char*> in(static_cast<size_t>(size));
-  std::vector<const char*> out(static_cast<size_t>(size));
+  std::vector<char*> out(static_cast<size_t>(size));
   std::vector<std::shared_ptr<SharedWindow>> held;  // their windows, alive for the call
   in[static_cast<size_t>(rank)] = static_cast<const char*>(args.send);
-  out[static_cast<size_t>(rank)] = static_cast<const char*>(args.recv);
+  out[static_cast<size_t>(rank)] = static_cast<char*>(args.recv);
   auto refuse = [&](const std::string& why) {
-    bulletin.raise_phase(Bulletin::kPhaseRefused | phase(seq, 0));
+    bulletin.raise_phase(Bulletin::kPhaseRefused | seq);
     throw Error("all_reduce: " + why);
   };
   for (int i = 1; i < size; ++i) {
@@ -97,12 +88,12 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
     try {
       check_call_header(theirs.header, mine.header, peer, rank);
     } catch (...) {
-      bulletin.raise_phase(Bulletin::kPhaseRefused | phase(seq, 0));
+      bulletin.raise_phase(Bulletin::kPhaseRefused | seq);
       throw;
     }
-    auto locate = [&](uint64_t id, uint64_t offset, const char* what) -> const char* {
+    auto locate = [&](uint64_t id, uint64_t offset, const char* what) -> char* {
       std::shared_ptr<SharedWindow> w = ctx.windows->get(id);
-      const char* base = w ? w->peer_data(peer) : nullptr;
+      char* base = w ? w->peer_data(peer) : nullptr;
       if (base == nullptr) {
         refuse("rank " + std::to_string(peer) + "'s " + what + " is in window " +
                std::to_string(id) + ", which rank " + std::to_string(rank) +
@@ -120,64 +111,43 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
     out[static_cast<size_t>(peer)] = locate(theirs.refs.recv_id, theirs.refs.recv_offset, "output");
   }
 
-  // Chunk r of the vector is rank r's to reduce, in blocks.
+  // Chunk r of the vector is rank r's: it reduces it block by block and writes
+  // each block into every rank's output while it is in the cache.
   const size_t chunk = (args.count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
   const size_t block = std::max<size_t>(1, kBlockBytes / elem);
-  auto first = [&](int r) { return std::min(args.count, chunk * static_cast<size_t>(r)); };
-  auto last = [&](int r) { return std::min(args.count, chunk * static_cast<size_t>(r + 1)); };
-  const size_t blocks = (chunk + block - 1) / block;
-  if (blocks + 1 >= kDone) throw Error("all_reduce: too many blocks for the window path");
-
-  // Without a wait when it is there already (a refusal never is: await_phase reports it).
-  auto reached = [&bulletin](int peer, uint64_t want) {
-    const uint64_t v = bulletin.phase_of(peer);
-    return v >= want && (v & Bulletin::kPhaseRefused) == 0;
-  };
+  const size_t lo = std::min(args.count, chunk * static_cast<size_t>(rank));
+  const size_t hi = std::min(args.count, lo + chunk);
   const ReduceFn reduce = cpu_reduce_fn(args.dtype, args.op);
-  char* mine_out = static_cast<char*>(args.recv);
   const bool in_place = args.send == args.recv;
   if (in_place && rank >= 2 && ctx.scratch.size() < block * elem) ctx.scratch.resize(block * elem);
-  for (size_t b = 0; b < blocks; ++b) {
-    const size_t lo = std::min(last(rank), first(rank) + b * block);
-    const size_t n = std::min(last(rank), lo + block) - lo;
-    if (n > 0) {
-      char* o = mine_out + lo * elem;
-      // In place, a rank past the first two would overwrite its input before
-      // adding it: it sums all but the last input in scratch.
-      char* acc = in_place && rank >= 2 ? ctx.scratch.data() : o;
-      reduce(acc, in[0] + lo * elem, in[1] + lo * elem, n);
-      for (int r = 2; r < size - 1; ++r)
-        reduce(acc, acc, in[static_cast<size_t>(r)] + lo * elem, n);
-      if (size > 2) reduce(o, acc, in[static_cast<size_t>(size - 1)] + lo * elem, n);
-      if (args.op == ReduceOp::kAvg) divide_by(args.dtype, o, n, size);
-    }
-    bulletin.raise_phase(phase(seq, b + 1));
-  }
-  for (size_t b = 0; b < blocks; ++b) {
+  for (size_t at = lo; at < hi; at += block) {
+    const size_t n = std::min(hi, at + block) - at;
+    const size_t off = at * elem;
+    char* o = out[static_cast<size_t>(rank)] + off;
+    // In place, a rank past the first two would overwrite its input before
+    // adding it: it sums all but the last input in scratch.
+    char* acc = in_place && rank >= 2 ? ctx.scratch.data() : o;
+    reduce(acc, in[0] + off, in[1] + off, n);
+    for (int r = 2; r < size - 1; ++r) reduce(acc, acc, in[static_cast<size_t>(r)] + off, n);
+    if (size > 2) reduce(o, acc, in[static_cast<size_t>(size - 1)] + off, n);
+    if (args.op == ReduceOp::kAvg) divide_by(args.dtype, o, n, size);
+    // Only this rank reads any rank's input in this chunk, and it is done with
+    // this block: the peers' outputs may take it even where they are their inputs.
     for (int i = 1; i < size; ++i) {
-      const int peer = (rank + i) % size;
-      const size_t lo = std::min(last(peer), first(peer) + b * block);
-      const size_t n = std::min(last(peer), lo + block) - lo;
-      if (n == 0) continue;
-      if (!reached(peer, phase(seq, b + 1))) {
-        bulletin.await_phase(peer, phase(seq, b + 1),
-                             "rank " + std::to_string(peer) + " to reduce block " +
-                                 std::to_string(b) + " of its chunk in call #" +
-                                 std::to_string(seq),
-                             deadline);
-      }
-      std::memcpy(mine_out + lo * elem, out[static_cast<size_t>(peer)] + lo * elem, n * elem);
+      std::memcpy(out[static_cast<size_t>((rank + i) % size)] + off, o, n * elem);
     }
   }
-  bulletin.raise_phase(phase(seq, kDone));
+  // Done: our chunk is in every output, and we read no input any more. Once
+  // every peer says the same, our output is whole and nobody reads our input.
+  bulletin.raise_phase(seq);
   for (int i = 1; i < size; ++i) {
     const int peer = (rank + i) % size;
-    if (reached(peer, phase(seq, kDone))) continue;
-    bulletin.await_phase(peer, phase(seq, kDone),
-                         "rank " + std::to_string(peer) +
-                             " to finish reading this rank's output "
-                             "in call #" +
-                             std::to_string(seq),
+    const uint64_t v = bulletin.phase_of(peer);
+    if (v >= seq && (v & Bulletin::kPhaseRefused) == 0) continue;
+    bulletin.await_phase(peer, seq,
+                         "rank " + std::to_string(peer) + " to write its chunk of call #" +
+                             std::to_string(seq) + " into rank " + std::to_string(rank) +
+                             "'s output",
                          deadline);
   }
 }

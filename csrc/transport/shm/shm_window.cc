@@ -30,7 +30,7 @@ void SharedWindow::attach(int peer, const shm::SegmentRecord& record) {
   peers_.at(static_cast<size_t>(peer)) = std::move(s);
 }
 
-const char* SharedWindow::peer_data(int peer) const {
+char* SharedWindow::peer_data(int peer) const {
   if (peer < 0 || static_cast<size_t>(peer) >= peers_.size()) return nullptr;
   const shm::Segment& s = peers_[static_cast<size_t>(peer)];
   return s.mapped() ? s.base() + data_offset() : nullptr;

@@ -48,7 +48,7 @@ class SharedWindow {
   char* data() const { return own_.base() + data_offset(); }
   size_t bytes() const { return bytes_; }
   // `peer`'s window of this id as mapped here, and its size; null/0 if not.
-  const char* peer_data(int peer) const;
+  char* peer_data(int peer) const;
   size_t peer_bytes(int peer) const;
 
  private:

@@ -4,7 +4,8 @@
 
 Reads n{2,4}_shm.json and n{2,4}_tcp.json (ringreduce bench --json) and, where
 present, imb_n{2,4}.txt (bench/imb_allreduce.sh); prints a markdown table of busbw
-(GB/s) and times side by side. Intel MPI's times come from its own C benchmark, run
+(GB/s) and times side by side, ours on numpy arrays and, where the sweep timed it
+(--compare window), on comm.empty arrays. Intel MPI's times come from its own C benchmark, run
 after ours on the same host: a comparison across runs, not interleaved like the rest.
 Where perf_readme.sh made several sweeps (files with .sweepK before the suffix), each
 figure is its median over the sweeps.
@@ -65,9 +66,10 @@ def main(argv: list) -> int:
     out = Path(argv[1] if len(argv) > 1 else "docs/perf")
     print(
         "| size | ranks | ours, shm (us) | MPI_Allreduce | Gloo | Intel MPI (C) "
-        "| ours/Intel | ours busbw | ours/memcpy | ours, TCP/Gloo |"
+        "| ours/Intel | ours busbw | ours/memcpy | ours, TCP/Gloo | ours, windows (us) "
+        "| windows/Intel |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (2, 4):
         shm, tcp, intel = (
             rows(out / f"n{n}_shm.json"),
@@ -81,6 +83,7 @@ def main(argv: list) -> int:
             mpi = shm.get(("mpi", "in-place", size))
             gloo = shm.get(("gloo", "in-place", size))
             memcpy = shm.get(("memcpy", "copy", size))
+            window = shm.get(("window", "out-of-place", size))
             tcp_ours, tcp_gloo = (
                 tcp.get((s, p, size))
                 for s, p in (("ringreduce", "out-of-place"), ("gloo", "in-place"))
@@ -99,6 +102,8 @@ def main(argv: list) -> int:
                 f"{tcp_gloo['time_us'] / tcp_ours['time_us']:.2f}x"
                 if tcp_ours and tcp_gloo
                 else "-",
+                fmt(window["time_us"]) if window else "-",
+                f"{window['time_us'] / intel[size]:.2f}" if window and size in intel else "-",
             ]
             print("| " + " | ".join(cells) + " |")
     return 0

@@ -195,6 +195,7 @@ class _Progress:
 # scheduler tick, milliseconds) turns into a time a hundred times too long.
 _WINDOW_SECONDS = 0.005
 _MAX_ITERS = 100_000
+_SETTLE_SECONDS = 0.005
 
 
 def _timed(
@@ -203,11 +204,21 @@ def _timed(
     """(Mean seconds per call of fn on this rank, after warm-up, started together; the
     number of calls timed). ``adapt``: at least ``iters`` calls, and enough to fill
     _WINDOW_SECONDS on the slowest rank (every rank runs the same number)."""
-    probe = time.perf_counter()
-    for _ in range(max(warmup, 1)):
+    calls = max(warmup, 1)
+    start = time.perf_counter()
+    for _ in range(calls):
         fn()
     if adapt:
-        per_call = (time.perf_counter() - probe) / max(warmup, 1)
+        # Warm up for _SETTLE_SECONDS on every rank (they agree, so all make the same
+        # calls): after another system's round (Gloo's sleeps) a VM's cores wake slowly
+        # for a while, and a probe taken then cut the timed calls to a few slow ones.
+        while comm.all_reduce(np.array([time.perf_counter() - start]), "min")[0] < _SETTLE_SECONDS:
+            for _ in range(calls):
+                fn()
+        probe = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call = (time.perf_counter() - probe) / calls
         want = min(_MAX_ITERS, max(iters, math.ceil(_WINDOW_SECONDS / max(per_call, 1e-9))))
         iters = int(comm.all_reduce(np.array([want], dtype=np.int64), "max")[0])
     comm.barrier()

@@ -9,6 +9,7 @@ the engine made from where the buffers live.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 
@@ -225,3 +226,35 @@ def test_one_rank_gets_numpy_zeros():
         assert x.dtype == np.int32 and x.shape == (7,) and not x.any()
         with pytest.raises(ValueError, match="shape"):
             comm.empty((2, -1))
+
+
+def _window_loop_until_error(comm, victim):
+    x = comm.empty(1 << 16, np.float32)
+    if comm.rank == victim:
+        time.sleep(0.5)
+        os.kill(os.getpid(), 9)
+    start = time.monotonic()
+    while time.monotonic() - start < 30:
+        try:
+            comm.all_reduce(x, out=x)
+        except rr.RingReduceError as exc:
+            return type(exc).__name__, exc.peer, time.monotonic() - start
+    return "no error"
+
+
+def test_a_rank_killed_between_window_calls_is_named_on_every_survivor():
+    """The survivors are mid-call, waiting on its header or its phase: each raises
+    PeerError naming it, well before the timeout."""
+    from _ranks import RankGroup
+
+    victim = 1
+    with RankGroup(3, timeout=60, transport="shm") as group:
+        outcomes = group.outcomes(_window_loop_until_error, victim, timeout=120)
+    for rank, (status, value, tb) in enumerate(outcomes):
+        if rank == victim:
+            assert status == "dead"
+            continue
+        assert status == "ok", tb
+        kind, peer, seconds = value
+        assert (kind, peer) == ("PeerError", victim), value
+        assert seconds < 15, value

@@ -351,6 +351,22 @@ def run_ranks(
         return group.outcomes(fn, *args, timeout=timeout)
 
 
+def survivors(n: int, fn: Callable, victim: int, transport: str = "shm") -> dict:
+    """Runs fn(comm, victim) on n ranks (timeout 60 s), of which ``victim`` kills itself;
+    checks that it died and that every other rank returned, and gives {rank: what fn
+    returned} for the survivors."""
+    with RankGroup(n, timeout=60, transport=transport) as group:
+        outcomes = group.outcomes(fn, victim, timeout=120)
+    values = {}
+    for rank, (status, value, tb) in enumerate(outcomes):
+        if rank == victim:
+            assert status == "dead", (status, tb)
+        else:
+            assert status == "ok", tb
+            values[rank] = value
+    return values
+
+
 def run_scripts(
     script: str, argv_of: Callable[[int], list], n: int, victim: int = -1, timeout: float = 120.0
 ) -> dict:

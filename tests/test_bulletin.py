@@ -129,15 +129,8 @@ def _tiny_loop_until_error(comm, victim):
 
 
 def test_a_rank_killed_between_tiny_calls_is_named_on_every_survivor():
-    from _ranks import RankGroup
+    from _ranks import survivors
 
     victim = 1
-    with RankGroup(3, timeout=60, transport="shm") as group:
-        outcomes = group.outcomes(_tiny_loop_until_error, victim, timeout=120)
-    for rank, (status, value, tb) in enumerate(outcomes):
-        if rank == victim:
-            assert status == "dead"
-            continue
-        assert status == "ok", tb
-        kind, peer, message = value
+    for kind, peer, message in survivors(3, _tiny_loop_until_error, victim).values():
         assert (kind, peer) == ("PeerError", victim), message

@@ -24,13 +24,15 @@ from _ranks import run_ranks, survivors
 BLOCK_BYTES = 64 << 10  # window_all_reduce.cc's blocks
 
 
+MIN_BYTES_PER_RANK = 4096  # window_all_reduce.h: smaller calls take the direct path
+
+
 def _counts(n, itemsize):
-    """Just past the bulletin's 80 bytes, not divisible by n, around a block's edge, and
-    several blocks per chunk."""
+    """Just past the path's smallest size, not divisible by n, around a block's edge,
+    and several blocks per chunk."""
     block = BLOCK_BYTES // itemsize
-    return sorted(
-        {80 // itemsize + 1, 97 * n + 1, n * block - 1, n * block + n + 1, 3 * n * block + 5}
-    )
+    least = MIN_BYTES_PER_RANK * n // itemsize + 1
+    return sorted({least, least + 97 * n, n * block - 1, n * block + n + 1, 3 * n * block + 5})
 
 
 def _exact(comm):
@@ -248,3 +250,27 @@ def test_a_rank_killed_between_window_calls_is_named_on_every_survivor():
     victim = 1
     for kind, peer, seconds in survivors(3, _window_loop_until_error, victim).values():
         assert (kind, peer) == ("PeerError", victim) and seconds < 15, (kind, peer, seconds)
+
+
+def _below_the_path(comm):
+    """At window_min_bytes and under, window arrays take the direct path (and give the
+    same sums); one element more takes the window path."""
+    n = comm.world_size
+    x = comm.empty(MIN_BYTES_PER_RANK * n // 4 + 1, np.float32)
+    y = comm.empty(x.shape, np.float32)
+    x[:] = comm.rank + 1
+    before = comm.stats()["all_reduce_algorithms"]
+    small = comm.all_reduce(x[:-1], out=y[:-1])
+    comm.all_reduce(x, out=x)
+    after = comm.stats()["all_reduce_algorithms"]
+    return (
+        bool(np.all(small == n * (n + 1) / 2)) and bool(np.all(x == n * (n + 1) / 2)),
+        after["direct"] - before["direct"],
+        after["window"] - before["window"],
+    )
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_calls_up_to_the_paths_smallest_size_take_the_direct_path(group_factory, n):
+    for right, direct, window in group_factory(n, transport="shm").run(_below_the_path):
+        assert (right, direct, window) == (True, 1, 1)

@@ -120,7 +120,7 @@ enum class Algorithm : uint8_t {
   // rank), all-gather on each host: hierarchical.cc
   kHierarchical = 3,
   // every buffer in a window (comm.empty): each rank reduces its chunk out of
-  // the peers' inputs in place, then copies the others' results:
+  // the peers' inputs in place and writes it into every output:
   // window_all_reduce.h
   kWindow = 4,
 };

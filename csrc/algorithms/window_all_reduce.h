@@ -6,12 +6,17 @@
 // written once per rank, where the ring copies every message into a slot and
 // out again.
 //
-// Two waits on the peers, both on the bulletin (transport/bulletin.h): every
+// Three waits on the peers, all on the bulletin (transport/bulletin.h): every
 // rank's call header, read by all (it carries where the rank's buffers lie in
 // its windows, and its publication says that its input is ready and its
-// output free); then every peer's phase, which a rank raises to the call's
-// number once its chunk is in every output and it reads no input any more.
-// After both, this rank's output is whole and nobody touches its buffers.
+// output free); every peer's phase at `located` (it found every rank's
+// buffers: nobody touches a rank's memory before the rank has said so, so a
+// rank that refuses, a mismatch or a window it lost, leaves its buffers as
+// they were); and every peer's phase at `done` (its chunk is in every output
+// and it reads no input any more). A failure after `located` raises the
+// refusal bit and waits, deaf to Ctrl-C and at most the timeout, until every
+// peer is done, refused or gone: nothing writes into the caller's array after
+// the call returns or raises.
 //
 // Writing a block into a peer's output that is its input too (in place) is
 // safe: only the chunk's owner reads any rank's input there, and it has.
@@ -21,14 +26,22 @@
 // algorithm, differ (MismatchError on every rank, naming the window path).
 #pragma once
 
+#include <cstddef>
+
 #include "algorithms/collective.h"
 
 namespace rr {
 
-// Whether this rank's buffers allow the window path: an all_reduce of host
-// memory, more than the bulletin carries alone, on ranks that all share this
-// host, input and output each inside one of the communicator's windows (the
-// same memory, or not overlapping).
+// Up to this size the one-step exchange of whole vectors (Algorithm::kDirect)
+// beats the window path's three waits on every peer: measured at 2 ranks level
+// at 4 KiB and 1.2x faster at 1 KiB, at 4 ranks on 2 cores level at 16 KiB and
+// 1.4-1.5x faster at 1 KiB (docs/performance.md).
+inline size_t window_min_bytes(int size) { return size_t{4096} * static_cast<size_t>(size); }
+
+// Whether this rank's buffers take the window path: an all_reduce of host
+// memory, more than window_min_bytes, on ranks that all share this host, input
+// and output each inside one of the communicator's windows (the same memory,
+// or not overlapping).
 bool window_buffers(const RingContext& ctx, const CollectiveArgs& args);
 
 void window_all_reduce(RingContext& ctx, const CollectiveArgs& args);

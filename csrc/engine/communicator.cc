@@ -579,7 +579,7 @@ std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
     window = SharedWindow::create(id, bytes, rank_, size_);
     const shm::SegmentRecord rec = window->record();
     mine = Record{rec.pid, rec.fd, rec.inode, rec.bytes, rec.nonce, id, {}};
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     mine = failed(e);
   }
   const std::vector<Record> all = exchange(mine);
@@ -597,7 +597,7 @@ std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
       rec.nonce = got.nonce;
       window->attach(r, rec);
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     attached = failed(e);
   }
   exchange(attached);  // every rank has mapped every other's, or all say who could not

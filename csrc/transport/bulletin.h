@@ -51,6 +51,7 @@ class Bulletin {
   // algorithms/window_all_reduce.h) and must say how far they have got.
   // A rank that refuses such a call raises it with kPhaseRefused set, so that
   // peers waiting on it fail at once instead of at their deadline.
+  // Values are below 2^40.
   static constexpr uint64_t kPhaseRefused = 1ull << 63;
   virtual void raise_phase(uint64_t value) = 0;
   // Waits until `peer`'s phase is at least `value`. Throws Error naming the
@@ -58,7 +59,7 @@ class Bulletin {
   // `what` says what the wait is for ("rank 1 to reduce block 3 of call #7").
   virtual void await_phase(int peer, uint64_t value, const std::string& what,
                            const Deadline& deadline) = 0;
-  // The peer's phase now, without waiting.
+  // The peer's phase now, without waiting (with kPhaseRefused if it refused).
   virtual uint64_t phase_of(int peer) = 0;
 };
 

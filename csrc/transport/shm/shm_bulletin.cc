@@ -143,29 +143,51 @@ uint64_t ShmTransport::read(int peer_rank, uint64_t n, void* out, size_t bytes,
   }
 }
 
+namespace {
+
+// A phase word: the value (40 bits), the generation of the transport that
+// wrote it (shm_reuse.cc), and the refusal bit. A value of another generation
+// reads as 0: a rank left out of a shrink, resumed, must not take the
+// survivors' phases in their new communicator for its own call's.
+constexpr int kValueBits = 40;
+constexpr uint64_t kValueMask = (uint64_t{1} << kValueBits) - 1;
+
+uint64_t phase_word(uint64_t value, uint32_t generation) {
+  return (value & (Bulletin::kPhaseRefused | kValueMask)) |
+         (static_cast<uint64_t>(generation & 0x7fffff) << kValueBits);
+}
+
+uint64_t phase_value(uint64_t word, uint32_t generation) {
+  if (((word >> kValueBits) & 0x7fffff) != (generation & 0x7fffff)) return 0;
+  return word & (Bulletin::kPhaseRefused | kValueMask);
+}
+
+}  // namespace
+
 void ShmTransport::raise_phase(uint64_t value) {
   if (header_ == nullptr) throw Error("shared memory: " + rank_name(rank_) + " is closed");
   // Sequentially consistent: against a waiter's sleepers count, as publish().
-  header_->phase.store(value, std::memory_order_seq_cst);
+  header_->phase.store(phase_word(value, generation_), std::memory_order_seq_cst);
   for (auto& p : peers_) {
     if (p) p->header->doorbell.ring_if_sleeping();
   }
 }
 
 uint64_t ShmTransport::phase_of(int peer_rank) {
-  return peer(peer_rank).header->phase.load(std::memory_order_acquire);
+  return phase_value(peer(peer_rank).header->phase.load(std::memory_order_acquire), generation_);
 }
 
 void ShmTransport::await_phase(int peer_rank, uint64_t value, const std::string& what,
                                const Deadline& deadline) {
   Peer& p = peer(peer_rank);
-  const std::atomic<uint64_t>& phase = p.header->phase;
-  auto reached = [&phase, value] {
-    const uint64_t v = phase.load(std::memory_order_acquire);
-    return v >= value || (v & kPhaseRefused) != 0;
+  const std::atomic<uint64_t>& word = p.header->phase;
+  const uint32_t generation = generation_;
+  auto reached = [&word, value, generation] {
+    const uint64_t v = phase_value(word.load(std::memory_order_acquire), generation);
+    return v >= value;  // a refusal has the top bit: reached too, and told below
   };
   if (!reached()) bulletin_wait(p, reached, what, deadline);
-  if ((phase.load(std::memory_order_acquire) & kPhaseRefused) != 0) {
+  if ((phase_value(word.load(std::memory_order_acquire), generation) & kPhaseRefused) != 0) {
     throw PeerError(rank_name(peer_rank) + " refused the call while " + rank_name(rank_) +
                         " was waiting for " + what,
                     peer_rank);

@@ -91,7 +91,8 @@ struct alignas(64) Header {
   // The bulletin: entry n at bulletin[n % 2].
   BulletinEntry bulletin[2];
   // The owner's phase in a call that reads its peers' windows in place
-  // (Bulletin::raise_phase): only ever raised, within a communicator.
+  // (Bulletin::raise_phase), tagged with the generation of the transport that
+  // wrote it (shm_bulletin.cc): only ever raised within one generation.
   alignas(64) std::atomic<uint64_t> phase;
 };
 

@@ -62,7 +62,6 @@ std::unique_ptr<ShmTransport> ShmTransport::take_over(ShmTransport& parent, Stor
   // the next generation.
   t->generation_ = parent.generation_ + 1;
   for (shm::BulletinEntry& e : t->header_->bulletin) e.ready.store(0, std::memory_order_release);
-  t->header_->phase.store(0, std::memory_order_release);
   // A new ring neighbour's inbox is reserved whole now, as connect() does.
   for (int l = 0; l < local_size; ++l) {
     const int r = local_ranks[static_cast<size_t>(l)];

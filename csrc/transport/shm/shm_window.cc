@@ -26,7 +26,9 @@ void SharedWindow::attach(int peer, const shm::SegmentRecord& record) {
                 " bytes, less than its header");
   }
   shm::Segment s = shm::Segment::attach(record, record.bytes, peer);
-  s.keep_fd_only_if_needed();  // we only read it: nothing to reserve
+  // Its owner reserved every page when it made it: we write into reserved
+  // pages only, and need no fd to reserve more.
+  s.close_fd();
   peers_.at(static_cast<size_t>(peer)) = std::move(s);
 }
 

@@ -3,9 +3,9 @@
 
 An all_reduce whose input and output come from ``empty`` on every rank reads the
 peers' inputs where they are: each rank reduces its chunk straight out of every
-rank's input into its own output, then copies the other chunks out of their owners'
-outputs. One copy, where the ring copies every message into shared memory and out
-again (the engine's algorithms/window_all_reduce.h).
+rank's input and writes it into every rank's output. One copy, where the ring copies
+every message into shared memory and out again (the engine's
+algorithms/window_all_reduce.h).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class Windows:
 
         An ``all_reduce`` whose input and ``out=`` (or one array, in place) come from
         ``empty`` on every rank takes the window path: each rank reduces its chunk
-        straight out of the other ranks' arrays, then copies the other chunks out of
-        theirs (``stats()["all_reduce_algorithms"]["window"]`` counts these calls).
+        straight out of the other ranks' arrays and writes it into theirs
+        (``stats()["all_reduce_algorithms"]["window"]`` counts these calls).
         Every rank must then pass such arrays or none: a rank that passes other
         memory gets MismatchError, naming the window path. ``torch.from_numpy`` gives
         a tensor over the same memory.

@@ -38,7 +38,8 @@ class Windows:
         An ``all_reduce`` whose input and ``out=`` (or one array, in place) come from
         ``empty`` on every rank takes the window path: each rank reduces its chunk
         straight out of the other ranks' arrays and writes it into theirs
-        (``stats()["all_reduce_algorithms"]["window"]`` counts these calls).
+        (``stats()["all_reduce_algorithms"]["window"]`` counts these calls); calls of
+        up to 4 KiB per rank take the direct path, faster there.
         Every rank must then pass such arrays or none: a rank that passes other
         memory gets MismatchError, naming the window path. ``torch.from_numpy`` gives
         a tensor over the same memory.

@@ -59,7 +59,8 @@ void await_all(RingContext& ctx, Bulletin& bulletin, uint64_t value, const char*
   const int rank = ctx.transport.rank();
   for (int i = 1; i < size; ++i) {
     const int peer = (rank + i) % size;
-    if (bulletin.phase_of(peer) >= value && !refused(bulletin.phase_of(peer))) continue;
+    const uint64_t phase = bulletin.phase_of(peer);
+    if (phase >= value && !refused(phase)) continue;
     bulletin.await_phase(
         peer, value,
         "rank " + std::to_string(peer) + " " + what + " in call #" + std::to_string(ctx.seq),

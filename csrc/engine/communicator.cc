@@ -524,15 +524,12 @@ CommStats Communicator::stats() const {
 std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
                                                             const Interrupt* interrupt) {
   if (bytes == 0) throw InvalidArgument("a window needs at least one byte");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    refuse_if_unusable();
-  }
-  // Every rank sees the same: whether all ranks share one host (the bulletin).
-  if (size_ == 1 || transport_->bulletin() == nullptr) return nullptr;
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    refuse_if_unusable();
+    // Every rank sees the same: whether all ranks share one host (the bulletin).
+    if (size_ == 1 || transport_->bulletin() == nullptr) return nullptr;
     id = windows_.next_id();
   }
   // What each rank tells the others: where its window is, or why it has none.

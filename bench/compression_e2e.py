@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,21 @@ CONFIGS: dict[str, tuple[str, dict]] = {
 }
 DEFAULT = ["probe", *(c for c in CONFIGS if "isa" not in CONFIGS[c][1])]
 KNOWN = ["probe", *CONFIGS]
+# PowerSGD at any rank: ours-powersgd-rK, ddp-gloo-powersgd-rK and ddp-gloo-powersgd-rK-1bucket.
+_PSGD = re.compile(r"(ours|ddp-gloo)-powersgd-r([1-9][0-9]*)(-1bucket)?$")
+
+
+def config(name: str) -> tuple[str, dict] | None:
+    """The (system, options) of a configuration name, or None for an unknown one."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    m = _PSGD.match(name)
+    if m is None or (m[1] == "ours" and m[3]):
+        return None
+    if m[1] == "ours":
+        return "ours", {"powersgd_rank": int(m[2])}
+    one_bucket = {"bucket_cap_mb": 1000} if m[3] else {}
+    return "ddp", {"hook": "powersgd", "rank": int(m[2]), **one_bucket}
 
 
 # ---- emulated hosts: bench/compression.py's, under names of our own ---------------------
@@ -230,7 +246,7 @@ def rank_train(opts: dict) -> dict:
     import numpy as np
     import torch
 
-    system, cfg = CONFIGS[opts["config"]]
+    system, cfg = config(opts["config"])
     model, x, y = build(opts)
     params = sum(p.numel() for p in model.parameters())
     if system == "ours":
@@ -372,9 +388,8 @@ def table(reports: dict, args: argparse.Namespace) -> str:
     base = reports.get("ours-fp32", {})
     hook = reports.get("ddp-gloo-fp16hook", {})
     notes = []
-    for name in CONFIGS:
-        r = reports.get(name)
-        if r is None:
+    for name, r in reports.items():
+        if name == "probe":
             continue
         if "error" in r:
             out.append(f"| {name} | - | - | - | - | - | - | - | - | - |")
@@ -426,9 +441,10 @@ def main() -> None:
     p.add_argument("--out", help="also write the table, the command and the machine here")
     args = p.parse_args()
     names = args.configs.split(",")
-    unknown = [c for c in names if c not in KNOWN]
+    unknown = [c for c in names if c != "probe" and config(c) is None]
     if unknown:
-        p.error(f"unknown configs {unknown}; known: {KNOWN}")
+        p.error(f"unknown configs {unknown}; known: {KNOWN}, and ours-powersgd-rK, "
+                "ddp-gloo-powersgd-rK[-1bucket] for any rank K")  # fmt: skip
     shaped = args.link != "loopback"
     old = signal.signal(signal.SIGTERM, _raise_on_signal)
     load0 = os.getloadavg()

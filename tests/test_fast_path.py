@@ -235,3 +235,46 @@ def test_the_builtin_has_the_methods_signature_and_frees_the_communicator():
         assert ref() is None, gc.get_referrers(ref())
     finally:
         gc.enable()
+
+
+def _auto_kept_exact(comm, sizes):
+    """Blocking "auto" calls that auto keeps exact (every call over shared memory on one
+    host; calls under its smallest size elsewhere): (the sizes and ops whose call took
+    the fast path, mismatches with the exact call's bits, how far the compressed calls'
+    count moved per call)."""
+    from ringreduce._comm.compressed import _state
+
+    spy = _Spy(comm)
+    comm.all_reduce(np.ones(4, np.float32), compression="int8")  # the compressed state exists
+    st = _state(comm)
+    taken, bad, counted = [], [], []
+    for n in sizes:
+        for op in ("sum", "avg"):
+            x = (np.arange(n, dtype=np.float32) % 13) * 0.25 + comm.rank
+            exact = comm.all_reduce(x, op)
+            calls = st.calls
+            got = spy.call(comm.all_reduce, x, op, compression="auto")
+            counted.append(st.calls - calls)
+            if spy.taken[-1]:
+                taken.append((n, op))
+            if got.dtype != exact.dtype or got.tobytes() != exact.tobytes():
+                bad.append((n, op))
+    return taken, bad, counted
+
+
+def test_auto_calls_kept_exact_take_the_fast_path(group_factory):
+    from ringreduce.compression.policy import MIN_BYTES
+
+    # One host over shared memory: auto never compresses, so every call is exact.
+    sizes = (3, 1000, MIN_BYTES // 4 + 1000)
+    every = [(n, op) for n in sizes for op in ("sum", "avg")]
+    group = group_factory(2, transport="shm")
+    for taken, bad, counted in group.run(_auto_kept_exact, sizes):
+        assert (taken, bad) == (every, []), (taken, bad)
+        assert counted == [1] * len(every), counted  # numbered like any compressed call
+    # Over TCP, calls under auto's smallest size.
+    sizes = (3, 1000, MIN_BYTES // 4 - 1)
+    every = [(n, op) for n in sizes for op in ("sum", "avg")]
+    for taken, bad, counted in group_factory(2, transport="tcp").run(_auto_kept_exact, sizes):
+        assert (taken, bad) == (every, []), (taken, bad)
+        assert counted == [1] * len(every), counted

@@ -225,10 +225,16 @@ class Communicator(PointToPoint, Resilience, Windows):
         sums in float32; ``error_feedback`` (an `ErrorFeedback`) carries what the codec
         dropped into the next call (docs/compression.md).
         """
-        if not async_op and compression is None and error_feedback is None:
+        if (
+            not async_op
+            and error_feedback is None
+            and (compression is None or compressed.kept_exact(self, x, op, compression))
+        ):
             # The common case (host numpy arrays, blocking) is checked and run in C++,
             # through the same thread gate; None when the call needs the general path,
-            # and then nothing was issued.
+            # and then nothing was issued. "auto" calls that it keeps exact (counted by
+            # auto_exact) take it too: the general path costs a thread hand-off.
+            compression = None
             try:
                 result = self._fast_all_reduce(x, out, op)
             except RingReduceError as exc:

@@ -60,7 +60,7 @@ from .compressed_pieces import PieceChoice
 from .lane import LaneWork
 from .ops import ReduceOp, _op_member
 
-__all__ = ["all_reduce", "auto_exact", "reduce_scatter", "release", "stats", "takes"]
+__all__ = ["all_reduce", "auto_exact", "kept_exact", "reduce_scatter", "release", "stats", "takes"]
 
 _F32 = np.float32
 _SUM_AVG = frozenset(("sum", "avg", ReduceOp.SUM, ReduceOp.AVG))
@@ -181,6 +181,12 @@ def takes(
     if async_op:
         return True
     return not (compression == AUTO and error_feedback is None and auto_exact(comm, x, op))
+
+
+def kept_exact(comm: Any, x: Any, op: Any, compression: Any) -> bool:
+    """Whether a blocking call with ``compression`` and no error feedback runs exact by
+    `auto_exact`'s rule (then counted there)."""
+    return isinstance(compression, str) and compression == AUTO and auto_exact(comm, x, op)
 
 
 def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:

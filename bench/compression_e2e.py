@@ -484,8 +484,12 @@ def main() -> None:
             "",
             f"Machine: {platform.node()}, {os.cpu_count()} cores shared with other work; "
             f"load average {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after. "
-            f"{args.n} ranks (1 per network namespace) share these cores, so every "
-            "rank's compute and codec work is slowed by the others'.",
+            + (
+                f"{args.n} ranks (1 per network namespace) share these cores, so every "
+                "rank's compute and codec work is slowed by the others'."
+                if args.n > (os.cpu_count() or 1)
+                else f"{args.n} ranks (1 per network namespace), a core each."
+            ),
             "",
         ]
         with open(args.out, "w") as f:

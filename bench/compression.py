@@ -111,22 +111,38 @@ def hosts_down(n: int, ns: str = NS, switch: str = SWITCH) -> None:
 
 def launch(args: argparse.Namespace, mode: str) -> dict:
     """Runs the N ranks of ``mode`` and returns rank 0's JSON report."""
+    return run_ranks(args, [os.path.abspath(__file__), "--rank-main", mode,
+                            json.dumps(vars(args))])  # fmt: skip
+
+
+def run_ranks(
+    args: argparse.Namespace,
+    argv: list,
+    ns: str = NS,
+    switch: str = SWITCH,
+    subnet: str = SUBNET,
+    dev: str = "c",
+    env: Optional[dict] = None,
+) -> Any:
+    """Runs ``python argv`` as each of ``args.n`` ranks, on this host over shared memory
+    (``args.link`` "shm") or on emulated hosts at ``args.link`` (made with `hosts_up`
+    and taken down at the end), and returns the JSON on rank 0's last line of output."""
     n, shaped = args.n, args.link != "shm"
     port = str(20000 + int.from_bytes(os.urandom(2), "little") % 20000)
     if shaped:
-        hosts_down(n)
-        hosts_up(n, args.link, burst=parse_size(args.burst))
+        hosts_down(n, ns, switch)
+        hosts_up(n, args.link, ns, switch, subnet, dev, burst=parse_size(args.burst))
     procs = []
     try:
         for r in range(n):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=port,
-                       MASTER_ADDR=f"{SUBNET}.1" if shaped else "127.0.0.1")  # fmt: skip
-            cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", mode,
-                   json.dumps(vars(args))]  # fmt: skip
+            rank_env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=port,
+                            MASTER_ADDR=f"{subnet}.1" if shaped else "127.0.0.1",
+                            **(env or {}))  # fmt: skip
+            cmd = [sys.executable, *argv]
             if shaped:
-                cmd = ["ip", "netns", "exec", f"{NS}{r}", *cmd]
-                env["RINGREDUCE_HOST_ID"] = f"emulated-{r}"
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+                cmd = ["ip", "netns", "exec", f"{ns}{r}", *cmd]
+                rank_env["RINGREDUCE_HOST_ID"] = f"emulated-{r}"
+            procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.PIPE, text=True))
         outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
         if any(p.returncode for p in procs):
             raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
@@ -136,7 +152,7 @@ def launch(args: argparse.Namespace, mode: str) -> dict:
             if p.poll() is None:
                 p.kill()
         if shaped:
-            hosts_down(n)
+            hosts_down(n, ns, switch)
 
 
 # ---- rank side -----------------------------------------------------------------------

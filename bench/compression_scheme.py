@@ -34,7 +34,6 @@ import functools
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -131,33 +130,9 @@ def rank_main(opts: dict) -> None:
 
 
 def launch(args: argparse.Namespace) -> list:
-    shaped = args.link != "shm"
-    port = str(20000 + int.from_bytes(os.urandom(2), "little") % 20000)
-    if shaped:
-        compression_bench.hosts_down(args.n, NS, SWITCH)
-        compression_bench.hosts_up(args.n, args.link, NS, SWITCH, SUBNET, "s")
-    procs = []
-    try:
-        for r in range(args.n):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.n), MASTER_PORT=port,
-                       MASTER_ADDR=f"{SUBNET}.1" if shaped else "127.0.0.1",
-                       OMP_NUM_THREADS="1")  # fmt: skip
-            cmd = [sys.executable, os.path.abspath(__file__), "--rank-main",
-                   json.dumps(vars(args))]  # fmt: skip
-            if shaped:
-                cmd = ["ip", "netns", "exec", f"{NS}{r}", *cmd]
-                env["RINGREDUCE_HOST_ID"] = f"emulated-{r}"
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-        outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
-        if any(p.returncode for p in procs):
-            raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
-        return json.loads(outs[0].strip().splitlines()[-1])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        if shaped:
-            compression_bench.hosts_down(args.n, NS, SWITCH)
+    argv = [os.path.abspath(__file__), "--rank-main", json.dumps(vars(args))]
+    return compression_bench.run_ranks(args, argv, NS, SWITCH, SUBNET, "s",
+                                       env={"OMP_NUM_THREADS": "1"})  # fmt: skip
 
 
 def table(rows: list, args: argparse.Namespace) -> str:
@@ -188,6 +163,7 @@ def main() -> None:
     p.add_argument("--sizes", default="1M,16M,64M")
     p.add_argument("--codecs", default="bf16,int8,int4")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--burst", default="256K", help="tc tbf's burst on every shaped link")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args()

@@ -135,9 +135,9 @@ def run_ranks(
     procs = []
     try:
         for r in range(n):
-            rank_env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=port,
-                            MASTER_ADDR=f"{subnet}.1" if shaped else "127.0.0.1",
-                            **(env or {}))  # fmt: skip
+            rank_env = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(n),
+                        "MASTER_PORT": port,
+                        "MASTER_ADDR": f"{subnet}.1" if shaped else "127.0.0.1"}  # fmt: skip
             cmd = [sys.executable, *argv]
             if shaped:
                 cmd = ["ip", "netns", "exec", f"{ns}{r}", *cmd]

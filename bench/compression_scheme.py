@@ -19,11 +19,11 @@ differ in how the owner gets its sum:
   float32 to its own contribution. Each partial sum is quantized again at every hop. It
   is written here with the same codec kernels (encode, decode_add) and the engine's
   point-to-point messages (the send overlapped with the receive), whole, as the one-hop
-  row "whole" is.
+  row "whole" is: not segmented, so that no hop's codec work overlaps its transfer.
 
 Reported: the slowest rank's best of ``--reps`` calls after one warm-up, and the
 relative L2 error of the result against the float64 sum of the same inputs (Gaussian,
-a different seed per rank), which every rank regenerates. Error feedback has no place in
+a different seed per rank), which rank 0 regenerates. Error feedback has no place in
 the ring: the errors made at its middle hops belong to no rank's input.
 """
 

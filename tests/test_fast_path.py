@@ -238,36 +238,52 @@ def test_the_builtin_has_the_methods_signature_and_frees_the_communicator():
 
 
 def _auto_kept_exact(comm, sizes):
-    """Blocking "auto" calls that auto keeps exact (every call over shared memory on one
-    host; calls under its smallest size elsewhere): (the sizes and ops whose call took
-    the fast path, mismatches with the exact call's bits, how far the compressed calls'
-    count moved per call)."""
-    from ringreduce._comm.compressed import _state
+    """Blocking "auto" calls, of each size and op: (those that took the fast path
+    without entering the compressed module's general path, those that entered it,
+    mismatches with the exact call's bits, how far the compressed calls' count moved per
+    call). Auto keeps exact every call over shared memory on one host, and calls under
+    its smallest size elsewhere."""
+    from ringreduce._comm import compressed
 
     spy = _Spy(comm)
     comm.all_reduce(np.ones(4, np.float32), compression="int8")  # the compressed state exists
-    st = _state(comm)
-    taken, bad, counted = [], [], []
-    for n in sizes:
-        for op in ("sum", "avg"):
-            x = (np.arange(n, dtype=np.float32) % 13) * 0.25 + comm.rank
-            exact = comm.all_reduce(x, op)
-            calls = st.calls
-            got = spy.call(comm.all_reduce, x, op, compression="auto")
-            counted.append(st.calls - calls)
-            if spy.taken[-1]:
-                taken.append((n, op))
-            if got.dtype != exact.dtype or got.tobytes() != exact.tobytes():
-                bad.append((n, op))
-    # A strided array: the fast path declines it, and the general path runs it exact
-    # without counting it a second time.
-    x = (np.arange(20, dtype=np.float32) + comm.rank)[::2]
-    calls = st.calls
-    got = spy.call(comm.all_reduce, x, compression="auto")
-    counted.append(st.calls - calls)
-    if spy.taken[-1] or not np.array_equal(got, comm.all_reduce(x.copy())):
-        bad.append(("strided", spy.taken[-1]))
-    return taken, bad, counted
+    st = compressed._state(comm)
+    entered = []
+    general = compressed.all_reduce
+
+    def watched(*args, **kwargs):
+        entered.append(True)
+        return general(*args, **kwargs)
+
+    compressed.all_reduce = watched
+    taken, through, bad, counted = [], [], [], []
+    try:
+        for n in sizes:
+            for op in ("sum", "avg"):
+                x = (np.arange(n, dtype=np.float32) % 13) * 0.25 + comm.rank
+                exact = comm.all_reduce(x, op)
+                calls, before = st.calls, len(entered)
+                got = spy.call(comm.all_reduce, x, op, compression="auto")
+                counted.append(st.calls - calls)
+                if len(entered) > before:
+                    through.append((n, op))
+                elif spy.taken[-1]:
+                    taken.append((n, op))
+                if got.dtype != exact.dtype or got.tobytes() != exact.tobytes():
+                    bad.append((n, op))
+        # A strided array: the fast path declines it, and the general exact path runs it
+        # without counting it a second time.
+        x = (np.arange(20, dtype=np.float32) + comm.rank)[::2]
+        calls, before = st.calls, len(entered)
+        got = spy.call(comm.all_reduce, x, compression="auto")
+        counted.append(st.calls - calls)
+        if spy.taken[-1] or len(entered) > before:
+            bad.append(("strided", spy.taken[-1], len(entered) > before))
+        if not np.array_equal(got, comm.all_reduce(x.copy())):
+            bad.append(("strided", "bits"))
+    finally:
+        compressed.all_reduce = general
+    return taken, through, bad, counted
 
 
 def test_auto_calls_kept_exact_take_the_fast_path(group_factory):
@@ -277,12 +293,16 @@ def test_auto_calls_kept_exact_take_the_fast_path(group_factory):
     sizes = (3, 1000, MIN_BYTES // 4 + 1000)
     every = [(n, op) for n in sizes for op in ("sum", "avg")]
     group = group_factory(2, transport="shm")
-    for taken, bad, counted in group.run(_auto_kept_exact, sizes):
-        assert (taken, bad) == (every, []), (taken, bad)
+    for taken, through, bad, counted in group.run(_auto_kept_exact, sizes):
+        assert (taken, through, bad) == (every, [], []), (taken, through, bad)
         assert counted == [1] * (len(every) + 1), counted  # numbered like any compressed call
-    # Over TCP, calls under auto's smallest size.
-    sizes = (3, 1000, MIN_BYTES // 4 - 1)
-    every = [(n, op) for n in sizes for op in ("sum", "avg")]
-    for taken, bad, counted in group_factory(2, transport="tcp").run(_auto_kept_exact, sizes):
-        assert (taken, bad) == (every, []), (taken, bad)
-        assert counted == [1] * (len(every) + 1), counted
+    # Over TCP, calls under auto's smallest size are kept exact; from it up, auto decides
+    # on the compressed module's path (its first calls there calibrate).
+    sizes = (3, 1000, MIN_BYTES // 4 - 1, MIN_BYTES // 4 + 1000)
+    small = [(n, op) for n in sizes[:3] for op in ("sum", "avg")]
+    big = [(sizes[3], op) for op in ("sum", "avg")]
+    for taken, through, bad, counted in group_factory(2, transport="tcp").run(
+        _auto_kept_exact, sizes
+    ):
+        assert (taken, through, bad) == (small, big, []), (taken, through, bad)
+        assert counted[: len(small)] == [1] * len(small) and counted[-1] == 1, counted

@@ -4,8 +4,8 @@ over shared memory, or a world of one), against compression=None on the same arr
     ringreduce launch -n 2 --transport shm -- python bench/auto_overhead.py
 
 Each line: the best of 7 timed loops per path (2000 calls; 300 at 1 MiB, 20 at 16 MiB, 5
-at 64 MiB), the paths'
-loops alternating so that both see the same load; float32 sum, out of place.
+at 64 MiB), the paths' loops alternating so that both see the same load; float32 sum,
+out of place.
 """
 
 import time

@@ -286,14 +286,18 @@ def _auto_kept_exact(comm, sizes):
     return taken, through, bad, counted
 
 
-def test_auto_calls_kept_exact_take_the_fast_path(group_factory):
+def test_auto_calls_kept_exact_take_the_fast_path():
+    # Groups of its own: auto's calibration state would outlive the test in a shared one.
     from ringreduce.compression.policy import MIN_BYTES
+
+    from _ranks import RankGroup
 
     # One host over shared memory: auto never compresses, so every call is exact.
     sizes = (3, 1000, MIN_BYTES // 4 + 1000)
     every = [(n, op) for n in sizes for op in ("sum", "avg")]
-    group = group_factory(2, transport="shm")
-    for taken, through, bad, counted in group.run(_auto_kept_exact, sizes):
+    with RankGroup(2, transport="shm") as group:
+        results = group.run(_auto_kept_exact, sizes)
+    for taken, through, bad, counted in results:
         assert (taken, through, bad) == (every, [], []), (taken, through, bad)
         assert counted == [1] * (len(every) + 1), counted  # numbered like any compressed call
     # Over TCP, calls under auto's smallest size are kept exact; from it up, auto decides
@@ -301,8 +305,8 @@ def test_auto_calls_kept_exact_take_the_fast_path(group_factory):
     sizes = (3, 1000, MIN_BYTES // 4 - 1, MIN_BYTES // 4 + 1000)
     small = [(n, op) for n in sizes[:3] for op in ("sum", "avg")]
     big = [(sizes[3], op) for op in ("sum", "avg")]
-    for taken, through, bad, counted in group_factory(2, transport="tcp").run(
-        _auto_kept_exact, sizes
-    ):
+    with RankGroup(2, transport="tcp") as group:
+        results = group.run(_auto_kept_exact, sizes)
+    for taken, through, bad, counted in results:
         assert (taken, through, bad) == (small, big, []), (taken, through, bad)
         assert counted[: len(small)] == [1] * len(small) and counted[-1] == 1, counted

@@ -233,7 +233,7 @@ class Communicator(PointToPoint, Resilience, Windows):
             # The common case (host numpy arrays, blocking) is checked and run in C++,
             # through the same thread gate; None when the call needs the general path,
             # and then nothing was issued. "auto" calls that it keeps exact (counted by
-            # auto_exact) take it too: the general path costs a thread hand-off.
+            # auto_exact) take it too: the general path's checks and shaping cost 10-60 us.
             compression = None
             try:
                 result = self._fast_all_reduce(x, out, op)

@@ -180,7 +180,7 @@ def takes(
         return False
     if async_op:
         return True
-    return not (compression == AUTO and error_feedback is None and auto_exact(comm, x, op))
+    return not (error_feedback is None and kept_exact(comm, x, op, compression))
 
 
 def kept_exact(comm: Any, x: Any, op: Any, compression: Any) -> bool:

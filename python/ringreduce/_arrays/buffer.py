@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .. import _core
+from .bfloat16 import bfloat16
 
 __all__ = [
     "Buffer",
@@ -189,10 +190,8 @@ def _torch_numpy_view(t: Any) -> np.ndarray:
 
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
         # numpy has no bfloat16; reinterpret the bits as ml_dtypes.bfloat16.
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(bfloat16("a torch.bfloat16 tensor"))
     return t.numpy()
 
 

@@ -43,10 +43,10 @@ import warnings
 import weakref
 from typing import Any, Dict
 
-import ml_dtypes
 import numpy as np
 
 from .. import _core
+from .._arrays.bfloat16 import loaded_bfloat16
 from .._arrays.buffer import describe
 from .._arrays.inout import input_buffer, output_buffer
 from .._env import debug_topics
@@ -67,9 +67,18 @@ _SUM_AVG = frozenset(("sum", "avg", ReduceOp.SUM, ReduceOp.AVG))
 _OK_DTYPES = ("float32", "float16", "bfloat16")
 # numpy dtypes auto may hand to the engine unchecked (comparing dtypes, not names: a
 # dtype's name costs microseconds, as much as a small exact all_reduce on one host).
-_FAST_DTYPES = frozenset(np.dtype(d) for d in ("float32", "float16", "float64")) | {
-    np.dtype(ml_dtypes.bfloat16)
-}
+# bfloat16 joins once ml_dtypes is imported (`_fast_dtype`): before that no array has it.
+_FAST_DTYPES = {np.dtype(d) for d in ("float32", "float16", "float64")}
+
+
+def _fast_dtype(dtype: np.dtype) -> bool:
+    if dtype in _FAST_DTYPES:
+        return True
+    bf16 = loaded_bfloat16()
+    if bf16 is None or dtype != bf16:
+        return False
+    _FAST_DTYPES.add(bf16)
+    return True
 
 
 class _State:
@@ -198,7 +207,7 @@ def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:
     before the communicator's first compressed call, under RINGREDUCE_DEBUG, and for
     ops other than sum and avg (refused on every path, as with a codec)."""
     st = _STATES.get(comm)
-    if st is None or type(x) is not np.ndarray or st.debug or x.dtype not in _FAST_DTYPES:
+    if st is None or type(x) is not np.ndarray or st.debug or not _fast_dtype(x.dtype):
         return False
     comm._lane.drain()  # the lane's calls are numbered before this one
     try:

@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 
+from .._arrays.bfloat16 import bfloat16
+
 __all__ = [
     "bus_factor",
     "count_wrong",
@@ -151,8 +153,7 @@ def resolve_dtype(name: str) -> np.dtype:
         raise ValueError(f"unsupported dtype {name!r} (choose from {', '.join(DTYPES)})")
     if name == "bfloat16":
         try:
-            import ml_dtypes
+            return bfloat16("-d bfloat16")
         except ImportError as exc:
-            raise ValueError("bfloat16 needs ml_dtypes: pip install ml_dtypes") from exc
-        return np.dtype(ml_dtypes.bfloat16)
+            raise ValueError(str(exc)) from None
     return np.dtype(name)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays.bfloat16 import bfloat16
+
 __all__ = [
     "MIB",
     "ParamSpec",
@@ -68,9 +70,7 @@ def as_dtype(dtype: Any) -> np.dtype:
         "double": "float64",
     }.get(name, name)
     if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
+        return bfloat16("a bfloat16 gradient")
     try:
         return np.dtype(name)
     except TypeError:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._arrays.bfloat16 import bfloat16
 from ..bucketing import GradientBucketer, Handle
 from ..bucketing.plan import as_dtype
 
@@ -21,10 +22,8 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     """A numpy array sharing memory with a CPU tensor (bfloat16 via ml_dtypes)."""
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
         # numpy has no bfloat16 of its own: reinterpret the bits as ml_dtypes.bfloat16.
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(bfloat16("a torch.bfloat16 gradient"))
     if t.dtype == torch.bool:
         return t.numpy().view(np.uint8)
     return t.numpy()

@@ -10,8 +10,26 @@ then SIGKILL after a grace period) and the launcher exits with the failing rank'
 a broken job never leaves orphans or hangs. Ctrl-C stops every rank and prints one line.
 """
 
-from .cli import build_parser, main
-from .ports import free_port
-from .run import launch
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["build_parser", "free_port", "launch", "main"]
+
+# Where each name lives. They load on first use: every rank imports `ports` (through the
+# communicator's start-up) and should not pay for the launcher's argparse and subprocess.
+_HOMES = {"build_parser": "cli", "main": "cli", "free_port": "ports", "launch": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(__all__)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ringreduce import bench
-from ringreduce.bench import sweep
+from ringreduce.bench import options, sweep
 
 BENCH = [sys.executable, "-m", "ringreduce", "bench"]
 # Short sweeps: few iterations, small sizes; the 2-core machine runs all ranks.
@@ -129,7 +129,7 @@ def test_count_wrong():
 
 def test_without_nprocs():
     argv = ["-n", "4", "-e", "1M", "--nprocs=3", "-n2", "--nprocs", "5", "-d", "float16"]
-    assert sweep._without_nprocs(argv) == ["-e", "1M", "-d", "float16"]
+    assert options.without_nprocs(argv) == ["-e", "1M", "-d", "float16"]
 
 
 def test_bad_arguments():
@@ -137,6 +137,75 @@ def test_bad_arguments():
     assert r.returncode == 2 and "floating" in r.stderr
     r = run_bench(["-n", "2", "-d", "complex64"])
     assert r.returncode == 2 and "unsupported dtype" in r.stderr
+
+
+# Each bad argument, and the words the usage error must say (the argument it names first).
+_REFUSED = [
+    (["-b", "1K", "-e", "1"], ["-b/--min-bytes", "larger than -e/--max-bytes"]),
+    (["-b", "1", "-e", "3"], ["-b/-e", "float32 element"]),
+    (["-b", "0"], ["-b/--min-bytes", "at least 1"]),
+    (["-b", "12X"], ["-b/--min-bytes", "not a size"]),
+    (["-f", "1"], ["-f/--step-factor", "at least 2"]),
+    (["-n", "0"], ["-n/--nprocs", "at least 1"]),
+    (["-i", "0"], ["-i/--iters", "at least 1"]),
+    (["-w", "-1"], ["-w/--warmup", "at least 0"]),
+    (["-r", "0"], ["-r/--rounds", "at least 1"]),
+    (["--timeout", "0"], ["--timeout", "positive"]),
+    (["--timeout", "nan"], ["--timeout", "positive"]),
+    (["-d", "complex64"], ["-d/--dtype", "complex64"]),
+    (["-d", "int8", "-o", "avg"], ["-o avg", "int8"]),
+    (["-o", "mean"], ["-o/--op", "invalid choice"]),
+    (["--transport", "nosuch"], ["--transport", "nosuch"]),
+    (["--compare", "nccl"], ["--compare", "nccl"]),
+    (["--compare", "window,window"], ["--compare", "window is named twice"]),
+    (["--compare", "mpi"], ["--compare mpi", "mpirun"]),
+    (["--compare", "gloo,mpi"], ["--compare mpi", "mpirun"]),
+    (["--compare", "window", "--transport", "tcp"], ["--compare window", "tcp"]),
+    (["--compare", "gloo", "-o", "avg"], ["--compare gloo", "'avg'"]),
+    (["--json", "/nonexistent-folder/r.json"], ["--json", "no folder"]),
+    (["--csv", "."], ["--csv", "is a folder"]),
+]
+
+
+@pytest.mark.parametrize("args, words", _REFUSED, ids=[" ".join(a) for a, _ in _REFUSED])
+def test_bad_argument_refused_before_any_rank_starts(args, words, monkeypatch, capsys):
+    """The usage error names the argument and exits 2; the launcher is never called."""
+    started = []
+    monkeypatch.setattr(sweep, "launch", lambda *a, **k: started.append(a) or 0)
+    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RINGREDUCE_TRANSPORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main(["-n", "2", *args])
+    assert exit_.value.code == 2
+    assert started == []
+    err = capsys.readouterr().err
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("ringreduce bench: error: "), err
+    for word in words:
+        assert word in message, message
+
+
+def test_bad_argument_from_the_command_line():
+    """The same refusals as a user sees them: one usage error, nothing on stdout, exit 2
+    (before this check, -f 1 gave a traceback from every rank; -b 1K -e 1 an empty table
+    and exit 0)."""
+    for args in (["-b", "1K", "-e", "1"], ["-f", "1"]):
+        r = run_bench(["-n", "2", *args], timeout=60)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stdout == "" and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("ringreduce bench: error: -")
+
+
+def test_bad_transport_setting_refused(monkeypatch, capsys):
+    """RINGREDUCE_TRANSPORT stands in for --transport and is checked like it."""
+    monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("a rank was started"))
+    monkeypatch.setenv("RINGREDUCE_TRANSPORT", "carrier-pigeon")
+    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main(["-n", "2"])
+    assert exit_.value.code == 2
+    assert "RINGREDUCE_TRANSPORT: unknown transport 'carrier-pigeon'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------- real sweeps
@@ -239,9 +308,8 @@ def test_compare_gloo(tmp_path):
         "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
     )
     out_json = tmp_path / "r.json"
-    r = run_bench(["-n", "2", "-e", "4K", *QUICK, "--compare", "gloo,mpi", "--json", str(out_json)])
+    r = run_bench(["-n", "2", "-e", "4K", *QUICK, "--compare", "gloo", "--json", str(out_json)])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "# note: mpi skipped: not running under mpirun" in r.stdout
     rows = table(r.stdout)
     assert rows and all(len(row) == 17 for row in rows)  # ours (12), memcpy (2), gloo (3)
     data = json.loads(out_json.read_text())["rows"]
@@ -263,11 +331,10 @@ def test_compare_window(tmp_path):
     window = [row for row in json.loads(out_json.read_text())["rows"] if row["system"] == "window"]
     assert [row["size"] for row in window] == [1024, 32768, 1048576]
     assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in window)
-    # Over TCP there are no windows: the column is left out, with a note saying why.
+    # Over TCP there are no windows: refused before any rank starts, saying why.
     r = run_bench(["-n", "2", "-e", "1K", *QUICK, "--transport", "tcp", "--compare", "window"])
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "# note: window skipped: windows need every rank on one host" in r.stdout
-    assert all(len(row) == 14 for row in table(r.stdout))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "windows need every rank on one host" in r.stderr and r.stdout == ""
 
 
 @pytest.mark.mpi
@@ -292,9 +359,12 @@ def test_under_mpirun(tmp_path):
 
 
 def test_init_failure_ends_job():
-    r = run_bench(["-n", "2", "-e", "8", "--transport", "nosuch"], timeout=60)
-    assert r.returncode == 1
-    assert "init failed" in r.stderr and "job failed" in r.stderr
+    # A setting the ranks read at init (the bench's own arguments are checked before
+    # the launch): every rank's init fails, and the job with them.
+    r = run_bench(["-n", "2", "-e", "8"], timeout=60, extra_env={"RINGREDUCE_TCP_STREAMS": "99"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "init failed" in r.stderr and "RINGREDUCE_TCP_STREAMS" in r.stderr
+    assert "job failed" in r.stderr
 
 
 AB_COMPARE = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "ab_compare.py")

@@ -15,19 +15,15 @@ import numpy as np
 from .. import _core, _env
 from ..errors import RingReduceError
 from ..launch import launch
+from . import options, report
 from . import peers as bench_peers
-from . import report
 from .data import (
-    DTYPES,
-    OPS,
     bus_factor,
     count_wrong,
     default_iters,
     default_warmup,
     expected_output,
     make_input,
-    parse_size,
-    resolve_dtype,
     sweep_sizes,
 )
 
@@ -35,123 +31,23 @@ __all__ = ["main"]
 
 _VERSION = _core.build_info()["version"]  # the package's version, built into the engine
 
-# --------------------------------------------------------------------------------------
-# Command line
-
-
-def build_parser(prog: str = "ringreduce bench") -> argparse.ArgumentParser:
-    """The argument parser of ``ringreduce bench``."""
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="all_reduce bandwidth sweep, nccl-tests style (GB = 1e9 bytes).",
-        epilog="Sizes take suffixes K, M and G (powers of 1024): -b 8 -e 256M. Examples:\n"
-        "  ringreduce bench -n 4\n"
-        "  mpirun -np 4 python -m ringreduce bench --compare mpi,gloo\n"
-        "  ringreduce bench -n 2 -b 1K -e 1G -f 4 -d bfloat16 -o avg --json r.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "-n", "--nprocs", type=int, help="launch N local ranks (default: 1; not under mpirun)"
-    )
-    p.add_argument(
-        "-b", "--min-bytes", type=parse_size, default=8, help="smallest size (default: 8)"
-    )
-    p.add_argument(
-        "-e", "--max-bytes", type=parse_size, default=64 << 20, help="largest size (default: 64M)"
-    )
-    p.add_argument(
-        "-f", "--step-factor", type=int, default=2, help="size multiplier per row (default: 2)"
-    )
-    p.add_argument(
-        "-d", "--dtype", default="float32", help=f"{', '.join(DTYPES)} (default: float32)"
-    )
-    p.add_argument("-o", "--op", default="sum", choices=OPS, help="default: sum")
-    p.add_argument(
-        "-w", "--warmup", type=int, help="warm-up calls incl. the checked one (default: 5..1)"
-    )
-    p.add_argument(
-        "-i",
-        "--iters",
-        type=int,
-        help="timed iterations (default: 20, fewer above 16 MB, and more for fast calls, "
-        "to fill 5 ms back to back)",
-    )
-    p.add_argument(
-        "-r",
-        "--rounds",
-        type=int,
-        default=3,
-        help="timed rounds, all systems interleaved round by round; the median round "
-        "counts (default: 3)",
-    )
-    p.add_argument(
-        "-c",
-        "--check",
-        type=int,
-        default=1,
-        choices=(0, 1),
-        help="check every result, #wrong column (default: 1)",
-    )
-    p.add_argument(
-        "--transport", help="auto, shm, tcp or mpi (default: $RINGREDUCE_TRANSPORT or auto)"
-    )
-    p.add_argument(
-        "--timeout", type=float, default=60.0, help="per-call timeout, seconds (default: 60)"
-    )
-    p.add_argument(
-        "--compare",
-        default="",
-        help="comma list of other systems: mpi,gloo,window (window: ours on comm.empty "
-        "arrays) (default: none)",
-    )
-    p.add_argument("--json", metavar="PATH", help="write all rows as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write all rows as CSV")
-    p.add_argument("--plot", metavar="PATH.png", help="plot busbw vs size (needs matplotlib)")
-    return p
-
 
 def _in_job() -> bool:
     """True when started as one rank of a job (ringreduce launch, torchrun or mpirun)."""
     return _env.launched_with_rank() or bench_peers.under_mpirun()
 
 
-def _without_nprocs(argv: Sequence[str]) -> list[str]:
-    """argv less any -n/--nprocs option, for the ranks we launch."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("-n", "--nprocs"):
-            skip = True
-        elif not (arg.startswith("--nprocs=") or (arg.startswith("-n") and arg[2:].isdigit())):
-            out.append(arg)
-    return out
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "ringreduce bench") -> int:
-    """Entry point of ``ringreduce bench``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        dtype = resolve_dtype(args.dtype)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.op == "avg" and dtype.kind in "iu":
-        parser.error("avg is defined for floating dtypes only")
-    if args.nprocs is not None and args.nprocs < 1:
-        parser.error("-n must be at least 1")
-    if args.rounds < 1:
-        parser.error("-r must be at least 1")
-    args.argv = _without_nprocs(argv)
+    """Entry point of ``ringreduce bench``; returns the exit status (2: a bad argument,
+    refused before any rank starts)."""
+    args = options.parse(list(sys.argv[1:] if argv is None else argv), prog)
     if not _in_job():
         nprocs = args.nprocs or 1
         if args.nprocs is None:
             print(f"{prog}: no -n given, running 1 rank (busbw is 0 for one rank)", file=sys.stderr)
         cmd = [sys.executable, "-m", "ringreduce", "bench", *args.argv]
         return launch(nprocs, cmd, prefix=False, transport=args.transport)
-    return _run(args, dtype)
+    return _run(args)
 
 
 # --------------------------------------------------------------------------------------
@@ -228,9 +124,8 @@ def _timed(
     return (time.perf_counter() - start) / iters, iters
 
 
-def _run(args: argparse.Namespace, dtype: np.dtype) -> int:
-    compare = [s.strip().lower() for s in args.compare.split(",") if s.strip()]
-    if "mpi" in compare and bench_peers.under_mpirun():
+def _run(args: argparse.Namespace) -> int:
+    if "mpi" in args.systems:
         try:
             # MPI must be initialized by mpi4py (thread level MULTIPLE) before ringreduce
             # touches it, or mpi4py would find it initialized at a level it did not ask for.
@@ -239,24 +134,23 @@ def _run(args: argparse.Namespace, dtype: np.dtype) -> int:
             pass  # open_peers reports it
     from .._comm.bootstrap import init
 
-    transport = args.transport or _env.transport_setting() or "auto"
     try:
-        comm = init(transport, timeout=args.timeout)
+        comm = init(args.transport, timeout=args.timeout)
     except (RingReduceError, ValueError) as exc:
         # A setup problem (no such transport, rendezvous failed): one line, no traceback.
         rank = _env.launcher_rank() or "?"
         print(f"ringreduce bench: rank {rank}: init failed: {exc}", file=sys.stderr)
         return 1
     try:
-        return _sweep(args, dtype, comm, compare)
+        return _sweep(args, comm)
     finally:
         comm.close()
 
 
-def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[str]) -> int:
-    world, rank = comm.world_size, comm.rank
+def _sweep(args: argparse.Namespace, comm: Any) -> int:
+    world, rank, dtype = comm.world_size, comm.rank, args.dtype
     lead = rank == 0
-    peers, notes = bench_peers.open_peers(compare, comm, args.op, args.timeout)
+    peers, notes = bench_peers.open_peers(args.systems, comm, args.op, args.timeout)
     sizes = sweep_sizes(args.min_bytes, args.max_bytes, args.step_factor, dtype.itemsize)
     factor = bus_factor(world)
     header = report.Header(dtype.name, args.op, peers)
@@ -289,7 +183,7 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
     disabled: dict[str, str] = {}
     for index, size in enumerate(sizes, 1):
         progress.start(index, size)
-        size_rows = _measure(args, dtype, comm, peers, size, disabled)
+        size_rows = _measure(args, comm, peers, size, disabled)
         rows.extend(size_rows)
         progress.clear()
         if lead:
@@ -321,7 +215,6 @@ def _sweep(args: argparse.Namespace, dtype: np.dtype, comm: Any, compare: list[s
 
 def _measure(
     args: argparse.Namespace,
-    dtype: np.dtype,
     comm: Any,
     peers: list[Any],
     size: int,
@@ -332,6 +225,7 @@ def _measure(
     A comparison system that fails (MPI has no bfloat16; Gloo has no bfloat16 on CPU in
     older torch) is added to ``disabled`` with the reason and not run again.
     """
+    dtype = args.dtype
     count = size // dtype.itemsize
     warmup = args.warmup if args.warmup is not None else default_warmup(size)
     iters = args.iters or default_iters(size)

@@ -152,6 +152,43 @@ def test_mismatch_message_names_both_calls():
     assert "all_reduce(count=12, float32, sum)" in msg
 
 
+def _error_text(comm, counts):
+    try:
+        comm.all_reduce(np.ones(counts[comm.rank], dtype=np.float64))
+    except rr.RingReduceError as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+@pytest.mark.parametrize("links", ["shm", "tcp"])
+def test_each_rank_tells_its_own_call_first(links):
+    """Rank 1's error starts with rank 1's call, then names rank 0's, whichever rank
+    found the mismatch and published it first (rank 0 passes 3 values, rank 1 four)."""
+    outcomes = run_ranks(2, _error_text, [3, 4], init_timeout=20, transport=links)
+    texts = [value for status, value, tb in outcomes if status == "ok" or pytest.fail(tb)]
+    for rank, (kind, text) in enumerate(texts):
+        assert kind == "MismatchError", text
+        count = 3 + rank
+        assert text.startswith(f"rank {rank}: all_reduce(count={count}, float64, sum) (call #1)"), (
+            text
+        )
+        assert "all_reduce(count=3, float64, sum)" in text, text
+        assert "all_reduce(count=4, float64, sum)" in text, text
+
+
+def test_a_rank_that_only_heard_of_the_failure_tells_its_own_call_first():
+    """Ranks 0 and 1 agree, rank 2 does not: every rank's text starts with its own call,
+    the ranks that learnt of the mismatch through the first report included."""
+    counts = [5, 5, 6]
+    outcomes = run_ranks(3, _error_text, counts, init_timeout=20)
+    texts = [value for status, value, tb in outcomes if status == "ok" or pytest.fail(tb)]
+    for rank, (kind, text) in enumerate(texts):
+        assert kind == "MismatchError", text
+        own = f"rank {rank}: all_reduce(count={counts[rank]}, float64, sum) (call #1) failed: "
+        assert text.startswith(own + "collective mismatch between rank "), text
+        assert "all_reduce(count=6, float64, sum)" in text, text
+
+
 def _mismatch_facts(comm, counts):
     """The attributes of the MismatchError this rank raises (exceptions cross the process
     boundary without their attributes)."""
@@ -205,6 +242,8 @@ def _absent_named(n, late, directory, count, links, timeout=3.0):
         assert (kind, peer) == ("TimeoutError", late), message
         call = f"all_reduce(count={count}, float32, sum)"
         assert f"rank {late} did not start {call}" in message, message
+        # Each rank tells its own call first, whoever's wait it learnt the culprit from.
+        assert message.startswith(f"rank {rank}: {call} (call #"), message
     return seconds
 
 

@@ -201,19 +201,21 @@ def _mismatch(comm):
     comm.all_reduce(np.ones(10 + (comm.rank == comm.world_size - 1)))
 
 
-def test_relayed_errors_lead_with_the_culprit_and_the_cause():
+def test_relayed_errors_lead_with_their_own_call_then_the_culprit_and_the_cause():
     outcomes = run_ranks(3, _mismatch, init_timeout=60)
     assert all(kind == "err" for kind, *_ in outcomes), outcomes
     messages = [str(error) for _, error, _ in outcomes]
-    # Every rank names the same first failure, and says it first.
-    culprits = {m.split(":", 1)[0] for m in messages}
-    assert len(culprits) == 1, messages
-    for m in messages:
+    for rank, m in enumerate(messages):
+        # Each rank says its own call first (rank 2 passed 11 values, the others 10)...
+        call = f"all_reduce(count={10 + (rank == 2)}, float64, sum) (call #1)"
+        assert m.startswith(f"rank {rank}: {call} failed: "), m
         assert "collective mismatch between rank" in m.split("[", 1)[0], m
         # Stated once: a rank that saw the mismatch too does not repeat it in brackets;
         # a rank that saw something else (its link going down) says so after it.
         assert m.count("mismatch between") == 1, m
-    assert len({m.split(" [", 1)[0] for m in messages}) == 1, messages
+    # ...then the same first failure as every other rank.
+    causes = {m.split(" failed: ", 1)[1].split(" [", 1)[0] for m in messages}
+    assert len(causes) == 1, messages
 
 
 def _ours(tb) -> list:

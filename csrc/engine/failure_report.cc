@@ -213,6 +213,32 @@ bool interrupted(std::exception_ptr error) {
   }
 }
 
+// The first failure, as the error of rank `rank` whose own call (description)
+// failed with `cause`: "rank 1: <our call> failed after rank 0's <its call>
+// failed: <its cause> [seen here: <our cause>]". A mismatch names both calls in
+// its cause already, so it reads "rank 1: <our call> failed: <the mismatch>";
+// one we saw too is the same news from the other side, stated once.
+std::string told_from_here(const Report& first, int rank, const std::string& description,
+                           const std::string& cause, bool saw_mismatch) {
+  const std::string mine = "rank " + std::to_string(rank) + ": " + description + " failed";
+  const std::string seen = " [seen here: " + cause + "]";
+  // A record written by report_failure reads "rank F: <call> failed: <cause>";
+  // those made up for a rank that could not write one (a dead or stopped
+  // store host) are a sentence of their own.
+  const std::string theirs = "rank " + std::to_string(first.rank) + ": ";
+  const std::string::size_type split = first.message.find(" failed: ");
+  if (first.rank < 0 || first.message.rfind(theirs, 0) != 0 || split == std::string::npos) {
+    return mine + ": " + first.message + seen;
+  }
+  const std::string their_call = first.message.substr(theirs.size(), split - theirs.size());
+  const std::string their_cause = first.message.substr(split + 9);
+  if (first.kind == "mismatch") {
+    return mine + ": " + their_cause + (saw_mismatch ? "" : seen);
+  }
+  return mine + " after rank " + std::to_string(first.rank) + "'s " + their_call +
+         " failed: " + their_cause + seen;
+}
+
 }  // namespace
 
 FailureOutcome report_failure(Store& store, const std::string& prefix, Transport& transport,
@@ -316,16 +342,11 @@ FailureOutcome report_failure(Store& store, const std::string& prefix, Transport
   const Report* raised = &mine;
   if (first.rank != rank) {
     // Someone failed before us; our own failure is most likely the echo of
-    // theirs, so the message leads with the original cause and its culprit,
-    // and what we saw ourselves comes after, in brackets.
-    // A mismatch we saw too is the same news from the other side: it is
-    // stated once.
+    // theirs. The error is theirs (its kind, culprit and facts are the same
+    // news on every rank), told from here: our own call first, then theirs
+    // and its cause, then what we saw ourselves in brackets.
     raised = &first;
-    message = first.message;
-    if (!(first.kind == "mismatch" && mine.kind == "mismatch")) {
-      message += " [then here, on rank " + std::to_string(rank) + ", " + description +
-                 " failed: " + cause + "]";
-    }
+    message = told_from_here(first, rank, description, cause, mine.kind == "mismatch");
   }
   if (interrupted(error)) return {error, message};
   return {make_error(*raised, message), message};

@@ -65,12 +65,20 @@ def main() -> None:
     )  # fmt: skip
     ddp = DDP(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    if rank == 0:
+        print(f"{world} ranks on {dist.get_backend()}, {len(loader)} steps an epoch")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
+        total = torch.zeros(2)  # this rank's summed loss and steps this epoch
         for xy, label in loader:
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(xy), label).backward()
+            loss = torch.nn.functional.cross_entropy(ddp(xy), label)
+            loss.backward()  # DDP all-reduces the gradients while backward runs
             opt.step()
+            total += torch.stack([loss.detach(), torch.ones(())])
+        dist.all_reduce(total)  # over every rank: the epoch's mean loss
+        if rank == 0:
+            print(f"epoch {epoch:3d}  loss {float(total[0] / total[1]):.4f}")
 
     with torch.no_grad():
         accuracy = (model(test.tensors[0]).argmax(1) == test.tensors[1]).float().mean().item()
@@ -79,10 +87,7 @@ def main() -> None:
     dist.all_gather(sums, checksum.float())
     if rank == 0:
         same = all(bool(s == sums[0]) for s in sums)
-        print(
-            f"{world} ranks on {dist.get_backend()}: test accuracy {accuracy:.3f}, "
-            f"replicas identical: {same}"
-        )
+        print(f"test accuracy {accuracy:.3f}; replicas identical: {same}")
         if not same:
             raise SystemExit("replicas differ")
     dist.destroy_process_group()

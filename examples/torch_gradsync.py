@@ -81,7 +81,7 @@ def main() -> None:
         sync.wait()  # every .grad now holds the average over ranks
         opt.step()
         mean_loss = comm.all_reduce(loss.detach().reshape(1), op="avg")[0]
-        if rank == 0 and step % 10 == 0:
+        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step:3d}  loss {float(mean_loss):.4f}")
 
     images, labels = make_batch(10_000, 512, args.seed)

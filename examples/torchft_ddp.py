@@ -78,6 +78,12 @@ def main() -> None:
                         help="write the final weights and a summary (json) there")  # fmt: skip
     args = parser.parse_args()
 
+    if not os.environ.get("TORCHFT_LIGHTHOUSE"):
+        parser.error(
+            "TORCHFT_LIGHTHOUSE is not set: start a Lighthouse (torchft_lighthouse "
+            "--min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000 &) and export "
+            "TORCHFT_LIGHTHOUSE=http://localhost:29510 (see this file's docstring)"
+        )
     group = int(os.environ.get("REPLICA_GROUP_ID", 0))
     torch.set_num_threads(1)
     timeout = timedelta(seconds=args.timeout)

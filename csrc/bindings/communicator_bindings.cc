@@ -497,6 +497,17 @@ void register_communicator(py::module_& m) {
           "Runs a collective on raw addresses to completion: on this thread when nothing is "
           "queued. Ctrl-C abandons it (KeyboardInterrupt) and breaks the communicator.")
       .def(
+          "wait",
+          [](rr::Communicator& self, const std::shared_ptr<rr::Work>& work, double seconds) {
+            PythonInterrupt interrupt;
+            py::gil_scoped_release release;
+            return self.wait(work, seconds, &interrupt);
+          },
+          py::arg("work"), py::arg("seconds"),
+          "Waits at most `seconds` (negative: until it ends) for a Work of this "
+          "communicator; True when it has finished. A collective the worker has not taken "
+          "yet runs on this thread, after the ones queued before it.")
+      .def(
           "send",
           [](rr::Communicator& self, uintptr_t data, size_t bytes, int dst, int64_t tag) {
             return self.send(as_ptr(data), bytes, dst, tag);

@@ -276,6 +276,21 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   }
 }
 
+void Communicator::run_item(Item& item, const std::string& broken, const Interrupt* interrupt) {
+  if (!broken.empty()) {
+    item.work->finish(std::make_exception_ptr(
+        Error("rank " + std::to_string(rank_) + ": " + item.work->description() +
+              " was not run because an earlier collective failed: " + broken)));
+    return;
+  }
+  try {
+    execute(item.args, item.mark.get(), item.seq, item.issuer, interrupt, item.eager);
+    item.work->finish();
+  } catch (...) {
+    item.work->finish(on_failure(std::current_exception(), item.work->description(), item.seq));
+  }
+}
+
 void Communicator::worker() {
   while (true) {
     Item item;
@@ -289,22 +304,41 @@ void Communicator::worker() {
       busy_ = true;
       broken = broken_;
     }
-    if (!broken.empty()) {
-      item.work->finish(std::make_exception_ptr(
-          Error("rank " + std::to_string(rank_) + ": " + item.work->description() +
-                " was not run because an earlier collective failed: " + broken)));
-    } else {
-      try {
-        execute(item.args, item.mark.get(), item.seq, item.issuer, &worker_interrupt_, item.eager);
-        item.work->finish();
-      } catch (...) {
-        item.work->finish(on_failure(std::current_exception(), item.work->description(), item.seq));
-      }
-    }
+    run_item(item, broken, &worker_interrupt_);
     std::lock_guard<std::mutex> lock(mu_);
     busy_ = false;
     cv_.notify_all();
   }
+}
+
+bool Communicator::wait(const std::shared_ptr<Work>& work, double seconds,
+                        const Interrupt* interrupt) {
+  // The caller's Ctrl-C, and abort() from another thread, as in run().
+  const EitherInterrupt either(interrupt, worker_interrupt_);
+  while (!work->done()) {
+    Item item;
+    std::string broken;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (busy_ || queue_.empty() || closing_) break;
+      // Only while `work` is still queued, and host calls only: device
+      // collectives stay on the worker, which makes the device current for
+      // itself.
+      auto mine = std::find_if(queue_.begin(), queue_.end(),
+                               [&work](const Item& queued) { return queued.work == work; });
+      if (mine == queue_.end() || queue_.front().args.device >= 0) break;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      broken = broken_;
+    }
+    item.eager = true;  // someone is blocked on it now
+    run_item(item, broken, &either);
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+    if (!queue_.empty() || closing_) cv_.notify_all();
+  }
+  return work->wait(seconds);
 }
 
 std::exception_ptr Communicator::on_failure(std::exception_ptr error,

@@ -90,6 +90,14 @@ class Communicator {
   // is asked while it waits, and may abandon the call.
   void run(const CollectiveArgs& args, const Interrupt* interrupt);
 
+  // Waits at most `seconds` (negative: until it ends) for a collective that
+  // submit() queued; true when it has finished (its error rethrown). While
+  // the worker has not taken it yet, this thread runs it, and the host calls
+  // queued before it, itself: the caller waits anyway, and a hand-off to the
+  // worker and back costs two wake-ups (tens of microseconds on a busy
+  // machine, as much as the collective). `interrupt` as for run().
+  bool wait(const std::shared_ptr<Work>& work, double seconds, const Interrupt* interrupt);
+
   // Point-to-point messages (engine/p2p.h), beside the collectives and in
   // no order with them. src < 0: from any rank.
   std::shared_ptr<Work> send(const void* data, size_t bytes, int dst, int64_t tag);
@@ -184,6 +192,9 @@ class Communicator {
   void refuse_if_unusable() const;  // mu_ held
   std::string describe(const CollectiveArgs& args, uint64_t seq) const;
   void worker();
+  // Runs a queued item (taken off the queue, busy_ set by the caller) and
+  // finishes its Work; `interrupt` is asked while it runs.
+  void run_item(Item& item, const std::string& broken, const Interrupt* interrupt);
   std::shared_ptr<Work> enqueue(const CollectiveArgs& args, bool eager);
   // Runs one collective (the caller has made it the only one running). `eager`:
   // someone is blocked on it, so the transport's waits may spin (set_eager).

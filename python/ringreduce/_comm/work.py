@@ -53,7 +53,8 @@ class Work:
             while not finished:
                 left = 0.2 if limit is None else min(0.2, limit - time.monotonic())
                 try:
-                    finished = self._handle.wait(max(left, 0.0))
+                    # A collective still queued runs here (the engine's wait).
+                    finished = self._comm._core.wait(self._handle, max(left, 0.0))
                 except MismatchError as exc:
                     self._comm._revoke(exc)
                     explained = self._comm._issuer.explain(exc)

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -238,6 +239,46 @@ class IssueGate {
     return std::move(out);
   }
 
+  // Any collective on raw addresses, through the gate, with no Python frame
+  // and no argument conversion: the torch backend's way in for tensors the
+  // engine takes as they are (torch/direct.py). Declines (returns None,
+  // nothing issued) where the general path must decide: a conflict was
+  // found, compressed calls wait in the lane, or (where calls do not queue)
+  // another thread holds the gate or this thread's tag is not the engine's.
+  // Blocking: runs on this thread with the GIL released and returns True;
+  // async_op: queues the call on the worker and returns its Work.
+  py::object issue(const rr::CollectiveArgs& args, bool async_op) {
+    if (conflict_.load(std::memory_order_relaxed)) return py::none();
+    if (divert.load(std::memory_order_acquire)) return py::none();
+    const int kind = static_cast<int>(args.kind);
+    if (queue_) {
+      if (enter_wait(kind) != 0) return py::none();
+    } else if (tagged != PyThread_get_thread_ident() || try_enter(kind) != 0) {
+      return py::none();
+    }
+    py::object result;
+    try {
+      if (async_op) {
+        std::shared_ptr<rr::Work> work = comm_.submit(args);
+        result = py::cast(std::move(work));
+      } else {
+        {
+          rr::PythonInterrupt interrupt;
+          py::gil_scoped_release release;
+          comm_.run(args, &interrupt);
+        }
+        result = py::bool_(true);
+      }
+    } catch (...) {
+      leave();
+      throw;
+    }
+    ++fast_calls;
+    leave();
+    if (conflict_.load()) raise_conflict();
+    return result;
+  }
+
  private:
   [[noreturn]] void raise_conflict() {
     py::object cls = py::module_::import("ringreduce.errors").attr("ConcurrentUseError");
@@ -405,9 +446,321 @@ py::object bind_all_reduce(py::handle comm, py::object gate, py::object method) 
   return py::reinterpret_steal<py::object>(made);
 }
 
+// ---- issue(): IssueGate::issue as a builtin bound to one gate ---------------
+//
+// issue(kind, send, recv, count, dtype, op, root, device, stream, async_op),
+// every argument a Python int (async_op a bool): ten integers through
+// pybind11's conversions cost microseconds, as much as a small collective, so
+// the builtin reads them with the C API. Its self is a capsule of the gate's
+// address and the gate itself (keeping it alive).
+
+bool read_u64(PyObject* value, const char* name, unsigned long long* out) {
+  if (!PyLong_Check(value)) {
+    PyErr_Format(PyExc_TypeError, "issue: %s must be an int", name);
+    return false;
+  }
+  *out = PyLong_AsUnsignedLongLong(value);
+  return !(*out == static_cast<unsigned long long>(-1) && PyErr_Occurred());
+}
+
+bool read_i64(PyObject* value, const char* name, long long* out) {
+  if (!PyLong_Check(value)) {
+    PyErr_Format(PyExc_TypeError, "issue: %s must be an int", name);
+    return false;
+  }
+  *out = PyLong_AsLongLong(value);
+  return !(*out == -1 && PyErr_Occurred());
+}
+
+PyObject* bound_issue(PyObject* bound, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError,
+                    "issue(kind, send, recv, count, dtype, op, root, device, stream, async_op)");
+    return nullptr;
+  }
+  auto* gate =
+      static_cast<IssueGate*>(PyCapsule_GetPointer(PyTuple_GET_ITEM(bound, 0), kGateCapsule));
+  if (gate == nullptr) return nullptr;
+  long long kind, dtype, op, root, device;
+  unsigned long long send, recv, count, stream;
+  if (!read_i64(args[0], "kind", &kind) || !read_u64(args[1], "send", &send) ||
+      !read_u64(args[2], "recv", &recv) || !read_u64(args[3], "count", &count) ||
+      !read_i64(args[4], "dtype", &dtype) || !read_i64(args[5], "op", &op) ||
+      !read_i64(args[6], "root", &root) || !read_i64(args[7], "device", &device) ||
+      !read_u64(args[8], "stream", &stream)) {
+    return nullptr;
+  }
+  const int async_op = PyObject_IsTrue(args[9]);
+  if (async_op < 0) return nullptr;
+  if (kind < 1 || kind > rr::kLastCollectiveKind || dtype < 0 || dtype >= rr::kNumDataTypes ||
+      op < 0 || op >= rr::kNumReduceOps) {
+    PyErr_Format(PyExc_ValueError, "issue: no such call (kind %lld, dtype %lld, op %lld)", kind,
+                 dtype, op);
+    return nullptr;
+  }
+  rr::CollectiveArgs call;
+  call.kind = static_cast<rr::CollectiveKind>(kind);
+  call.send = reinterpret_cast<const void*>(static_cast<uintptr_t>(send));
+  call.recv = reinterpret_cast<void*>(static_cast<uintptr_t>(recv));
+  call.count = static_cast<size_t>(count);
+  call.dtype = static_cast<rr::DataType>(dtype);
+  call.op = static_cast<rr::ReduceOp>(op);
+  call.root = static_cast<int>(root);
+  call.device = static_cast<int>(device);
+  call.stream = static_cast<uintptr_t>(stream);
+  try {
+    return gate->issue(call, async_op != 0).release().ptr();
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+}
+
+PyMethodDef kBoundIssue = {
+    "issue", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(bound_issue)),
+    METH_FASTCALL,
+    "issue(kind, send, recv, count, dtype, op, root, device, stream, async_op)\n--\n\n"
+    "A collective on raw addresses through the gate: None when it declined (nothing was "
+    "issued; take the general path), True once a blocking call ran, the Work of a queued one."};
+
+py::object bind_issue(py::object gate) {
+  auto* address = gate.cast<IssueGate*>();
+  py::object capsule = py::reinterpret_steal<py::object>(
+      PyCapsule_New(static_cast<void*>(address), kGateCapsule, nullptr));
+  if (!capsule) throw py::error_already_set();
+  py::tuple bound = py::make_tuple(capsule, gate);
+  PyObject* made = PyCFunction_NewEx(&kBoundIssue, bound.ptr(), nullptr);
+  if (made == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(made);
+}
+
+// ---- torch's allreduce -------------------------------------------------------
+//
+// ProcessGroupRingReduce.allreduce(tensors, opts) hands its arguments to a
+// builtin made here (bind_torch_allreduce), which takes the common call
+// (one dense, contiguous CPU tensor of an engine dtype, reduced in place)
+// straight to the gate, reading the tensor and the options through the C API:
+// on a small message the Python of the same checks costs more than the engine
+// (torch/direct.py says the rule; this is its hot case). Everything else,
+// and any call the gate declines, goes to the group's general method with
+// the arguments as given. The builtin's self is a tuple:
+//   (gate capsule, gate, general, queued, failed,
+//    {torch dtype: engine code}, torch.strided, ((torch op, code), ...), avg code)
+// queued(handle, tensors) makes the torch Work of a queued call; failed(exc)
+// turns an engine error into the exception to raise.
+
+struct TorchNames {
+  PyObject* dtype;
+  PyObject* layout;
+  PyObject* is_contiguous;
+  PyObject* is_neg;
+  PyObject* is_cuda;
+  PyObject* is_floating_point;
+  PyObject* data_ptr;
+  PyObject* numel;
+  PyObject* reduce_op;
+  PyObject* async_op;
+  PyObject* outputs;
+};
+
+TorchNames& torch_names() {
+  static TorchNames n = [] {
+    TorchNames made;
+    made.dtype = PyUnicode_InternFromString("dtype");
+    made.layout = PyUnicode_InternFromString("layout");
+    made.is_contiguous = PyUnicode_InternFromString("is_contiguous");
+    made.is_neg = PyUnicode_InternFromString("is_neg");
+    made.is_cuda = PyUnicode_InternFromString("is_cuda");
+    made.is_floating_point = PyUnicode_InternFromString("is_floating_point");
+    made.data_ptr = PyUnicode_InternFromString("data_ptr");
+    made.numel = PyUnicode_InternFromString("numel");
+    made.reduce_op = PyUnicode_InternFromString("reduceOp");
+    made.async_op = PyUnicode_InternFromString("asyncOp");
+    made.outputs = PyUnicode_InternFromString("_outputs");
+    return made;
+  }();
+  return n;
+}
+
+// obj.name as a new reference compared by identity with `expected`: 1, 0, or
+// -1 with an error set.
+int attr_is(PyObject* obj, PyObject* name, PyObject* expected) {
+  PyObject* value = PyObject_GetAttr(obj, name);
+  if (value == nullptr) return -1;
+  const int same = value == expected;
+  Py_DECREF(value);
+  return same;
+}
+
+// obj.name() is True: 1, 0, or -1 with an error set.
+int call_is_true(PyObject* obj, PyObject* name) {
+  PyObject* value = PyObject_CallMethodNoArgs(obj, name);
+  if (value == nullptr) return -1;
+  const int truth = PyObject_IsTrue(value);
+  Py_DECREF(value);
+  return truth;
+}
+
+// obj.name() as an unsigned integer; false with an error set.
+bool call_u64(PyObject* obj, PyObject* name, unsigned long long* out) {
+  PyObject* value = PyObject_CallMethodNoArgs(obj, name);
+  if (value == nullptr) return false;
+  *out = PyLong_AsUnsignedLongLong(value);
+  Py_DECREF(value);
+  return !(*out == static_cast<unsigned long long>(-1) && PyErr_Occurred());
+}
+
+// 1: the call is the fast path's, its engine arguments in `call`; 0: the
+// general path's; -1: an error is set.
+int torch_all_reduce_args(PyObject* bound, PyObject* tensors, PyObject* opts,
+                          rr::CollectiveArgs* call, bool* async_op) {
+  const TorchNames& n = torch_names();
+  if (opts == Py_None || !PyList_CheckExact(tensors) || PyList_GET_SIZE(tensors) != 1) return 0;
+  PyObject* t = PyList_GET_ITEM(tensors, 0);
+  PyObject* dtype = PyObject_GetAttr(t, n.dtype);
+  if (dtype == nullptr) return -1;
+  PyObject* code = PyDict_GetItemWithError(PyTuple_GET_ITEM(bound, 5), dtype);  // borrowed
+  Py_DECREF(dtype);
+  if (code == nullptr) return PyErr_Occurred() ? -1 : 0;
+  int ok = attr_is(t, n.layout, PyTuple_GET_ITEM(bound, 6));
+  if (ok <= 0) return ok;
+  if ((ok = call_is_true(t, n.is_contiguous)) <= 0) return ok;
+  if ((ok = call_is_true(t, n.is_neg)) != 0) return ok < 0 ? -1 : 0;
+  if ((ok = attr_is(t, n.is_cuda, Py_False)) <= 0) return ok;
+  PyObject* op = PyObject_GetAttr(opts, n.reduce_op);
+  if (op == nullptr) return -1;
+  PyObject* ops = PyTuple_GET_ITEM(bound, 7);
+  long op_code = -1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ops) && op_code < 0; ++i) {
+    PyObject* pair = PyTuple_GET_ITEM(ops, i);
+    const int equal = PyObject_RichCompareBool(op, PyTuple_GET_ITEM(pair, 0), Py_EQ);
+    if (equal < 0) {
+      Py_DECREF(op);
+      return -1;
+    }
+    if (equal) op_code = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
+  }
+  Py_DECREF(op);
+  if (op_code < 0) return 0;  // an op the engine lacks: the general path says so
+  if (op_code == PyLong_AsLong(PyTuple_GET_ITEM(bound, 8))) {
+    if ((ok = call_is_true(t, n.is_floating_point)) <= 0) return ok;
+  }
+  PyObject* flag = PyObject_GetAttr(opts, n.async_op);
+  if (flag == nullptr) return -1;
+  const int async_flag = PyObject_IsTrue(flag);
+  Py_DECREF(flag);
+  if (async_flag < 0) return -1;
+  unsigned long long ptr, count;
+  if (!call_u64(t, n.data_ptr, &ptr) || !call_u64(t, n.numel, &count)) return -1;
+  call->kind = rr::CollectiveKind::kAllReduce;
+  call->send = reinterpret_cast<const void*>(static_cast<uintptr_t>(ptr));
+  call->recv = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
+  call->count = static_cast<size_t>(count);
+  call->dtype = static_cast<rr::DataType>(PyLong_AsLong(code));
+  call->op = static_cast<rr::ReduceOp>(op_code);
+  call->root = 0;
+  call->device = -1;
+  call->stream = 0;
+  *async_op = async_flag != 0;
+  return 1;
+}
+
+PyObject* bound_torch_all_reduce(PyObject* bound, PyObject* const* args, Py_ssize_t nargs) {
+  PyObject* general = PyTuple_GET_ITEM(bound, 2);
+  if (nargs != 2) return PyObject_Vectorcall(general, args, nargs, nullptr);
+  PyObject* tensors = args[0];
+  rr::CollectiveArgs call;
+  bool async_op = false;
+  const int fast = torch_all_reduce_args(bound, tensors, args[1], &call, &async_op);
+  if (fast < 0) return nullptr;
+  if (fast == 0) return PyObject_Vectorcall(general, args, nargs, nullptr);
+  auto* gate =
+      static_cast<IssueGate*>(PyCapsule_GetPointer(PyTuple_GET_ITEM(bound, 0), kGateCapsule));
+  if (gate == nullptr) return nullptr;
+  PyObject* got;
+  try {
+    got = gate->issue(call, async_op).release().ptr();
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyErr_NormalizeException(&type, &value, &trace);
+    if (value == nullptr || PyObject_IsInstance(value, names().ring_reduce_error) != 1) {
+      PyErr_Restore(type, value, trace);
+      return nullptr;
+    }
+    PyObject* raised = PyObject_CallOneArg(PyTuple_GET_ITEM(bound, 4), value);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(trace);
+    if (raised == nullptr) return nullptr;
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised)), raised);
+    Py_DECREF(raised);
+    return nullptr;
+  }
+  if (got == Py_None) {
+    Py_DECREF(got);
+    return PyObject_Vectorcall(general, args, nargs, nullptr);
+  }
+  if (got == Py_True) {
+    // A blocking call (opts.asyncOp false) has finished: no Work, as torch
+    // allows ("the backend has synced at the C++ level"), which saves making
+    // one for torch.distributed.all_reduce to wait on and drop. Only Python
+    // asks for a blocking call: torch's C++ callers (DDP's reducer, the
+    // functional collectives) leave asyncOp at its default, true.
+    Py_DECREF(got);
+    Py_RETURN_NONE;
+  }
+  PyObject* work = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(bound, 3), got, tensors, nullptr);
+  Py_DECREF(got);
+  return work;
+}
+
+PyMethodDef kBoundTorchAllReduce = {
+    "allreduce",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(bound_torch_all_reduce)),
+    METH_FASTCALL,
+    "allreduce(tensors, opts)\n--\n\n"
+    "torch's ProcessGroup.allreduce: one dense CPU tensor of an engine dtype straight to "
+    "the gate (a blocking call returns None once done, an async one its Work), anything "
+    "else to the group's general method."};
+
+py::object bind_torch_allreduce(py::object gate, py::object general, py::object queued,
+                                py::object failed, py::dict codes, py::object strided,
+                                py::tuple ops, int avg) {
+  auto* address = gate.cast<IssueGate*>();
+  py::object capsule = py::reinterpret_steal<py::object>(
+      PyCapsule_New(static_cast<void*>(address), kGateCapsule, nullptr));
+  if (!capsule) throw py::error_already_set();
+  for (const py::handle pair : ops) {
+    if (!py::isinstance<py::tuple>(pair) || py::len(pair) != 2 ||
+        !py::isinstance<py::int_>(pair.cast<py::tuple>()[1])) {
+      throw py::type_error("bind_torch_allreduce: ops must be (torch op, int) pairs");
+    }
+  }
+  for (const auto item : codes) {
+    if (!py::isinstance<py::int_>(item.second)) {
+      throw py::type_error("bind_torch_allreduce: codes must map torch dtypes to ints");
+    }
+  }
+  py::tuple bound =
+      py::make_tuple(capsule, gate, general, queued, failed, codes, strided, ops, avg);
+  PyObject* made = PyCFunction_NewEx(&kBoundTorchAllReduce, bound.ptr(), nullptr);
+  if (made == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(made);
+}
+
 }  // namespace
 
 void register_fast_path(py::module_& m) {
+  m.def("bind_torch_allreduce", &bind_torch_allreduce, py::arg("gate"), py::arg("general"),
+        py::arg("queued"), py::arg("failed"), py::arg("codes"), py::arg("strided"),
+        py::arg("ops"), py::arg("avg"),
+        "torch's ProcessGroup.allreduce as a builtin over `gate` (see fast_path.cc); "
+        "calls it does not take go to `general` with the arguments as given.");
+  m.def("bind_issue", &bind_issue, py::arg("gate"),
+        "gate's issue(kind, send, recv, count, dtype, op, root, device, stream, async_op) as "
+        "a builtin (see IssueGate::issue).");
   m.def("bind_all_reduce", &bind_all_reduce, py::arg("comm"), py::arg("gate"), py::arg("method"),
         "comm.all_reduce as a builtin: the fast path through `gate`, else `method` "
         "(Communicator.all_reduce) with the arguments as given.");

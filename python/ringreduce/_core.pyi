@@ -372,3 +372,14 @@ class IssueGate:
     def all_reduce(self, x: Any, out: Any, op: Any) -> Any: ...
 
 def bind_all_reduce(comm: Any, gate: IssueGate, method: Any) -> Any: ...
+def bind_issue(gate: IssueGate) -> Any: ...
+def bind_torch_allreduce(
+    gate: IssueGate,
+    general: Any,
+    queued: Any,
+    failed: Any,
+    codes: dict,
+    strided: Any,
+    ops: tuple,
+    avg: int,
+) -> Any: ...

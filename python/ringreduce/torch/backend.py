@@ -8,6 +8,13 @@ its own to meet. Every operation torch calls runs on the engine: collectives on 
 communicator's ordered worker, point-to-point messages on links of their own. Work
 objects and futures: `work`; the store: `store`; registration: `registration`;
 ``dist.shrink_group``: `shrink`.
+
+Each operation first offers its tensors to the direct route (`direct`): dense,
+contiguous tensors of a dtype the engine has go straight to it, blocking or queued, with
+no shaping or staging. Anything else (other dtypes, layouts and shapes, lists of
+tensors) takes the general path below, which brings the tensors to the engine and back;
+both issue the same engine call for the same tensors, so a rank on either path meets a
+rank on the other.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from .._comm.communicator import Communicator
 from ..errors import RingReduceError
+from .direct import AVG_CODE, CODES, OP_CODES, Direct
 from .shrink import Shrinking
 from .store import meet
 from .tensors import (
@@ -32,7 +41,7 @@ from .tensors import (
     _reducible,
     _view_as,
 )
-from .work import _as_torch_sees_it, _Chain, _done_work, _Watcher, _Work
+from .work import _as_torch_sees_it, _Chain, _done_work, _Finished, _Watcher, _Work
 
 __all__ = ["BACKEND", "ProcessGroupRingReduce"]
 
@@ -59,12 +68,31 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
     communicator. Made by ``init_process_group("ringreduce")`` and ``new_group``; after a
     rank died, ``dist.shrink_group`` makes one of the survivors (`shrink`)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
-                 comm: Optional[Communicator] = None):  # fmt: skip
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta,
+        comm: Optional[Communicator] = None,
+    ):
         """``comm``: the group's communicator when it exists already (made by `shrink`);
         else it is made here, met through ``store`` (`store.meet`)."""
         super().__init__(rank, size)
         self.comm = comm if comm is not None else meet(store, rank, size, timeout)
+        self._direct = Direct(self.comm)
+        # allreduce's common call, checked and issued in C (fast_path.cc): on a small
+        # message the same checks in Python cost more than the engine.
+        self._fast_allreduce = _core.bind_torch_allreduce(
+            self.comm._issuer.gate,
+            self._allreduce,
+            self._queued,
+            self._failed,
+            CODES,
+            torch.strided,
+            OP_CODES,
+            AVG_CODE,
+        )
         self._watcher = _Watcher()
         self._name = ""
         self._desc = ""
@@ -99,10 +127,24 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
         )
 
     # -- helpers ------------------------------------------------------------------------
-    def _run(self, opts: Any, call: Callable[[bool], Any], outputs: List[torch.Tensor],
-             finish: Optional[Callable[[], None]] = None) -> _Work:  # fmt: skip
-        """Runs ``call(async_op)``: blocking (on this thread) when torch says the caller
-        waits at once, else queued; returns the torch Work."""
+    def _taken(self, got: Any, outputs: List[torch.Tensor]) -> Optional[_Work]:
+        """The torch Work of a call the direct route took (``got``: True for a blocking
+        call that ran, else the queued call's Work), or None where it did not."""
+        if got is None:
+            return None
+        if got is True:
+            return _done_work(self, outputs)
+        return _FailingWork(self, [got], outputs)
+
+    def _run(
+        self,
+        opts: Any,
+        call: Callable[[bool], Any],
+        outputs: List[torch.Tensor],
+        finish: Optional[Callable[[], None]] = None,
+    ) -> _Work:
+        """The general path: runs ``call(async_op)``, blocking (on this thread) when torch
+        says the caller waits at once, else queued; returns the torch Work."""
         if not getattr(opts, "asyncOp", True):
             try:
                 call(False)
@@ -116,11 +158,39 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
         return _FailingWork(self, [w for w in works if w is not None], outputs, finish)
 
     # -- all_reduce ---------------------------------------------------------------------
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
-            return self._sparse_allreduce(tensors[0], opts.reduceOp)
-        return self._allreduce(tensors, opts.reduceOp, opts)
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Optional[_Work]:
+        # One dense CPU tensor of an engine dtype: the builtin issues it (a blocking
+        # call returns None once done, which torch.distributed.all_reduce takes as
+        # "synced by the backend"); the rest comes back to _allreduce below.
+        return self._fast_allreduce(tensors, opts)
+
+    def _queued(self, handle: Any, tensors: List[torch.Tensor]) -> _Work:
+        """The torch Work of an all_reduce the builtin queued."""
+        return _FailingWork(self, [self._direct.queued(handle, tuple(tensors))], tensors)
+
+    def _failed(self, exc: RingReduceError) -> BaseException:
+        """The exception to raise for an engine error of the builtin's call."""
+        return _as_torch_sees_it(self.comm._fast_failed(exc))
+
+    def _allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
+        """allreduce's every other call: CUDA tensors, other dtypes, layouts and ops."""
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        if len(tensors) == 1:
+            t = tensors[0]
+            try:
+                got = self._direct.all_reduce(t, opts.reduceOp, opts.asyncOp)
+            except RingReduceError as exc:
+                raise _as_torch_sees_it(exc) from None
+            if got is True:
+                work = _Finished()
+                work._outputs = tensors
+                return work
+            if got is not None:
+                return _FailingWork(self, [got], tensors)
+            if t.layout == torch.sparse_coo:
+                return self._sparse_allreduce(t, opts.reduceOp)
+        return self._allreduce_shaped(tensors, opts.reduceOp, opts)
 
     def _sparse_allreduce(self, t: torch.Tensor, op: Any) -> _Work:
         """Sum of sparse COO tensors: every rank's (indices, values) gathered, then
@@ -137,14 +207,16 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
         t.copy_(total)
         return _done_work(self, [t])
 
-    def _allreduce(self, tensors: List[torch.Tensor], op: Any, opts: Any) -> _Work:
+    def _allreduce_shaped(self, tensors: List[torch.Tensor], op: Any, opts: Any) -> _Work:
         (t,) = _one(tensors, "allreduce")
         name = _op_name(op, t.dtype)
         work_on, finish = _reducible(t)
         return self._run(
-            opts, lambda a: self.comm.all_reduce(work_on, name, out=work_on, async_op=a), [t],
+            opts,
+            lambda a: self.comm.all_reduce(work_on, name, out=work_on, async_op=a),
+            [t],
             finish,
-        )  # fmt: skip
+        )
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -166,14 +238,19 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
                 at += t.numel()
 
         return self._run(
-            opts, lambda a: self.comm.all_reduce(work_on, name, out=work_on, async_op=a),
-            tensors, finish,
-        )  # fmt: skip
+            opts,
+            lambda a: self.comm.all_reduce(work_on, name, out=work_on, async_op=a),
+            tensors,
+            finish,
+        )
 
     # -- broadcast / reduce ---------------------------------------------------------------
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
         (t,) = _one(tensors, "broadcast")
+        taken = self._taken(self._call_direct("broadcast", t, opts.rootRank, opts.asyncOp), [t])
+        if taken is not None:
+            return taken
         buf = _bytes(t) if t.is_contiguous() else t
         return self._run(
             opts, lambda a: self.comm.broadcast(buf, root=opts.rootRank, async_op=a), [t]
@@ -182,20 +259,35 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> _Work:
         opts = opts if opts is not None else dist.ReduceOptions()
         (t,) = _one(tensors, "reduce")
+        root = opts.rootRank
+        got = self._call_direct("reduce", t, opts.reduceOp, root, opts.asyncOp)
+        taken = self._taken(got, [t])
+        if taken is not None:
+            return taken
         name = _op_name(opts.reduceOp, t.dtype)
         work_on, finish = _reducible(t)
-        root = opts.rootRank
         out = work_on if self.rank() == root else None
         return self._run(
-            opts, lambda a: self.comm.reduce(work_on, name, root, out=out, async_op=a), [t],
+            opts,
+            lambda a: self.comm.reduce(work_on, name, root, out=out, async_op=a),
+            [t],
             finish if self.rank() == root else None,
-        )  # fmt: skip
+        )
+
+    def _call_direct(self, method: str, *args: Any) -> Any:
+        """The direct route's ``method(*args)``, its errors as torch sees them."""
+        try:
+            return getattr(self._direct, method)(*args)
+        except RingReduceError as exc:
+            raise _as_torch_sees_it(exc) from None
 
     # -- gathers ----------------------------------------------------------------------
     def allgather(
-        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+        self,
+        output_tensors: List[List[torch.Tensor]],
+        input_tensors: List[torch.Tensor],
         opts: Any = None,
-    ) -> _Work:  # fmt: skip
+    ) -> _Work:
         opts = opts if opts is not None else dist.AllgatherOptions()
         (x,) = _one(input_tensors, "allgather")
         (outs,) = _one(output_tensors, "allgather")
@@ -213,6 +305,9 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None):
         opts = opts if opts is not None else dist.AllgatherOptions()
+        taken = self._taken(self._call_direct("all_gather", output, input, opts.asyncOp), [output])
+        if taken is not None:
+            return taken
         if output.numel() != input.numel() * self.size():
             raise ValueError(
                 f"all_gather_into_tensor: output has {output.numel()} elements, expected "
@@ -226,16 +321,20 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
             )
         staging = src.new_empty((self.size(),) + tuple(src.shape))
         return self._run(
-            opts, lambda a: self.comm.all_gather(src, out=staging, async_op=a), [output],
+            opts,
+            lambda a: self.comm.all_gather(src, out=staging, async_op=a),
+            [output],
             lambda: output.copy_(_view_as(staging, output)),
-        )  # fmt: skip
+        )
 
     _allgather_base = all_gather_single
 
     def allgather_coalesced(
-        self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
+        self,
+        output_lists: List[List[torch.Tensor]],
+        input_list: List[torch.Tensor],
         opts: Any = None,
-    ) -> _Work:  # fmt: skip
+    ) -> _Work:
         # output_lists[r][i]: rank r's tensor i.
         opts = opts if opts is not None else dist.AllgatherOptions()
         if len(output_lists) != self.size():
@@ -258,9 +357,11 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(
-        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+        self,
+        output_tensors: List[List[torch.Tensor]],
+        input_tensors: List[torch.Tensor],
         opts: Any = None,
-    ) -> _Work:  # fmt: skip
+    ) -> _Work:
         opts = opts if opts is not None else dist.GatherOptions()
         (x,) = _one(input_tensors, "gather")
         root = opts.rootRank
@@ -280,16 +381,18 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
         )
 
     def scatter(
-        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+        self,
+        output_tensors: List[torch.Tensor],
+        input_tensors: List[List[torch.Tensor]],
         opts: Any = None,
-    ) -> _Work:  # fmt: skip
+    ) -> _Work:
         opts = opts if opts is not None else dist.ScatterOptions()
         (out,) = _one(output_tensors, "scatter")
         root = opts.rootRank
         dst = _bytes(out) if out.is_contiguous() else out.new_empty(out.shape)
-        finish = None if dst is out or dst.data_ptr() == out.data_ptr() else (
-            lambda: out.copy_(dst)
-        )  # fmt: skip
+        finish = None
+        if dst is not out and dst.data_ptr() != out.data_ptr():
+            finish = lambda: out.copy_(dst)  # noqa: E731
         if self.rank() == root:
             (ins,) = _one(input_tensors, "scatter")
             _check_list(ins, self.size(), out, "scatter")
@@ -301,9 +404,11 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
 
     # -- reduce_scatter -------------------------------------------------------------------
     def reduce_scatter(
-        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+        self,
+        output_tensors: List[torch.Tensor],
+        input_tensors: List[List[torch.Tensor]],
         opts: Any = None,
-    ) -> _Work:  # fmt: skip
+    ) -> _Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         (out,) = _one(output_tensors, "reduce_scatter")
         (ins,) = _one(input_tensors, "reduce_scatter")
@@ -315,6 +420,10 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        got = self._call_direct("reduce_scatter", output, input, opts.reduceOp, opts.asyncOp)
+        taken = self._taken(got, [output])
+        if taken is not None:
+            return taken
         if input.numel() != output.numel() * self.size():
             raise ValueError(
                 f"reduce_scatter_tensor: input has {input.numel()} elements, expected "
@@ -331,9 +440,11 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
             o = _contiguous(out)
             dst = torch.view_as_real(o).reshape(-1)
             return self._run(
-                opts, lambda a: self.comm.reduce_scatter(work_on, name, out=dst, async_op=a),
-                [out], None if o is out else (lambda: out.copy_(o)),
-            )  # fmt: skip
+                opts,
+                lambda a: self.comm.reduce_scatter(work_on, name, out=dst, async_op=a),
+                [out],
+                None if o is out else (lambda: out.copy_(o)),
+            )
         wide = work_on.dtype != out.dtype
         if out.is_contiguous() and not wide:
             dst = out.reshape(-1)
@@ -342,9 +453,11 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
             )
         dst = work_on.new_empty((out.numel(),))
         return self._run(
-            opts, lambda a: self.comm.reduce_scatter(work_on, name, out=dst, async_op=a), [out],
+            opts,
+            lambda a: self.comm.reduce_scatter(work_on, name, out=dst, async_op=a),
+            [out],
             lambda: out.copy_(dst.view(out.shape).to(out.dtype)),
-        )  # fmt: skip
+        )
 
     def reduce_scatter_single_coalesced(
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
@@ -357,9 +470,11 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
 
     # -- all_to_all -----------------------------------------------------------------------
     def alltoall(
-        self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+        self,
+        output_tensors: List[torch.Tensor],
+        input_tensors: List[torch.Tensor],
         opts: Any = None,
-    ) -> _Work:  # fmt: skip
+    ) -> _Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         n = self.size()
         if len(output_tensors) != n or len(input_tensors) != n:
@@ -375,19 +490,42 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
                 t.copy_(_view_as(flat_out[at : at + c], t))
                 at += c
 
+        send_counts = [t.numel() for t in ins]
         return self._run(
-            opts, lambda a: self.comm.all_to_all(
-                flat_in, out=flat_out, send_counts=[t.numel() for t in ins],
-                recv_counts=recv_counts, async_op=a,
-            ), list(output_tensors), finish,
-        )  # fmt: skip
+            opts,
+            lambda a: self.comm.all_to_all(
+                flat_in,
+                out=flat_out,
+                send_counts=send_counts,
+                recv_counts=recv_counts,
+                async_op=a,
+            ),
+            list(output_tensors),
+            finish,
+        )
 
     def alltoall_base(
-        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
-        input_split_sizes: List[int], opts: Any = None,
-    ) -> _Work:  # fmt: skip
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: List[int],
+        input_split_sizes: List[int],
+        opts: Any = None,
+    ) -> _Work:
         opts = opts if opts is not None else dist.AllToAllOptions()
         n = self.size()
+        if (
+            not output_split_sizes
+            and not input_split_sizes
+            and input.dim()
+            and input.shape[0] % n == 0
+            and output.dim()
+            and output.shape[0] == input.shape[0]
+        ):
+            got = self._call_direct("all_to_all", output, input, opts.asyncOp)
+            taken = self._taken(got, [output])
+            if taken is not None:
+                return taken
         src = _bytes(_contiguous(input))
         rows_in = input.shape[0] if input.dim() else 1
         rows_out = output.shape[0] if output.dim() else 1
@@ -404,10 +542,13 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
             sends = list(input_split_sizes) or [rows_in // n] * n
             recvs = list(output_split_sizes) or [rows_out // n] * n
         return self._run(
-            opts, lambda a: self.comm.all_to_all(
+            opts,
+            lambda a: self.comm.all_to_all(
                 src, out=dstb, send_counts=sends, recv_counts=recvs, async_op=a
-            ), [output], finish,
-        )  # fmt: skip
+            ),
+            [output],
+            finish,
+        )
 
     all_to_all_single = alltoall_base
 
@@ -415,6 +556,9 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> _Work:
         opts = opts if opts is not None else dist.BarrierOptions()
         token = torch.zeros(1, dtype=torch.uint8)
+        taken = self._taken(self._call_direct("all_reduce", token, _R.SUM, opts.asyncOp), [])
+        if taken is not None:
+            return taken
         return self._run(opts, lambda a: self.comm.all_reduce(token, out=token, async_op=a), [])
 
     # -- point-to-point -----------------------------------------------------------------
@@ -439,7 +583,12 @@ class ProcessGroupRingReduce(Shrinking, dist.ProcessGroup):
         return _Work(self, [work], [t], finish, source=lambda: work.wait())
 
     # -- lifetime -----------------------------------------------------------------------
+    destroyed = False
+    """True once the group was destroyed (``dist.destroy_process_group``): its
+    communicator is closed."""
+
     def shutdown(self) -> None:
+        self.destroyed = True
         self._watcher.stop()
         self.comm.close()
 

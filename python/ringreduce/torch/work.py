@@ -112,6 +112,14 @@ class _Work(dist._Work):
     """A torch Work over ringreduce Works: ``wait()`` finishes them, then runs
     ``finish`` (copies out of staging buffers) once; ``result()`` is the outputs."""
 
+    # Defaults as class attributes: a blocking call's Work is made for every call, and
+    # each attribute set in __init__ costs.
+    _finish: Optional[Callable[[], None]] = None
+    _source: Optional[Callable[[], int]] = None
+    _done = False
+    _error: Optional[BaseException] = None
+    _future: Optional[Future] = None
+
     def __init__(
         self,
         pg: Any,
@@ -122,14 +130,13 @@ class _Work(dist._Work):
     ):
         super().__init__()
         self._pg = pg
-        self._works = list(works)
+        self._works = works
         self._outputs = outputs
-        self._finish = finish
-        self._source = source
+        if finish is not None:
+            self._finish = finish
+        if source is not None:
+            self._source = source
         self._lock = threading.Lock()
-        self._done = False
-        self._error: Optional[BaseException] = None
-        self._future: Optional[Future] = None
 
     def _wait_parts(self) -> None:
         for w in self._works:
@@ -227,10 +234,54 @@ class _Work(dist._Work):
         return self._future
 
 
-def _done_work(pg: Any, outputs: List[torch.Tensor]) -> _Work:
-    work = _Work(pg, [], outputs)
-    work._done = True
+class _Finished(dist._Work):
+    """The Work of a call that finished before it was returned (a blocking one, or one
+    with nothing to do): torch's ``wait()`` on it costs no more than a method call.
+    Made by `_finished` (no ``__init__`` of its own: a Python frame per call costs)."""
+
+    _outputs: List[torch.Tensor] = []
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def _wait_engine(self) -> None:
+        """(As `_Work`'s, for a `_Chain` of parts.)"""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def result(self) -> List[torch.Tensor]:
+        return self._outputs
+
+    def synchronize(self) -> None:
+        pass
+
+    def source_rank(self) -> int:
+        raise ValueError("source_rank() is defined for recv from any source only")
+
+    _source_rank = source_rank
+
+    def get_future(self) -> Future:
+        fut: Future = Future()
+        fut.set_result(self._outputs)
+        return fut
+
+
+def _finished(outputs: List[torch.Tensor]) -> _Finished:
+    """A finished Work whose result is ``outputs``."""
+    work = _Finished()
+    work._outputs = outputs
     return work
+
+
+def _done_work(pg: Any, outputs: List[torch.Tensor]) -> _Finished:
+    return _finished(outputs)
 
 
 class _Chain(_Work):

@@ -24,12 +24,15 @@ from .backend import ProcessGroupRingReduce
 from .gradsync import GradSync, broadcast_optimizer_state, broadcast_parameters
 from .init import init_process_group
 from .registration import register
+from .windows import communicator, empty
 
 __all__ = [
     "GradSync",
     "ProcessGroupRingReduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "communicator",
+    "empty",
     "hooks",
     "init_process_group",
 ]

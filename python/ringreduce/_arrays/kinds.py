@@ -72,6 +72,12 @@ class ArrayKind:
         """A new array on like's device holding a copy of ``host`` (its dtype)."""
         raise NotImplementedError
 
+    def over_bytes(self, raw: np.ndarray, dtype: np.dtype) -> Any:
+        """An array of this library over host bytes ``raw`` (no copy), read as ``dtype``:
+        buckets in memory the engine handed out (a window). TypeError for libraries of
+        device memory."""
+        raise TypeError(f"{self.name} arrays do not live in host memory")
+
 
 class NumpyKind(ArrayKind):
     """numpy arrays, and any host memory read through the buffer protocol or DLPack."""
@@ -109,6 +115,9 @@ class NumpyKind(ArrayKind):
 
     def from_host(self, like, host):
         return np.array(host, copy=True)
+
+    def over_bytes(self, raw, dtype):
+        return raw.view(dtype)
 
 
 class TorchKind(ArrayKind):
@@ -170,6 +179,12 @@ class TorchKind(ArrayKind):
 
         return torch.from_numpy(np.array(host, copy=True)).to(like.device)
 
+    def over_bytes(self, raw, dtype):
+        import torch
+
+        # Through the bytes: numpy's bfloat16 (ml_dtypes) is not torch's.
+        return torch.from_numpy(raw).view(self._dtype(None, dtype))
+
 
 class CupyKind(NumpyKind):
     """cupy arrays: numpy's operations, on the array's device."""
@@ -218,6 +233,9 @@ class CupyKind(NumpyKind):
 
         with cupy.cuda.Device(like.device.id):
             return cupy.array(host)
+
+    def over_bytes(self, raw, dtype):
+        raise TypeError("cupy arrays do not live in host memory")
 
 
 _NUMPY = NumpyKind()

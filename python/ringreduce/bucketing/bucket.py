@@ -13,12 +13,21 @@ class _Bucket:
     """One flat wire buffer and the step state of the parameters packed into it."""
 
     def __init__(
-        self, index: int, params: list[int], offsets: list[int], buffer: Any, average: int
+        self,
+        index: int,
+        params: list[int],
+        offsets: list[int],
+        buffer: Any,
+        average: int,
+        elements: int,
+        dtype: Any,
     ):
         self.index = index
         self.params = params
         self.offsets = offsets
         self.buffer = buffer
+        self.elements = elements  # the buffer's length and (numpy) dtype, to allocate it again
+        self.dtype = dtype
         self.nbytes = describe(buffer).nbytes
         # Averaging over `average` ranks: 32/64-bit floats are summed, then divided once
         # (all_reduce op "avg"); 16-bit ones are divided while they are copied in, before

@@ -67,6 +67,15 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             it in). Saved by `state_dict`; read it through `error_feedback`.
         powersgd_rank: reduce buckets by rank-r PowerSGD instead (matrices low-rank,
             vectors exact, residuals and warm-start factors by name, in `state_dict`).
+        windows: put the buckets in windows of the communicator (``comm.empty``: memory
+            every rank of the host maps), so that each bucket's all-reduce reads the
+            peers' buckets in place (one copy, where the ring copies every message into
+            shared memory and out again). None (default): where every rank of the
+            communicator shares this host and the buckets are in host memory, without
+            compression; True: always (the communicator gives plain memory where it
+            cannot); False: never. The buckets are allocated collectively, in plan
+            order, when the plan is fixed, and again on the new communicator after a
+            fault-tolerant shrink or `adopt`.
 
     The plan is fixed when registration completes, i.e. at the first `ready`, `wait` or
     `all_reduce_tree`: buckets follow registration order reversed (backward produces the
@@ -103,7 +112,15 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
         compression: Any = None,
         error_feedback: Any = False,
         powersgd_rank: int | None = None,
+        windows: bool | None = None,
     ) -> None:
+        if windows not in (None, True, False):
+            raise TypeError(f"windows must be None, True or False, got {windows!r}")
+        if windows and (compression is not None or powersgd_rank is not None):
+            raise ValueError(
+                "windows=True: compressed buckets (compression=, powersgd_rank=) are not "
+                "reduced by a plain all_reduce, so windows would not serve them"
+            )
         if not bucket_mb > 0 or not first_bucket_mb > 0:
             raise ValueError(
                 f"bucket sizes must be positive, got bucket_mb={bucket_mb}, "
@@ -111,9 +128,16 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             )
         if max_trace_steps < 1:
             raise ValueError(f"max_trace_steps must be >= 1, got {max_trace_steps}")
-        self._compress = compressed_buckets(comm, compression, error_feedback, powersgd_rank,
-                                            average, fault_tolerant, comm_dtype)  # fmt: skip
+        self._compress = compressed_buckets(
+            comm, compression, error_feedback, powersgd_rank, average, fault_tolerant, comm_dtype
+        )
         self._comm = comm
+        self._windows = windows
+        # Whether the buckets are in windows (decided when the plan is fixed), and what
+        # the next _finalize must do on a communicator that changed since: "adopt" (check
+        # the plan with every rank of it, then re-allocate), "shrink" (re-allocate).
+        self._in_windows = False
+        self._moved: str | None = None
         self._fault_tolerant = bool(fault_tolerant)
         self._on_membership_change = on_membership_change
         self._world_size = int(comm.world_size)
@@ -182,24 +206,103 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
         sizes = [s.numel * w.itemsize for s, w in zip(self._specs, wire)]
         return plan_buckets(sizes, wire, self._first_bucket_mb * MIB, self._bucket_mb * MIB)
 
+    def _use_windows(self) -> bool:
+        """Whether the buckets go in windows of the communicator (see ``windows``)."""
+        comm = self._comm
+        if self._windows is False or not hasattr(comm, "empty"):
+            if self._windows:
+                raise TypeError(
+                    f"windows=True: {type(comm).__name__} has no empty() to allocate windows"
+                )
+            return False
+        if not self._memory.on_host:
+            if self._windows:
+                raise TypeError(
+                    f"windows=True: the buckets are in {self._memory.where()}, and windows "
+                    "are host memory; leave windows at None or False for GPU gradients"
+                )
+            return False
+        if self._windows:
+            return True
+        one_host = int(getattr(comm, "local_world_size", 1)) == self._world_size
+        return self._compress is None and self._world_size > 1 and one_host
+
+    def _check_plan(self) -> None:
+        if self._world_size <= 1:
+            return
+        settings = {
+            "bucket_mb": self._bucket_mb,
+            "first_bucket_mb": self._first_bucket_mb,
+            "average": self._average,
+            "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
+            "windows": self._in_windows,
+        }
+        if self._compress is not None:
+            settings.update(self._compress.settings())
+        check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
+
+    def _allocate(self, elements: int, dtype: np.dtype) -> Any:
+        window = self._comm.empty if self._in_windows else None
+        return self._memory.bucket(elements, dtype, window)
+
+    def adopt(self, comm: Any) -> None:
+        """Goes on with ``comm``: the communicator after a ``grow`` (or a shrink made
+        outside this bucketer), with the same parameters registered on every rank of it.
+        Call it between steps, on every member; a newcomer makes its bucketer on ``comm``.
+        At the next `ready` or `wait` (where a newcomer's bucketer fixes its plan) every
+        rank checks the plan with the others, and buckets in windows are allocated again
+        on ``comm``, collectively, with their contents."""
+        if self._ready_count or self._no_sync_depth:
+            raise RuntimeError("adopt() in the middle of a step: call wait() first")
+        self._comm = comm
+        self._world_size = int(comm.world_size)
+        self._rank = int(comm.rank)
+        for bucket in self._buckets or ():
+            if bucket.divisor != 1:
+                bucket.divisor = self._world_size
+        if self._buckets is not None:
+            self._moved = "adopt"
+
+    def _rehome(self) -> None:
+        """After the communicator changed: the plan checked on the new one ("adopt"), and
+        buckets in windows allocated again there (collective), keeping their contents."""
+        moved, self._moved = self._moved, None
+        assert self._buckets is not None
+        was = self._in_windows
+        if moved == "adopt":
+            self._in_windows = self._use_windows()
+            self._check_plan()
+        if not (was or self._in_windows):
+            return
+        for bucket in self._buckets:
+            old = bucket.buffer
+            bucket.buffer = self._allocate(bucket.elements, bucket.dtype)
+            self._memory.restore(bucket.buffer, old)
+        self._generation += 1
+
+    _generation = 0
+
+    def generation(self) -> int:
+        """How many times the buckets were allocated again (after `adopt`, or a
+        fault-tolerant shrink, with buckets in windows): views of them (`view`) taken at
+        another generation are stale. A re-allocation still pending is done first (it is
+        collective: call this where `ready` would do it, in the same order everywhere)."""
+        if self._buckets is not None and self._moved is not None:
+            self._rehome()
+        return self._generation
+
     def _finalize(self, first: Any = None) -> list[_Bucket]:
         """Fixes the plan, allocates the bucket buffers where ``first`` (the first gradient
         handed over, as `_array` returned it) lives, and checks the plan across ranks."""
         if self._buckets is not None:
+            if self._moved is not None:
+                self._rehome()
             return self._buckets
         if not self._memory.placed:
             self._memory.place(np.zeros(0) if first is None else first)
         plan = self._plan_indices()
-        if self._world_size > 1:
-            settings = {
-                "bucket_mb": self._bucket_mb,
-                "first_bucket_mb": self._first_bucket_mb,
-                "average": self._average,
-                "comm_dtype": None if self._comm_dtype is None else self._comm_dtype.name,
-            }
-            if self._compress is not None:
-                settings.update(self._compress.settings())
-            check_plan(self._comm, describe_plan(self._specs, settings), MismatchError)
+        self._in_windows = self._use_windows()
+        self._check_plan()
         buckets: list[_Bucket] = []
         self._slots = [(0, 0)] * len(self._specs)
         for b, params in enumerate(plan):
@@ -213,7 +316,8 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             # PowerSGD averages by itself: nothing divided before, nothing after.
             powersgd = self._compress is not None and self._compress.powersgd is not None
             average = self._world_size if self._average and not powersgd else 1
-            buckets.append(_Bucket(b, params, offsets, self._memory.bucket(total, dtype), average))
+            buffer = self._allocate(total, dtype)
+            buckets.append(_Bucket(b, params, offsets, buffer, average, total, dtype))
         self._buckets = buckets
         if self._compress is not None:
             self._compress.setup(buckets, self._specs)
@@ -340,8 +444,7 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
         if self._compress is not None:
             views = [self._view(i) for i in bucket.params]
             return self._compress.issue(self._comm, bucket, views)
-        return self._comm.all_reduce(bucket.buffer, op=bucket.op, out=bucket.buffer,
-                                     async_op=True)  # fmt: skip
+        return self._comm.all_reduce(bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True)
 
     def _launch_ready_buckets(self, buckets: list[_Bucket]) -> None:
         # Strictly in plan order, so that every rank issues the same sequence of

@@ -82,10 +82,22 @@ class BucketMemory:
             )
         return grad
 
-    def bucket(self, elements: int, dtype: np.dtype) -> Any:
-        """A zeroed flat bucket of ``elements`` of ``dtype`` where the gradients live."""
+    @property
+    def on_host(self) -> bool:
+        """True when the buckets live in host memory (where windows can hold them)."""
+        return self._device == HOST
+
+    def bucket(self, elements: int, dtype: np.dtype, window: Any = None) -> Any:
+        """A zeroed flat bucket of ``elements`` of ``dtype`` where the gradients live.
+
+        ``window``: the communicator's ``empty``, to put a host bucket in a window that
+        every rank of the host maps (collective: every rank allocates its buckets in the
+        same order); the all-reduce then reads the peers' buckets in place."""
         assert self.kind is not None
-        return self.kind.zeros(self._like, (elements,), dtype)
+        if window is None:
+            return self.kind.zeros(self._like, (elements,), dtype)
+        raw = window(elements * dtype.itemsize, np.uint8)
+        return self.kind.over_bytes(raw, dtype)
 
     def view(self, bucket: Any, offset: int, shape: tuple[int, ...]) -> Any:
         """One parameter's place in its bucket, shaped like the parameter."""

@@ -80,6 +80,12 @@ def replay(bucketer: GradientBucketer, buckets: list[_Bucket]) -> None:
         bucketer._rank = int(comm.rank)
         try:
             behind = _catch_up(bucketer, buckets, comm)
+            if bucketer._in_windows:
+                # The windows were the old communicator's: every survivor allocates its
+                # buckets again on the new one, here, at the same point on all of them
+                # (those behind and those ahead alike), keeping what they hold.
+                bucketer._moved = "shrink"
+                bucketer._rehome()
             if bucketer._on_membership_change is not None:
                 bucketer._on_membership_change(comm)
             if behind:

@@ -73,6 +73,9 @@ class GradSync:
             bucket through a codec ("bf16", "int8", ..., "auto"), with error feedback kept
             per parameter name, or through rank-r PowerSGD; CPU parameters only. What
             outlives a step is in `state_dict`, to save with the model's.
+        windows: as for `GradientBucketer`: buckets in windows of the communicator, whose
+            all-reduce reads the peers' buckets in place. None (default): where every
+            rank shares this host, for CPU parameters without compression.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class GradSync:
         compression: Any = None,
         error_feedback: Any = False,
         powersgd_rank: int | None = None,
+        windows: bool | None = None,
     ) -> None:
         if gradient_as_bucket_view and comm_dtype is not None:
             raise ValueError(
@@ -108,7 +112,9 @@ class GradSync:
             compression=compression,
             error_feedback=error_feedback,
             powersgd_rank=powersgd_rank,
+            windows=windows,
         )
+        self._generation = 0  # the bucketer's, when self._views were taken
         self._params: list[tuple[Handle, torch.nn.Parameter]] = []
         for name, param in module.named_parameters():
             if not param.requires_grad:
@@ -153,6 +159,12 @@ class GradSync:
         return hook
 
     def _hand_over(self, i: int, handle: Handle, grad: torch.Tensor) -> None:
+        generation = self._bucketer.generation()
+        if self._generation != generation:
+            # The buckets were allocated again (a shrink, adopt): .grad tensors that were
+            # views of the old ones are copied in from there, as any other gradient.
+            self._views = [None] * len(self._params)
+            self._generation = generation
         view = self._views[i]
         if view is not None and grad.data_ptr() == view.data_ptr():
             self._bucketer.ready_in_bucket(handle)  # accumulated in its bucket: no copy
@@ -167,6 +179,11 @@ class GradSync:
         if view.dtype.name == "bfloat16":
             return torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(view)
+
+    def adopt(self, comm: Any) -> None:
+        """Goes on with ``comm`` (after a ``grow``; see `GradientBucketer.adopt`): call it
+        between steps on every member, while newcomers make their GradSync on ``comm``."""
+        self._bucketer.adopt(comm)
 
     @property
     def bucketer(self) -> GradientBucketer:
@@ -193,6 +210,10 @@ class GradSync:
                 self._hand_over(i, handle, param.grad)
         self._fired = [False] * len(self._params)
         self._bucketer.wait()
+        generation = self._bucketer.generation()
+        if self._generation != generation:
+            self._views = [None] * len(self._params)
+            self._generation = generation
         if self._as_view:
             for i, (handle, param) in enumerate(self._params):
                 if self._views[i] is None:

@@ -12,6 +12,10 @@ SCENARIO:
 - "seat-then-die,grow=G": the first newcomer takes its seat and dies; the members' grow
   fails naming it, their communicator still works, and they grow again (a second
   newcomer joins that one).
+- "buckets,grow=G": the members reduce a step of gradients with a GradientBucketer
+  (buckets in windows where the ranks share a host), grow, hand the state over, then
+  ``adopt`` the grown communicator; the newcomers make their bucketer on it; everyone
+  reduces a step there.
 A newcomer whose TOKEN is "wrong" expects AuthenticationError. Prints one JSON line.
 Everyone meets at GROW_TEST_ADDR (default 127.0.0.1) and PORT.
 """
@@ -45,6 +49,30 @@ def after_grow(grown, holder: bool) -> dict:
     return {"rank": grown.rank, "size": grown.world_size, "ok": check(grown), "state": same}
 
 
+def bucketer_for(comm):
+    """A bucketer of two parameters, one per bucket (the second above the window path's
+    small-call size)."""
+    b = rr.GradientBucketer(comm, bucket_mb=0.01, first_bucket_mb=0.001)
+    b.register("a", (1000,), np.float32)
+    b.register("b", (5000,), np.float32)
+    return b
+
+
+def bucket_step(b, comm) -> dict:
+    """One step: rank r hands over gradients of r + 1; returns whether every result is
+    the mean over the ranks, and the window calls it made."""
+    before = comm.stats()["all_reduce_algorithms"].get("window", 0)
+    grads = [np.full(1000, comm.rank + 1, np.float32), np.full(5000, comm.rank + 1, np.float32)]
+    for handle in (1, 0):  # backward order
+        b.ready(handle, grads[handle])
+    b.wait()
+    mean = (comm.world_size + 1) / 2
+    return {
+        "mean": all(bool((g == mean).all()) for g in grads),
+        "windows": comm.stats()["all_reduce_algorithms"].get("window", 0) - before,
+    }
+
+
 def die_in_loop(comm, rank: int, victim: int) -> None:
     exc = fail_in_loop(comm, rank, victim, after=0.2, elems=1 << 14)
     if exc is not None and not isinstance(exc, rr.PeerError):
@@ -71,10 +99,18 @@ def member(rank: int, size: int, port: int, transport: str, scenario: dict, toke
             report["first"] = f"{type(exc).__name__}: {exc}"
         report["first_s"] = time.monotonic() - start
         report["old_ok"] = check(comm)
+    bucketer = None
+    if "buckets" in scenario:
+        bucketer = bucketer_for(comm)
+        report["before"] = bucket_step(bucketer, comm)
     start = time.monotonic()
     grown = comm.grow(int(scenario["grow"]))
     report["grow_s"] = time.monotonic() - start
     report.update(after_grow(grown, holder=True))
+    if bucketer is not None:
+        bucketer.adopt(grown)
+        report["after"] = bucket_step(bucketer, grown)
+        report["generation"] = bucketer.generation()
     report["old_ok"] = report.get("old_ok", True) and check(comm)
     grown.close()
     comm.close()
@@ -101,6 +137,10 @@ def newcomer(port: int, scenario: dict, token: str) -> dict:
     grown = rr.join(timeout=30, master_addr=ADDR, master_port=port, token=token)
     report = {"newcomer": grown.rank}
     report.update(after_grow(grown, holder=False))
+    if "buckets" in scenario:
+        bucketer = bucketer_for(grown)
+        report["after"] = bucket_step(bucketer, grown)
+        report["generation"] = bucketer.generation()
     grown.close()
     return report
 

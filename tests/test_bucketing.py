@@ -294,3 +294,72 @@ def test_each_bucket_is_written_back_once_done_before_the_next_wait():
     # for, the first one's gradient already holds its reduced value.
     assert fake.seen == [[False, False], [False, True]]
     assert all(np.all(g == 2) for g in grads)
+
+
+# ----------------------------------------------------------------------------- windows
+
+
+def windows_rank(comm, windows):
+    """Three steps of small-integer gradients (exact in any order of summation) through
+    buckets in windows or not; the results, the window calls and where the buckets are."""
+    bucketer = GradientBucketer(comm, bucket_mb=0.02, first_bucket_mb=0.01, windows=windows)
+    shapes = [(64, 64), (4096,), (3000,), (7,)]
+    handles = [bucketer.register(f"p{i}", s, np.float32) for i, s in enumerate(shapes)]
+    before = comm.stats()["all_reduce_algorithms"].get("window", 0)
+    results = []
+    for step in range(3):
+        grads = [
+            ((np.arange(np.prod(s)) + comm.rank + step) % 11).astype(np.float32).reshape(s)
+            for s in shapes
+        ]
+        for i in reversed(range(len(shapes))):
+            bucketer.ready(handles[i], grads[i])
+        bucketer.wait()
+        results.append([g.copy() for g in grads])
+    windows_used = comm.stats()["all_reduce_algorithms"].get("window", 0) - before
+    return results, windows_used, bucketer._in_windows, len(bucketer.plan)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_buckets_in_windows_give_the_same_results(group_factory, n):
+    """windows=None on shared memory puts the buckets in windows (their all-reduces take
+    the window path); the results equal windows=False's bit for bit, and the average."""
+    group = group_factory(n, transport="shm")
+    auto = group.run(windows_rank, None)
+    plain = group.run(windows_rank, False)
+    for rank in range(n):
+        results, used, in_windows, buckets = auto[rank]
+        assert in_windows and buckets > 1
+        assert used >= 3 * 2, used  # the two buckets above 4 KiB per rank, every step
+        assert not plain[rank][2] and plain[rank][1] == 0
+        for step, grads in enumerate(results):
+            for i, (mine, theirs) in enumerate(zip(grads, plain[rank][0][step])):
+                np.testing.assert_array_equal(mine, theirs, err_msg=f"step {step} p{i}")
+                size = mine.size
+                summed = sum((np.arange(size) + r + step) % 11 for r in range(n))
+                np.testing.assert_array_equal(mine.reshape(-1), (summed / n).astype(np.float32))
+
+
+def test_windows_auto_is_off_over_tcp_and_forced_windows_still_reduce(group_factory):
+    group = group_factory(2)  # TCP between the ranks: no windows to make
+    auto = group.run(windows_rank, None)
+    forced = group.run(windows_rank, True)
+    for rank in range(2):
+        assert not auto[rank][2] and auto[rank][1] == 0
+        # Forced: allocated through comm.empty, which gives plain memory over TCP; the
+        # results are the same.
+        assert forced[rank][2] and forced[rank][1] == 0
+        for a, b in zip(auto[rank][0], forced[rank][0]):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_windows_refused_with_compression_and_bad_values():
+    comm = rr.init("tcp", rank=0, world_size=1, master_port=free_port())
+    try:
+        with pytest.raises(ValueError, match="compress"):
+            GradientBucketer(comm, windows=True, compression="int8")
+        with pytest.raises(TypeError, match="windows must be"):
+            GradientBucketer(comm, windows="yes")
+    finally:
+        comm.close()

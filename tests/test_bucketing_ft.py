@@ -77,14 +77,17 @@ def test_survivors_a_death_left_a_step_behind_take_its_results_from_the_others(t
     )
 
 
-def test_gradsync_step_that_loses_a_rank_equals_the_survivors_run():
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_gradsync_step_that_loses_a_rank_equals_the_survivors_run(transport):
+    """Over shared memory the buckets are in windows: the survivors allocate them again
+    on the shrunk communicator, and GradSync's gradients follow."""
     torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     from _ft_gradsync_rank import LR, batch, model_and_data
 
     n, victim, steps = 3, 1, 3
     port = free_port()
     script = os.path.join(os.path.dirname(__file__), "_ft_gradsync_rank.py")
-    reports = run_scripts(script, lambda r: [r, n, port, "tcp", victim, steps], n, victim)
+    reports = run_scripts(script, lambda r: [r, n, port, transport, victim, steps], n, victim)
     # The same training in one process: from step 1 on, the victim's micro-batch is gone.
     net = model_and_data()
     opt = torch.optim.SGD(net.parameters(), lr=LR)

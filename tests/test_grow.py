@@ -100,6 +100,33 @@ def test_a_job_that_lost_a_rank_shrinks_and_grows_back(links, victim):
     assert reports["n0"]["newcomer"] == n - 1 and reports["n0"]["state"], reports["n0"]
 
 
+@pytest.mark.parametrize("links", ["shm", "tcp"])
+def test_bucketers_adopt_the_grown_communicator_with_the_newcomers(links):
+    """After a grow the members' bucketers adopt the grown communicator and the
+    newcomers make theirs on it: the plan is checked there, buckets in windows are
+    allocated again on every rank together, and a step reduces over everyone."""
+    n, grown = 2, 3
+    port = free_port()
+    scenario = f"buckets,grow={grown}"
+    procs = {f"m{r}": _start("member", r, n, port, links, scenario) for r in range(n)}
+    procs.update(
+        {f"n{r}": _start("newcomer", r, grown, port, links, scenario) for r in range(n, grown)}
+    )
+    reports = _finish(procs)
+    assert len(reports) == grown, reports
+    windows = links == "shm"
+    for name, report in reports.items():
+        assert report["ok"] and report["state"], report
+        assert report["after"]["mean"], report
+        # Only the 20 KB bucket is above the window path's small-call size.
+        assert report["after"]["windows"] == (1 if windows else 0), report
+        if name.startswith("m"):
+            assert report["before"] == {"mean": True, "windows": 1 if windows else 0}, report
+            assert report["generation"] == (1 if windows else 0), report
+        else:
+            assert report["generation"] == 0, report
+
+
 def test_a_newcomer_that_dies_while_joining_fails_the_grow_and_nothing_else():
     n = 2
     port = free_port()

@@ -249,7 +249,7 @@ def _after_destroy(rank, n):
 @pytest.mark.torch
 def test_window_tensors_take_the_window_path():
     n = 2
-    for rank, got in enumerate(run(n, _window_all_reduce)):
+    for got in run(n, _window_all_reduce):
         assert got["windows"] == 6, got["windows"]  # 3 dtypes, blocking and async
         for name, count in (("float32", 256 * 64), ("bfloat16", 12000), ("int64", 5000)):
             dtype = getattr(torch, name)
@@ -268,7 +268,7 @@ def test_window_tensor_on_one_rank_only_is_a_mismatch_naming_the_window_path():
 @pytest.mark.torch
 def test_destroyed_group_is_refused_clearly():
     n = 2
-    for rank, (total, said) in enumerate(run(n, _after_destroy)):
+    for total, said in run(n, _after_destroy):
         assert total == sum(range(1, n + 1))
         assert said["communicator"].startswith("RingReduceError") and "destroyed" in said[
             "communicator"

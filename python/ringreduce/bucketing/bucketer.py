@@ -71,8 +71,8 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             every rank of the host maps), so that each bucket's all-reduce reads the
             peers' buckets in place (one copy, where the ring copies every message into
             shared memory and out again). None (default): where every rank of the
-            communicator shares this host and the buckets are in host memory, without
-            compression; True: always (the communicator gives plain memory where it
+            communicator shares this host (transport "shm") and the buckets are in host
+            memory, without compression; True: always (the communicator gives plain memory where it
             cannot); False: never. The buckets are allocated collectively, in plan
             order, when the plan is fixed, and again on the new communicator after a
             fault-tolerant shrink or `adopt`.
@@ -224,7 +224,8 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             return False
         if self._windows:
             return True
-        one_host = int(getattr(comm, "local_world_size", 1)) == self._world_size
+        # Windows are shared memory: every rank on this host, over shared memory.
+        one_host = getattr(comm, "transport", None) == "shm"
         return self._compress is None and self._world_size > 1 and one_host
 
     def _check_plan(self) -> None:

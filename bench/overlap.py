@@ -11,7 +11,9 @@ that all of them see the same machine:
 
   (a) compute   forward + backward, no communication;
   (b) flat      forward + backward, then one all-reduce of all gradients (no overlap);
-  (c) gradsync  rr.torch.GradSync: buckets all-reduced during backward;
+  (c) gradsync  rr.torch.GradSync: buckets all-reduced during backward (in windows where
+                the ranks share the host over shared memory: the default);
+  (c') gradsync-plain  the same with its buckets in plain memory (windows=False);
   (d) ddp       torch DistributedDataParallel on Gloo (also overlapped);
   (e) ddp-rr    the same DDP on the ringreduce torch.distributed backend
                 (``dist.new_group(backend="ringreduce")``), to read against (d);
@@ -39,7 +41,7 @@ from typing import Any
 
 from ringreduce.launch import free_port
 
-MODES = ("compute", "flat", "gradsync", "ddp", "ddp-rr")
+MODES = ("compute", "flat", "gradsync", "gradsync-plain", "ddp", "ddp-rr")
 
 
 def build_model(width: int, depth: int) -> Any:
@@ -141,7 +143,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     # GradSync, like DDP, gets a replica of its own, made once: its hooks never fire in
     # the other modes, and it lives across runs as it does in training.
     syncs: dict[str, tuple[Any, Any]] = {}
-    for name, compression in [("gradsync", {})] + (
+    for name, compression in [("gradsync", {}), ("gradsync-plain", {"windows": False})] + (
         [(modes[-1], {"compression": args.compression, "error_feedback": True})]
         if args.compression
         else []

@@ -230,7 +230,8 @@ def report(runs: list, world: int, n_params: int, args: argparse.Namespace, thre
             f"| {mode} | {step * 1e3:.1f} [{min(steps) * 1e3:.1f}..{max(steps) * 1e3:.1f}] "
             f"| {statistics.median(ratio):.2f} | {hidden * 1e3:.1f} | {hidden / step:.1%} |"
         )
-    backend = [r[4] / r[3] for r in runs]
+    ours, gloo = modes.index("ddp-rr"), modes.index("ddp")
+    backend = [r[ours] / r[gloo] for r in runs]
     print(
         f"DDP step on the ringreduce backend / on Gloo: {statistics.median(backend):.2f} "
         f"[{min(backend):.2f}..{max(backend):.2f}]"

@@ -15,13 +15,15 @@ rounds, the rows interleaved round by round; the slowest rank's mean per call):
 - ``do-nothing pg``: ``dist.all_reduce`` on a Python ProcessGroup whose allreduce returns
   a finished Work at once (8 B only: what torch's dispatch costs);
 - ``gloo``: a Gloo group over the same ranks;
-- ``deepspeed shm``: DeepSpeed's ``inference_all_reduce`` (float32), where
-  ``deepspeed.ops.comm`` imports (``../shared/tools/anchors/`` builds it).
+- ``deepspeed shm``: DeepSpeed's ``inference_all_reduce`` (float32), where DeepSpeed
+  is installed with its CPU shared-memory op (``DS_ACCELERATOR=cpu``; the op is built
+  on first use).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -76,22 +78,33 @@ def _timed(fn: Callable[[], Any], barrier: Callable[[], Any]) -> float:
 
 
 def _deepspeed() -> Any:
+    """DeepSpeed's CPU shared-memory all-reduce (``deepspeed.comm.inference_all_reduce``),
+    where deepspeed imports (run with DS_ACCELERATOR=cpu); None otherwise. Its op maps its workspace only when
+    LOCAL_SIZE is the world size, and falls back to torch.distributed.all_reduce (here:
+    ringreduce) when it cannot run: a call that falls back is reported, not timed."""
+    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     try:
-        from deepspeed.ops.comm import inference_all_reduce  # noqa: F401
-    except Exception:
-        return None
-    try:
+        import deepspeed
         import deepspeed.comm as dscomm
-
-        dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-        from deepspeed.ops.op_builder import ShareMemCommBuilder
-
-        ops = ShareMemCommBuilder().load()
-        ops.initialize(dist.get_world_size(), dist.get_rank())
-        return ops
-    except Exception as exc:  # noqa: BLE001
-        print(f"# deepspeed shm skipped: {exc}", file=sys.stderr)
+    except Exception:  # noqa: BLE001 - not installed, or it fails to import
         return None
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    probe = torch.ones(4)
+    real, calls = dist.all_reduce, [0]
+
+    def counting(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return real(*a, **k)
+
+    dist.all_reduce = counting
+    try:
+        dscomm.inference_all_reduce(probe)
+    finally:
+        dist.all_reduce = real
+    if calls[0] or not bool((probe == dist.get_world_size()).all()):
+        print("# deepspeed shm skipped: its op fell back to torch.distributed", file=sys.stderr)
+        return None
+    return dscomm
 
 
 def _communicator() -> Any:

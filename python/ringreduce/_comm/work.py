@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -10,7 +11,18 @@ from ..errors import MismatchError, RingReduceError, TimeoutError
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["Deferred", "Work"]
+__all__ = ["Deferred", "Work", "wait_in_background"]
+
+# Threads that wait for work on someone's behalf (the torch backend's future watcher):
+# there a wait must not run the queued call itself, which would turn the worker's
+# polite waits, meant to overlap the caller's computation, into this thread's eager ones.
+_background = threading.local()
+
+
+def wait_in_background() -> None:
+    """Marks the calling thread as a background waiter: its `Work.wait` calls leave
+    queued collectives to the engine's worker instead of running them here."""
+    _background.on = True
 
 
 class Deferred:
@@ -53,8 +65,11 @@ class Work:
             while not finished:
                 left = 0.2 if limit is None else min(0.2, limit - time.monotonic())
                 try:
-                    # A collective still queued runs here (the engine's wait).
-                    finished = self._comm._core.wait(self._handle, max(left, 0.0))
+                    if getattr(_background, "on", False):
+                        finished = self._handle.wait(max(left, 0.0))
+                    else:
+                        # A collective still queued runs here (the engine's wait).
+                        finished = self._comm._core.wait(self._handle, max(left, 0.0))
                 except MismatchError as exc:
                     self._comm._revoke(exc)
                     explained = self._comm._issuer.explain(exc)

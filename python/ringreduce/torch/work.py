@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from .._comm.work import wait_in_background
 from ..errors import TimeoutError
 
 
@@ -72,6 +73,9 @@ class _Watcher:
         self._queue.put(work)
 
     def _run(self) -> None:
+        # This thread waits on the caller's behalf: the calls it waits for run on the
+        # engine's worker, overlapping the caller's computation, not here.
+        wait_in_background()
         while True:
             work = self._queue.get()
             if work is None:

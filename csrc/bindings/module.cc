@@ -32,6 +32,7 @@ namespace py = pybind11;
 void register_cuda(py::module_& m, py::module_& testing);
 // Options, Communicator and Work (communicator_bindings.cc).
 void register_communicator(py::module_& m);
+void register_stores(py::module_& m);
 // The codec kernels of compressed all-reduce (codec_bindings.cc).
 void register_codecs(py::module_& m);
 void register_device_codec(py::module_& m);
@@ -349,6 +350,7 @@ PYBIND11_MODULE(_core, m) {
   rr::install_fault_report_if_requested(nullptr);
 
   register_enums(m);
+  register_stores(m);
   register_communicator(m);
   register_fast_path(m);
   register_rules(m);
@@ -357,7 +359,7 @@ PYBIND11_MODULE(_core, m) {
 
   // How often (ms) a rendezvous wait for a rank's key asks whether it is gone,
   // unless its store says otherwise (Store::peer_look): the meeting store's
-  // default for large meetings (ringreduce._comm.meeting).
+  // default for large meetings (ringreduce._comm.membership.meeting).
   m.attr("PEER_LOOK_MS") = static_cast<int>(rr::kPeerLook.count());
   m.def("chunk_bounds", &rr::chunk_bounds, py::arg("count"), py::arg("parts"), py::arg("index"));
   m.def(

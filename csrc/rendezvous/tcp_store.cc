@@ -149,9 +149,21 @@ class TcpStore : public Store {
   }
 
   // Proves we hold `token` (and checks the server does) before any request.
-  void handshake(const std::string& token, const std::string& where, const Deadline& deadline) {
+  // The store's first words on a new connection, or nothing when the other end
+  // closed it without a greeting (not a store: another program holding the port
+  // for a moment, which accepted and let go).
+  static std::optional<std::string> read_greeting(int fd, const Deadline& deadline) {
     std::string greeting(kStoreGreetingBytes, '\0');
-    recv_exact(fd_.get(), greeting.data(), greeting.size(), deadline, 0, kWhat);
+    try {
+      recv_exact(fd, greeting.data(), greeting.size(), deadline, 0, kWhat);
+    } catch (const PeerError&) {
+      return std::nullopt;
+    }
+    return greeting;
+  }
+
+  void handshake(const std::string& greeting, const std::string& token, const std::string& where,
+                 const Deadline& deadline) {
     StoreGreeting g;
     std::string error;
     if (!parse_greeting(greeting, &g, &error)) {
@@ -404,16 +416,34 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
         "(which may pass 0 to listen on any free port), got " +
         std::to_string(port));
   }
-  Fd fd = connect_tcp(host, port, deadline,
-                      "rank 0's rendezvous store (is rank 0 running, with the same "
-                      "MASTER_ADDR, MASTER_PORT and RINGREDUCE_PORT?)");
-  // Requests and replies are a few small writes each: without this, Nagle holds the
-  // second write back until the first is acknowledged, and the peer delays that
-  // acknowledgement by up to 40 ms, a delay per store round trip.
-  set_no_delay(fd.get());
-  set_request_keepalive(fd.get(), keepalive_seconds);
+  // A program that holds the port for a moment (a probe; the previous job's store,
+  // closing) may accept the connection and close it without a word: that is not the
+  // store, so connect again, until the store greets us or the deadline passes.
+  Fd fd;
+  std::optional<std::string> greeting;
+  while (!greeting) {
+    fd = connect_tcp(host, port, deadline,
+                     "rank 0's rendezvous store (is rank 0 running, with the same "
+                     "MASTER_ADDR, MASTER_PORT and RINGREDUCE_PORT?)");
+    // Requests and replies are a few small writes each: without this, Nagle holds the
+    // second write back until the first is acknowledged, and the peer delays that
+    // acknowledgement by up to 40 ms, a delay per store round trip.
+    set_no_delay(fd.get());
+    set_request_keepalive(fd.get(), keepalive_seconds);
+    greeting = TcpStore::read_greeting(fd.get(), deadline);
+    if (!greeting) {
+      if (deadline.expired()) {
+        throw TimeoutError("the program on " + host + ":" + std::to_string(port) +
+                               " closed every connection without greeting as rank 0's "
+                               "rendezvous store does: another program holds that port? "
+                               "(RINGREDUCE_PORT or MASTER_PORT chooses another)",
+                           0);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
   auto store = std::make_unique<TcpStore>(std::move(server), std::move(fd), io_seconds);
-  store->handshake(token, host + ":" + std::to_string(port), deadline);
+  store->handshake(*greeting, token, host + ":" + std::to_string(port), deadline);
   return store;
 }
 

@@ -114,8 +114,14 @@ def _timed(core: Any, dc: Any, mem: _Memory, codec: str, n: int, reps: int) -> T
     return 4 * n / encode / 1e9, 3 * 4 * n / add / 1e9
 
 
-def run(device: int, seed: int, n_check: int = (1 << 20) + 3, n_time: int = 64 << 20,
-        reps: int = 5, fake: bool = False) -> int:  # fmt: skip
+def run(
+    device: int,
+    seed: int,
+    n_check: int = (1 << 20) + 3,
+    n_time: int = 64 << 20,
+    reps: int = 5,
+    fake: bool = False,
+) -> int:
     """Prints the table; returns the number of wrong bytes."""
     from ringreduce import _core
 
@@ -123,8 +129,10 @@ def run(device: int, seed: int, n_check: int = (1 << 20) + 3, n_time: int = 64 <
     dc = _core.DeviceCodec(device, fake, 60.0)
     mem = _Memory(device, fake)
     wrong_total = 0
-    print(f"\ncodec kernels: wrong bytes of {n_check} values (payload, residual, decode_add "
-          f"of 3), and GB/s of float32 values at {n_time} values, median of {reps}")  # fmt: skip
+    print(
+        f"\ncodec kernels: wrong bytes of {n_check} values (payload, residual, decode_add "
+        f"of 3), and GB/s of float32 values at {n_time} values, median of {reps}"
+    )
     print(f"{'codec':<8}{'wrong':>7}{'encode GB/s':>14}{'decode_add GB/s':>17}")
     try:
         for codec in CODECS:

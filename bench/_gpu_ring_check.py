@@ -64,8 +64,9 @@ def _rank(rank: int, port: int, device: int, seed: int, count: int, mib: int) ->
     if torch is not None:
         torch.cuda.set_device(device)
     dtypes = [d for d in gc.DTYPES if torch is not None or d != "bfloat16" or _has_ml_dtypes()]
-    comm = rr.init("tcp", rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port,
-                   timeout=120.0)  # fmt: skip
+    comm = rr.init(
+        "tcp", rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=120.0
+    )
     # Both ranks draw the same a and b; rank 0 contributes a, rank 1 b.
     rng = np.random.default_rng(seed)
     wrong: Dict[Tuple[str, str], int] = {}
@@ -95,8 +96,12 @@ def _rank(rank: int, port: int, device: int, seed: int, count: int, mib: int) ->
         seconds.append(time.perf_counter() - start)
     comm.close()
     arrays = "torch.cuda tensors" if torch is not None else "ringreduce device arrays"
-    return {"wrong": wrong, "seconds": statistics.median(seconds), "timed_wrong": timed_wrong,
-            "arrays": arrays}  # fmt: skip
+    return {
+        "wrong": wrong,
+        "seconds": statistics.median(seconds),
+        "timed_wrong": timed_wrong,
+        "arrays": arrays,
+    }
 
 
 def _has_ml_dtypes() -> bool:
@@ -147,8 +152,10 @@ def run(device: int, seed: int, count: int, mib: int = 256, timeout: float = 240
 def _report(ranks: list, count: int, mib: int) -> int:
     import gpu_check as gc
 
-    print(f"\n2-rank all_reduce over TCP on one GPU ({ranks[0]['arrays']}), #wrong of {count} "
-          "elements, per rank")  # fmt: skip
+    print(
+        f"\n2-rank all_reduce over TCP on one GPU ({ranks[0]['arrays']}), #wrong of {count} "
+        "elements, per rank"
+    )
     print(f"{'dtype':<10}" + "".join(f"{op:>11}" for op in gc.OPS))
     total = 0
     for dtype in gc.DTYPES:
@@ -166,6 +173,8 @@ def _report(ranks: list, count: int, mib: int) -> int:
     algbw = nbytes / seconds / 1e9
     timed_wrong = sum(r["timed_wrong"] for r in ranks)
     total += timed_wrong
-    print(f"float32 {mib} MiB all_reduce: {seconds * 1e3:.1f} ms, algbw {algbw:.2f} GB/s, "
-          f"busbw {algbw:.2f} GB/s (2 ranks: x 2(N-1)/N = 1), #wrong {timed_wrong}")  # fmt: skip
+    print(
+        f"float32 {mib} MiB all_reduce: {seconds * 1e3:.1f} ms, algbw {algbw:.2f} GB/s, "
+        f"busbw {algbw:.2f} GB/s (2 ranks: x 2(N-1)/N = 1), #wrong {timed_wrong}"
+    )
     return total

@@ -70,8 +70,12 @@ def _check(name: str, site: str, hooks: str) -> None:
         return
     got = subprocess.run(
         [sys.executable, "-c", "import ringreduce; print(ringreduce.__file__)"],
-        env=_env(site, hooks), cwd=hooks, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=_env(site, hooks),
+        cwd=hooks,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     where = got.stdout.strip()
     if got.returncode != 0 or not os.path.abspath(where).startswith(os.path.abspath(site)):
         raise SystemExit(

@@ -92,16 +92,46 @@ def hosts_up(
     for i in range(n):
         host, veth, port = f"{ns}{i}", f"{dev}veth{i}", f"{dev}port{i}"
         sh("ip", "netns", "add", host)
-        sh("ip", "link", "add", veth, "netns", host, "type", "veth", "peer", "name", port,
-           "netns", switch)  # fmt: skip
+        sh(
+            "ip",
+            "link",
+            "add",
+            veth,
+            "netns",
+            host,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            port,
+            "netns",
+            switch,
+        )
         sh("ip", "-n", host, "addr", "add", f"{subnet}.{i + 1}/24", "dev", veth)
         for link in (veth, "lo"):
             sh("ip", "-n", host, "link", "set", link, "up")
         sh("ip", "-n", switch, "link", "set", port, "master", "br0")
         sh("ip", "-n", switch, "link", "set", port, "up")
         for where, link in ((host, veth), (switch, port)):
-            sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", link, "root", "tbf",
-               "rate", rate, "burst", str(burst), "latency", "50ms")  # fmt: skip
+            sh(
+                "ip",
+                "netns",
+                "exec",
+                where,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                link,
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                str(burst),
+                "latency",
+                "50ms",
+            )
 
 
 def hosts_down(n: int, ns: str = NS, switch: str = SWITCH) -> None:
@@ -111,8 +141,7 @@ def hosts_down(n: int, ns: str = NS, switch: str = SWITCH) -> None:
 
 def launch(args: argparse.Namespace, mode: str) -> dict:
     """Runs the N ranks of ``mode`` and returns rank 0's JSON report."""
-    return run_ranks(args, [os.path.abspath(__file__), "--rank-main", mode,
-                            json.dumps(vars(args))])  # fmt: skip
+    return run_ranks(args, [os.path.abspath(__file__), "--rank-main", mode, json.dumps(vars(args))])
 
 
 def run_ranks(
@@ -135,9 +164,14 @@ def run_ranks(
     procs = []
     try:
         for r in range(n):
-            rank_env = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(n),
-                        "MASTER_PORT": port,
-                        "MASTER_ADDR": f"{subnet}.1" if shaped else "127.0.0.1"}  # fmt: skip
+            rank_env = {
+                **os.environ,
+                **(env or {}),
+                "RANK": str(r),
+                "WORLD_SIZE": str(n),
+                "MASTER_PORT": port,
+                "MASTER_ADDR": f"{subnet}.1" if shaped else "127.0.0.1",
+            }
             cmd = [sys.executable, *argv]
             if shaped:
                 cmd = ["ip", "netns", "exec", f"{ns}{r}", *cmd]
@@ -193,10 +227,11 @@ def rank_collective(comm: Any, opts: dict) -> dict:
             finally:
                 configure(pieces=default)
             worst = comm.all_reduce(np.array([min(times), wire / opts["reps"]]), "max")
-            rows.append({"size": size, "codec": codec, "seconds": float(worst[0]),
-                         "wire": float(worst[1])})  # fmt: skip
+            rows.append(
+                {"size": size, "codec": codec, "seconds": float(worst[0]), "wire": float(worst[1])}
+            )
     if opts.get("predict"):  # the model's prediction at every size (the same on every rank)
-        from ringreduce._comm.compressed import _state
+        from ringreduce._comm.compressed.route import _state
 
         policy = _state(comm).auto
         for row in rows:
@@ -251,14 +286,18 @@ def rank_fidelity(comm: Any, opts: dict) -> dict:
                 rows_all = np.asarray(comm.all_gather(y))
                 same &= bool((rows_all.view(np.uint32) == y.view(np.uint32)).all())
             ref_total = np.sum(exact, axis=0)
-            rows.append({
-                "codec": codec, "ef": ef, "err": float(np.mean(errs)),
-                "worst": float(np.max(errs)), "bias": float(np.mean(biases)),
-                "summed": float(np.linalg.norm(total - ref_total) / np.linalg.norm(ref_total)),
-                "same": bool(comm.all_reduce(np.array([0 if same else 1]), "max")[0] == 0),
-            })  # fmt: skip
-    return {"rows": rows, "values": int(snaps[0].size), "steps": len(snaps),
-            "n": comm.world_size}  # fmt: skip
+            rows.append(
+                {
+                    "codec": codec,
+                    "ef": ef,
+                    "err": float(np.mean(errs)),
+                    "worst": float(np.max(errs)),
+                    "bias": float(np.mean(biases)),
+                    "summed": float(np.linalg.norm(total - ref_total) / np.linalg.norm(ref_total)),
+                    "same": bool(comm.all_reduce(np.array([0 if same else 1]), "max")[0] == 0),
+                }
+            )
+    return {"rows": rows, "values": int(snaps[0].size), "steps": len(snaps), "n": comm.world_size}
 
 
 def rank_main(mode: str, opts: dict) -> None:
@@ -277,30 +316,40 @@ def rank_main(mode: str, opts: dict) -> None:
 def collective_table(report: dict, link: str) -> str:
     rows = report["rows"]
     base = {r["size"]: r["seconds"] for r in rows if r["codec"] == "fp32"}
-    out = [f"collective: {link}, {report['n']} ranks ({report['transport']}); effective "
-           "bandwidth = fp32 bytes / s per call (GB = 1e9), x = against the fp32 ring",
-           "", "| size | codec | ms | eff. GB/s | x fp32 | wire bytes/rank | wire/fp32 |",
-           "|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    out = [
+        f"collective: {link}, {report['n']} ranks ({report['transport']}); effective "
+        "bandwidth = fp32 bytes / s per call (GB = 1e9), x = against the fp32 ring",
+        "",
+        "| size | codec | ms | eff. GB/s | x fp32 | wire bytes/rank | wire/fp32 |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     wire0 = {r["size"]: r["wire"] for r in rows if r["codec"] == "fp32"}
     for r in rows:
         s, t = r["size"], r["seconds"]
         wire = f"{r['wire']:.3g}" if r["wire"] else "-"
         ratio = f"{r['wire'] / wire0[s]:.3f}" if r["wire"] and wire0.get(s) else "-"
-        out.append(f"| {human(s)} | {r['codec']} | {t * 1e3:.2f} | {s / t / 1e9:.3f} | "
-                   f"{base[s] / t:.2f} | {wire} | {ratio} |")  # fmt: skip
+        out.append(
+            f"| {human(s)} | {r['codec']} | {t * 1e3:.2f} | {s / t / 1e9:.3f} | "
+            f"{base[s] / t:.2f} | {wire} | {ratio} |"
+        )
     return "\n".join(out)
 
 
 def fidelity_table(report: dict) -> str:
-    out = [f"fidelity: {report['n']} ranks, {report['steps']} gradient snapshots of "
-           f"{report['values']} float32 values (MLP 128-512-16), against the float64 sum",
-           "", "| codec | error feedback | rel. error/call (mean) | worst | bias | "
-           "rel. error of the summed results | ranks bitwise identical |",
-           "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    out = [
+        f"fidelity: {report['n']} ranks, {report['steps']} gradient snapshots of "
+        f"{report['values']} float32 values (MLP 128-512-16), against the float64 sum",
+        "",
+        "| codec | error feedback | rel. error/call (mean) | worst | bias | "
+        "rel. error of the summed results | ranks bitwise identical |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for r in report["rows"]:
-        out.append(f"| {r['codec']} | {'yes' if r['ef'] else 'no'} | {r['err']:.2e} | "
-                   f"{r['worst']:.2e} | {r['bias']:+.1e} | {r['summed']:.2e} | "
-                   f"{'yes' if r['same'] else 'NO'} |")  # fmt: skip
+        out.append(
+            f"| {r['codec']} | {'yes' if r['ef'] else 'no'} | {r['err']:.2e} | "
+            f"{r['worst']:.2e} | {r['bias']:+.1e} | {r['summed']:.2e} | "
+            f"{'yes' if r['same'] else 'NO'} |"
+        )
     return "\n".join(out)
 
 
@@ -330,11 +379,15 @@ def crossover_table(reports: dict) -> str:
     """Measured against predicted, per rate, size and codec; then where each codec starts
     to pay, along the sizes at each rate (measured; the model's crossover_bytes) and
     along the link rates at each size."""
-    out = ["crossover: measured x fp32 (the fp32 ring's time / the codec's) against auto's "
-           "model (its predicted exact time / its predicted codec time), the model "
-           "calibrated on the first size of at least 256 KiB", "",
-           "| rate | size | codec | ms | x fp32 | predicted ms | predicted x fp32 | "
-           "predicted / measured ms |", "|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    out = [
+        "crossover: measured x fp32 (the fp32 ring's time / the codec's) against auto's "
+        "model (its predicted exact time / its predicted codec time), the model "
+        "calibrated on the first size of at least 256 KiB",
+        "",
+        "| rate | size | codec | ms | x fp32 | predicted ms | predicted x fp32 | "
+        "predicted / measured ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
     by_size: dict = {}  # (rate, codec) -> measured [(size, x)], model's crossover bytes
     by_rate: dict = {}  # (size, codec) -> measured and predicted [(s per bit, x)]
     for rate, report in sorted(reports.items(), key=lambda kv: rate_bits(kv[0])):
@@ -373,16 +426,25 @@ def crossover_table(reports: dict) -> str:
             return "- (crosses more than once)"
         return {0.0: "every rate", float("inf"): "no rate"}.get(v) or f"{1 / v / 1e9:.2f} Gbit/s"
 
-    out += ["", "Where each codec starts to pay, along the sizes (measured: interpolated "
-            "between the sizes around it; model: its crossover_bytes):", "",
-            "| rate | codec | from, measured | from, model | model / measured |",
-            "|---|---|---|---|---:|"]  # fmt: skip
+    out += [
+        "",
+        "Where each codec starts to pay, along the sizes (measured: interpolated "
+        "between the sizes around it; model: its crossover_bytes):",
+        "",
+        "| rate | codec | from, measured | from, model | model / measured |",
+        "|---|---|---|---|---:|",
+    ]
     for (rate, codec), e in by_size.items():
         m, p = crossing(e["measured"]), e["model"]
         ratio = f"{p / m:.2f}" if m and p and np.isfinite(m) and np.isfinite(p) else "-"
         out.append(f"| {rate} | {codec} | {size_text(m)} | {size_text(p)} | {ratio} |")
-    out += ["", "Along the link rates (slower than this, the codec pays):", "",
-            "| size | codec | measured | model |", "|---:|---|---|---|"]  # fmt: skip
+    out += [
+        "",
+        "Along the link rates (slower than this, the codec pays):",
+        "",
+        "| size | codec | measured | model |",
+        "|---:|---|---|---|",
+    ]
     for (size, codec), c in sorted(by_rate.items()):
         model = rate_text(crossing(c["predicted"])) if c["predicted"] else "-"
         out.append(f"| {human(size)} | {codec} | {rate_text(crossing(c['measured']))} | {model} |")
@@ -424,8 +486,9 @@ def main() -> None:
         args.json = None
     elif args.mode == "crossover":
         codecs = args.codecs.split(",")
-        args.codecs = ",".join(["fp32"] + [c for c in codecs if c not in ("fp32", "auto")]
-                               + ["auto"])  # fmt: skip
+        args.codecs = ",".join(
+            ["fp32"] + [c for c in codecs if c not in ("fp32", "auto")] + ["auto"]
+        )
         report = {}
         args.predict = True
         for rate in args.rates.split(","):
@@ -436,8 +499,11 @@ def main() -> None:
     if args.mode == "crossover":
         print(crossover_table(report))
     else:
-        print(collective_table(report, args.link) if args.mode == "collective"
-              else fidelity_table(report))  # fmt: skip
+        print(
+            collective_table(report, args.link)
+            if args.mode == "collective"
+            else fidelity_table(report)
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f)

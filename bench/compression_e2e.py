@@ -71,7 +71,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "ours-int4+EF-views": (
         "ours",
         {"compression": "int4", "error_feedback": True, "gradient_as_bucket_view": True},
-    ),  # fmt: skip
+    ),
     # The same with the codec kernels' AVX2 build where the machine runs AVX-512 (the
     # kernels' speed end to end, in one interleaved run; not in the default set).
     "ours-int4+EF-avx2": ("ours", {"compression": "int4", "error_feedback": True, "isa": "avx2"}),
@@ -128,9 +128,15 @@ def run_config(args: argparse.Namespace, name: str) -> dict:
     opts = dict(vars(args), config=name)
     try:
         for r in range(n):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_PORT=port,
-                       MASTER_ADDR=f"{SUBNET}.1" if shaped else "127.0.0.1",
-                       RINGREDUCE_HOST_ID=f"emulated-{r}", OMP_NUM_THREADS="1")  # fmt: skip
+            env = dict(
+                os.environ,
+                RANK=str(r),
+                WORLD_SIZE=str(n),
+                MASTER_PORT=port,
+                MASTER_ADDR=f"{SUBNET}.1" if shaped else "127.0.0.1",
+                RINGREDUCE_HOST_ID=f"emulated-{r}",
+                OMP_NUM_THREADS="1",
+            )
             if shaped:
                 env["GLOO_SOCKET_IFNAME"] = f"e2eveth{r}"
             else:
@@ -140,8 +146,11 @@ def run_config(args: argparse.Namespace, name: str) -> dict:
                 cmd = ["ip", "netns", "exec", f"{NS}{r}", *cmd]
             log = open(f"/tmp/rre2e_{name}.rank{r}.log", "w+")  # noqa: SIM115
             logs.append(log)
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
         deadline = time.monotonic() + args.cap + 120
         late = False
         while any(p.poll() is None for p in procs):
@@ -273,15 +282,16 @@ def rank_train(opts: dict) -> dict:
 
         dist.init_process_group("gloo")
         net = torch.nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=cfg.get("bucket_cap_mb", opts["bucket_mb"]),
+            model,
+            bucket_cap_mb=cfg.get("bucket_cap_mb", opts["bucket_mb"]),
             gradient_as_bucket_view=cfg.get("gradient_as_bucket_view", False),
-        )  # fmt: skip
+        )
         if cfg.get("hook") == "fp16":
             net.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif cfg.get("hook") == "powersgd":
-            state = psgd.PowerSGDState(process_group=None,
-                                       matrix_approximation_rank=cfg["rank"],
-                                       start_powerSGD_iter=2)  # fmt: skip
+            state = psgd.PowerSGDState(
+                process_group=None, matrix_approximation_rank=cfg["rank"], start_powerSGD_iter=2
+            )
             net.register_comm_hook(state, psgd.powerSGD_hook)
         sync = None
 
@@ -333,11 +343,19 @@ def rank_train(opts: dict) -> dict:
         extra["auto"] = st.get("compression", {}).get("auto")
     barrier()
     finish()
-    return {"config": opts["config"], "params": params, "reached": reached, "steps": steps,
-            "seconds": elapsed, "losses": losses, "step_s": float(np.median(step_times)),
-            "step_times": [round(t, 5) for t in step_times],
+    return {
+        "config": opts["config"],
+        "params": params,
+        "reached": reached,
+        "steps": steps,
+        "seconds": elapsed,
+        "losses": losses,
+        "step_s": float(np.median(step_times)),
+        "step_times": [round(t, 5) for t in step_times],
         "bwd_s": float(np.median(bwd_times)),
-            "wire_per_step": wire / max(steps, 1), **extra}  # fmt: skip
+        "wire_per_step": wire / max(steps, 1),
+        **extra,
+    }
 
 
 def rank_main(opts: dict) -> None:
@@ -362,29 +380,32 @@ def summarize(got: list) -> dict:
         mid = sorted(got, key=lambda r: r["compute_s"])[len(got) // 2]
         return dict(mid, allreduce_s=sorted(r["allreduce_s"] for r in got)[len(got) // 2])
     mid = sorted(got, key=lambda r: r["seconds"])[len(got) // 2]
-    return dict(mid, all_seconds=[r["seconds"] for r in got],
-                all_steps=[r["steps"] for r in got])  # fmt: skip
+    return dict(mid, all_seconds=[r["seconds"] for r in got], all_steps=[r["steps"] for r in got])
 
 
 def table(reports: dict, args: argparse.Namespace) -> str:
     out = []
     probe = reports.get("probe")
     if probe and "error" not in probe:
-        out.append(f"probe: {probe['params']:,} float32 parameters; forward+backward "
-                   f"{probe['compute_s'] * 1e3:.0f} ms, one fp32 all_reduce of the gradient "
-                   f"{probe['allreduce_s'] * 1e3:.0f} ms (slowest rank's median, all ranks at "
-                   f"once): communication = {probe['allreduce_s'] / probe['compute_s']:.1f}x "
-                   "compute")  # fmt: skip
+        out.append(
+            f"probe: {probe['params']:,} float32 parameters; forward+backward "
+            f"{probe['compute_s'] * 1e3:.0f} ms, one fp32 all_reduce of the gradient "
+            f"{probe['allreduce_s'] * 1e3:.0f} ms (slowest rank's median, all ranks at "
+            f"once): communication = {probe['allreduce_s'] / probe['compute_s']:.1f}x "
+            "compute"
+        )
         out.append("")
-    out += [f"end to end: {args.n} ranks, link {args.link}; target loss {args.target} "
-            f"(initial about 1), lr {args.lr}, momentum 0.9, cap {args.cap:.0f} s / "
-            f"{args.max_steps} steps; buckets of {args.bucket_mb:g} MB; {args.repeat} run(s) "
-            "of each, rounds interleaved",
-            "",
-            "| configuration | steps to target | time to target (s): median (min-max) | "
-            "median step (ms) | backward+sync (ms) | wire MB/step/rank | codec ms/step (rank 0) | "
-            "final loss | x steps vs ours-fp32 | x faster than ddp-fp16hook |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    out += [
+        f"end to end: {args.n} ranks, link {args.link}; target loss {args.target} "
+        f"(initial about 1), lr {args.lr}, momentum 0.9, cap {args.cap:.0f} s / "
+        f"{args.max_steps} steps; buckets of {args.bucket_mb:g} MB; {args.repeat} run(s) "
+        "of each, rounds interleaved",
+        "",
+        "| configuration | steps to target | time to target (s): median (min-max) | "
+        "median step (ms) | backward+sync (ms) | wire MB/step/rank | codec ms/step (rank 0) | "
+        "final loss | x steps vs ours-fp32 | x faster than ddp-fp16hook |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     base = reports.get("ours-fp32", {})
     hook = reports.get("ddp-gloo-fp16hook", {})
     notes = []
@@ -396,22 +417,28 @@ def table(reports: dict, args: argparse.Namespace) -> str:
             notes.append(f"- {name} did not run: {r['error']}")
             continue
         steps = str(r["steps"]) if r["reached"] else f">{r['steps']} (not reached)"
-        ratio_s = (f"{r['steps'] / base['steps']:.2f}" if r["reached"] and base.get("reached")
-                   else "-")  # fmt: skip
-        speed = (f"{hook['seconds'] / r['seconds']:.2f}" if r["reached"] and hook.get("reached")
-                 else "-")  # fmt: skip
+        ratio_s = (
+            f"{r['steps'] / base['steps']:.2f}" if r["reached"] and base.get("reached") else "-"
+        )
+        speed = (
+            f"{hook['seconds'] / r['seconds']:.2f}" if r["reached"] and hook.get("reached") else "-"
+        )
         codec = f"{r['codec_s'] / max(r['steps'], 1) * 1e3:.0f}" if "codec_s" in r else "-"
         times = f"{r['seconds']:.1f}"
         if len(r["all_seconds"]) > 1:
             times += f" ({min(r['all_seconds']):.1f}-{max(r['all_seconds']):.1f})"
         if len(set(r["all_steps"])) > 1:
             steps += f" (runs: {r['all_steps']})"
-        out.append(f"| {name} | {steps} | {times} | {r['step_s'] * 1e3:.0f} | "
-                   f"{r['bwd_s'] * 1e3:.0f} | {r['wire_per_step'] / 1e6:.2f} | {codec} | "
-                   f"{r['losses'][-1]:.4f} | {ratio_s} | {speed} |")  # fmt: skip
+        out.append(
+            f"| {name} | {steps} | {times} | {r['step_s'] * 1e3:.0f} | "
+            f"{r['bwd_s'] * 1e3:.0f} | {r['wire_per_step'] / 1e6:.2f} | {codec} | "
+            f"{r['losses'][-1]:.4f} | {ratio_s} | {speed} |"
+        )
         if r.get("auto"):
-            notes.append(f"- {name}: auto chose {r['auto']['chosen']} (calls), link measured "
-                         f"at {r['auto']['link_gbs'] or 0:.3g} GB/s of input")  # fmt: skip
+            notes.append(
+                f"- {name}: auto chose {r['auto']['chosen']} (calls), link measured "
+                f"at {r['auto']['link_gbs'] or 0:.3g} GB/s of input"
+            )
     return "\n".join(out + ([""] + notes if notes else []))
 
 
@@ -422,16 +449,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=4, help="ranks (one per emulated host)")
     p.add_argument("--link", default="1gbit", help="a tc rate (1gbit), or loopback")
-    p.add_argument("--configs", default=",".join(DEFAULT),
-                   help="comma-separated (default: all but -avx2), from: "
-                        + ", ".join(KNOWN))  # fmt: skip
+    p.add_argument(
+        "--configs",
+        default=",".join(DEFAULT),
+        help="comma-separated (default: all but -avx2), from: " + ", ".join(KNOWN),
+    )
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden", type=int, default=1536)
     p.add_argument("--layers", type=int, default=2, help="hidden layers")
     p.add_argument("--batch", type=int, default=128, help="samples per rank (fixed)")
-    p.add_argument("--bucket-mb", type=float, default=25.0,
-                   help="GradSync's bucket_mb and DDP's bucket_cap_mb (25: both defaults); "
-                        "smaller buckets give the lane something to overlap")  # fmt: skip
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=25.0,
+        help="GradSync's bucket_mb and DDP's bucket_cap_mb (25: both defaults); "
+        "smaller buckets give the lane something to overlap",
+    )
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--target", type=float, default=0.06)
     p.add_argument("--max-steps", type=int, default=90)
@@ -443,8 +476,10 @@ def main() -> None:
     names = args.configs.split(",")
     unknown = [c for c in names if c != "probe" and config(c) is None]
     if unknown:
-        p.error(f"unknown configs {unknown}; known: {KNOWN}, and ours-powersgd-rK, "
-                "ddp-gloo-powersgd-rK[-1bucket] for any rank K")  # fmt: skip
+        p.error(
+            f"unknown configs {unknown}; known: {KNOWN}, and ours-powersgd-rK, "
+            "ddp-gloo-powersgd-rK[-1bucket] for any rank K"
+        )
     shaped = args.link != "loopback"
     old = signal.signal(signal.SIGTERM, _raise_on_signal)
     load0 = os.getloadavg()
@@ -469,8 +504,9 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "runs": runs}, f)
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         head = [
             "Compression end to end, measured with bench/compression_e2e.py (issue 22, "
             '"Measure", End to end).',

@@ -108,8 +108,11 @@ def rank_main(opts: dict) -> None:
         exact = sum(inputs(r, n).astype(np.float64) for r in range(size)) if rank == 0 else None
         for name in opts["codecs"].split(","):
             codec = get_codec(name)
-            for scheme, pieces in (("one-hop, whole", "never"), ("one-hop", "auto"),
-                                   ("ring, re-encoded per hop", "never")):  # fmt: skip
+            for scheme, pieces in (
+                ("one-hop, whole", "never"),
+                ("one-hop", "auto"),
+                ("ring, re-encoded per hop", "never"),
+            ):
                 configure(pieces=pieces)
                 if scheme.startswith("ring"):
                     run = functools.partial(ring_all_reduce, comm, codec, x)
@@ -120,9 +123,16 @@ def rank_main(opts: dict) -> None:
                 same = comm.all_gather(np.frombuffer(digest, np.int64).copy()).reshape(-1)
                 if rank == 0:
                     err = float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
-                    rows.append({"bytes": n * 4, "codec": name, "scheme": scheme,
-                                 "seconds": best, "error": err,
-                                 "identical": bool(len(set(same.tolist())) == 1)})  # fmt: skip
+                    rows.append(
+                        {
+                            "bytes": n * 4,
+                            "codec": name,
+                            "scheme": scheme,
+                            "seconds": best,
+                            "error": err,
+                            "identical": bool(len(set(same.tolist())) == 1),
+                        }
+                    )
         configure(pieces="auto")
     if rank == 0:
         print(json.dumps(rows))
@@ -131,8 +141,9 @@ def rank_main(opts: dict) -> None:
 
 def launch(args: argparse.Namespace) -> list:
     argv = [os.path.abspath(__file__), "--rank-main", json.dumps(vars(args))]
-    return compression_bench.run_ranks(args, argv, NS, SWITCH, SUBNET, "s",
-                                       env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    return compression_bench.run_ranks(
+        args, argv, NS, SWITCH, SUBNET, "s", env={"OMP_NUM_THREADS": "1"}
+    )
 
 
 def table(rows: list, args: argparse.Namespace) -> str:
@@ -148,8 +159,10 @@ def table(rows: list, args: argparse.Namespace) -> str:
         size = compression_bench.human(r["bytes"])
         ratio = r["seconds"] / base[(r["bytes"], r["codec"])]
         same = "yes" if r["identical"] else "NO"
-        out.append(f"| {size} | {r['codec']} | {r['scheme']} | {r['seconds'] * 1e3:.2f} | "
-                   f"{ratio:.2f} | {r['error']:.2e} | {same} |")  # fmt: skip
+        out.append(
+            f"| {size} | {r['codec']} | {r['scheme']} | {r['seconds'] * 1e3:.2f} | "
+            f"{ratio:.2f} | {r['error']:.2e} | {same} |"
+        )
     return "\n".join(out)
 
 

@@ -60,7 +60,7 @@ def rank_main(argv: List[str]) -> None:
     rank, n, port, transport, victims, how, where, delay, timeout, master = argv
     rank, n = int(rank), int(n)
     if os.environ.get("RR_DRILL_FRESH_LINKS") == "1":
-        from ringreduce._comm import membership
+        from ringreduce._comm.membership import agreement as membership
 
         membership._REUSE_LINKS = False  # --fresh-links: every link of the shrunk ring anew
     victims = [int(v) for v in victims.split(",")]
@@ -70,13 +70,27 @@ def rank_main(argv: List[str]) -> None:
         newcomer(port, how, master)
     started = time.monotonic()
     try:
-        comm = rr.init(transport, rank=rank, world_size=n, master_addr=master,
-                       master_port=int(port), timeout=float(timeout))  # fmt: skip
+        comm = rr.init(
+            transport,
+            rank=rank,
+            world_size=n,
+            master_addr=master,
+            master_port=int(port),
+            timeout=float(timeout),
+        )
     except rr.RingReduceError as exc:
         named = [v for v in victims if f"rank {v} " in str(exc)]
-        report = {"rank": rank, "detected": time.time(), "kind": type(exc).__name__,
-                  "shrink_s": 0.0, "calls": 0, "failed_ranks": named, "new_size": 0,
-                  "ok": True, "init_s": time.monotonic() - started}  # fmt: skip
+        report = {
+            "rank": rank,
+            "detected": time.time(),
+            "kind": type(exc).__name__,
+            "shrink_s": 0.0,
+            "calls": 0,
+            "failed_ranks": named,
+            "new_size": 0,
+            "ok": True,
+            "init_s": time.monotonic() - started,
+        }
         print(json.dumps(report), flush=True)
         return
     x = np.ones(1 << 18, dtype=np.float32)  # 1 MiB
@@ -141,7 +155,7 @@ def time_phases() -> Dict[str, float]:
     """Seconds a shrink spends in its agreement(s) and in arming the new communicator
     (its standby stores' addresses read from every rank), summed over its attempts; the
     rest of it is making the new communicator (meeting, links). Filled in as it runs."""
-    from ringreduce._comm import membership
+    from ringreduce._comm.membership import agreement as membership
 
     spent = {"agree": 0.0, "arm": 0.0}
 
@@ -165,7 +179,7 @@ def die_during_shrink(rank: int, how: str, phase: str) -> None:
     once the agreement has counted it in ("make": the others then make a communicator
     with it), or once that communicator's links are up ("arm"). A shrink takes tens of
     milliseconds, so a timer would often fire after it, a failure of another kind."""
-    from ringreduce._comm import membership
+    from ringreduce._comm.membership import agreement as membership
 
     agree = membership.Membership.agree
     if phase == "arm":
@@ -200,7 +214,7 @@ def fail(rank: int, how: str) -> None:
 def newcomer(port: str, how: str, master: str) -> None:
     """A newcomer that takes its seat in the members' grow, then fails."""
     import ringreduce as rr
-    from ringreduce._comm import growth
+    from ringreduce._comm.membership import growth
 
     take = growth._take_seat
 
@@ -229,9 +243,22 @@ def grow_with_a_dying_newcomer(comm: Any, rank: int, n: int) -> None:
     detected = time.time()
     got = comm.all_reduce(np.full(1000, comm.rank + 1.0))
     ok = bool(np.all(got == n * (n + 1) / 2))
-    print(json.dumps({"rank": rank, "detected": detected, "kind": kind, "shrink_s": 0.0,
-                      "calls": 0, "failed_ranks": named, "new_size": n, "ok": ok,
-                      "grow_s": time.monotonic() - t0}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "detected": detected,
+                "kind": kind,
+                "shrink_s": 0.0,
+                "calls": 0,
+                "failed_ranks": named,
+                "new_size": n,
+                "ok": ok,
+                "grow_s": time.monotonic() - t0,
+            }
+        ),
+        flush=True,
+    )
     comm.close()
 
 
@@ -263,8 +290,9 @@ def run_case(
             env["RINGREDUCE_TCP_KEEPALIVE"] = str(args.keepalive)
         env["RR_DRILL_FRESH_LINKS"] = "1" if args.fresh_links else "0"
         if hosts:
-            env.update(RINGREDUCE_HOST_ID=f"drill-host-{host_of(r)}",
-                       RR_DRILL_DEV=f"dveth{host_of(r)}")  # fmt: skip
+            env.update(
+                RINGREDUCE_HOST_ID=f"drill-host-{host_of(r)}", RR_DRILL_DEV=f"dveth{host_of(r)}"
+            )
         return env
 
     procs = [
@@ -289,7 +317,7 @@ def run_case(
             stderr=subprocess.PIPE,
             text=True,
             env=env_of(r),
-        )  # fmt: skip
+        )
         for r in range(count)
     ]
     deadline = time.monotonic() + args.case_timeout
@@ -325,13 +353,21 @@ def run_case(
                     failed_at = at if failed_at is None else min(failed_at, at)
     if how == "partition":
         for h in {host_of(v) for v in victims}:
-            subprocess.run(["ip", "-n", f"{args.netns}{h}", "link", "set", f"dveth{h}", "up"],
-                           check=True)  # fmt: skip
+            subprocess.run(
+                ["ip", "-n", f"{args.netns}{h}", "link", "set", f"dveth{h}", "up"], check=True
+            )
     survivors = [r for r in range(count) if r not in victims]
     row: Dict[str, Any] = {
-        "transport": transport, "n": n, "how": how, "where": where, "victims": victims,
-        "survivors": len(survivors), "reported": len(reports), "hung": hung, "errors": errors,
-    }  # fmt: skip
+        "transport": transport,
+        "n": n,
+        "how": how,
+        "where": where,
+        "victims": victims,
+        "survivors": len(survivors),
+        "reported": len(reports),
+        "hung": hung,
+        "errors": errors,
+    }
     if failed_at is not None and reports:
         detect = [rep["detected"] - failed_at for rep in reports.values()]
         shrink = [rep["shrink_s"] for rep in reports.values()]
@@ -341,7 +377,9 @@ def run_case(
         agree_s, arm_s = slowest.get("agree_s", 0.0), slowest.get("arm_s", 0.0)
         agreed = {tuple(rep["failed_ranks"]) for rep in reports.values()}
         row.update(
-            detect_s=max(detect), shrink_s=max(shrink), shrink_median_s=statistics.median(shrink),
+            detect_s=max(detect),
+            shrink_s=max(shrink),
+            shrink_median_s=statistics.median(shrink),
             usable_s=max(usable),
             # From the last survivor's detection to every survivor's usable communicator:
             # the repair alone (a shrink call's time also holds waiting for the last to
@@ -350,17 +388,19 @@ def run_case(
             # CPU a shrink costs a rank (all its threads): the median, and the busiest
             # (the agreement's host). With more ranks than cores, the wall time is
             # bound by their sum over the cores.
-            cpu_median_s=statistics.median(cpu), cpu_max_s=max(cpu),
+            cpu_median_s=statistics.median(cpu),
+            cpu_max_s=max(cpu),
             wrong=sum(not rep["ok"] for rep in reports.values()),
             phases=(agree_s, slowest["shrink_s"] - agree_s - arm_s, arm_s),
             agreed=len(agreed) == 1 and agreed == {tuple(sorted(victims))},
             lost_calls=1,
             # Links of the shrunk ring kept and made (each counted by both its ends).
-            links=[sum(rep.get("links", [0, 0])[i] for rep in reports.values()) // 2
-                   for i in (0, 1)],  # fmt: skip
+            links=[
+                sum(rep.get("links", [0, 0])[i] for rep in reports.values()) // 2 for i in (0, 1)
+            ],
             # Pairs of local survivors whose shared memory was kept (each counted by both).
             shm_kept=sum(rep.get("shm_kept", 0) for rep in reports.values()) // 2,
-        )  # fmt: skip
+        )
     row["reports"] = reports
     return row
 
@@ -374,25 +414,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sizes", default="2,4,8", help="world sizes (default 2,4,8)")
     p.add_argument("--transports", default="shm,tcp", help="default shm,tcp")
     p.add_argument("--failures", default="kill,exit,stop", help="default kill,exit,stop")
-    p.add_argument("--where", default="all_reduce",
-                   help="all_reduce, broadcast, init, shrink (a second rank dies during the "
-                        "shrink), join (a newcomer dies while joining a grow)")  # fmt: skip
+    p.add_argument(
+        "--where",
+        default="all_reduce",
+        help="all_reduce, broadcast, init, shrink (a second rank dies during the "
+        "shrink), join (a newcomer dies while joining a grow)",
+    )
     p.add_argument("--victims", type=int, default=1, help="ranks failing at once (default 1)")
     p.add_argument("--at", help="these ranks fail (default: --victims ranks at random)")
     p.add_argument("--trials", type=int, default=3, help="per case (default 3)")
     p.add_argument("--timeout", type=float, default=3.0, help="communicator timeout, s")
     p.add_argument("--case-timeout", type=float, default=60.0, help="a hang after this, s")
     p.add_argument("--keepalive", type=int, help="RINGREDUCE_TCP_KEEPALIVE for the ranks, s")
-    p.add_argument("--hosts", type=int, default=0,
-                   help="emulated hosts: network namespaces on a bridge, links shaped to "
-                        "--link (root; 0: every rank on loopback)")  # fmt: skip
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="emulated hosts: network namespaces on a bridge, links shaped to "
+        "--link (root; 0: every rank on loopback)",
+    )
     p.add_argument("--link", default="10gbit", help="with --hosts: tc tbf rate (10gbit)")
-    p.add_argument("--netns", default="rrdrill",
-                   help="with --hosts: the namespaces' names, NETNS0.. and NETNSsw (rrdrill); "
-                        "drills run at once need their own")  # fmt: skip
-    p.add_argument("--fresh-links", action="store_true",
-                   help="shrink makes every TCP link of the new ring anew instead of taking "
-                        "over the parked ones (to measure what that saves)")  # fmt: skip
+    p.add_argument(
+        "--netns",
+        default="rrdrill",
+        help="with --hosts: the namespaces' names, NETNS0.. and NETNSsw (rrdrill); "
+        "drills run at once need their own",
+    )
+    p.add_argument(
+        "--fresh-links",
+        action="store_true",
+        help="shrink makes every TCP link of the new ring anew instead of taking "
+        "over the parked ones (to measure what that saves)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write every row here")
     args = p.parse_args(argv)
@@ -421,9 +474,11 @@ def _emulated_hosts() -> Any:
 
 def _drill(args: argparse.Namespace) -> int:
     rows = []
-    print("| transport | N | failure | where | victims | detection | shrink (worst / median) "
-          "| worst: agree / make / arm | TCP links kept / made | shm pairs kept "
-          "| detection to usable | agreed | wrong | hangs |")  # fmt: skip
+    print(
+        "| transport | N | failure | where | victims | detection | shrink (worst / median) "
+        "| worst: agree / make / arm | TCP links kept / made | shm pairs kept "
+        "| detection to usable | agreed | wrong | hangs |"
+    )
     print("|---|---:|---|---|---|---:|---:|---|---|---:|---:|---|---:|---:|")
     for transport in args.transports.split(","):
         for n in [int(v) for v in args.sizes.split(",")]:
@@ -440,25 +495,41 @@ def _drill(args: argparse.Namespace) -> int:
                         if where == "join":
                             victims = [n]  # the newcomer
                         if how == "partition" and (args.hosts != n or len(victims) != 1):
-                            print(f"| {transport} | {n} | partition | {where} | {victims} | "
-                                  "skipped: needs --hosts N (one rank per host) and one "
-                                  "victim |", flush=True)  # fmt: skip
+                            print(
+                                f"| {transport} | {n} | partition | {where} | {victims} | "
+                                "skipped: needs --hosts N (one rank per host) and one "
+                                "victim |",
+                                flush=True,
+                            )
                             break
                         row = run_case(n, transport, how, where, sorted(victims), args)
                         rows.append(row)
                         if "detect_s" in row:
                             ms = {k: f"{row[k] * 1e3:.0f} ms" for k in row if k.endswith("_s")}
-                            cells = [transport, n, how, where, row["victims"], ms["detect_s"],
-                                     f"{ms['shrink_s']} / {ms['shrink_median_s']}",
-                                     " / ".join(f"{v * 1e3:.0f}" for v in row["phases"]),
-                                     " / ".join(map(str, row["links"])), row["shm_kept"],
-                                     ms["usable_s"],
-                                     row["agreed"], row["wrong"], len(row["hung"])]  # fmt: skip
+                            cells = [
+                                transport,
+                                n,
+                                how,
+                                where,
+                                row["victims"],
+                                ms["detect_s"],
+                                f"{ms['shrink_s']} / {ms['shrink_median_s']}",
+                                " / ".join(f"{v * 1e3:.0f}" for v in row["phases"]),
+                                " / ".join(map(str, row["links"])),
+                                row["shm_kept"],
+                                ms["usable_s"],
+                                row["agreed"],
+                                row["wrong"],
+                                len(row["hung"]),
+                            ]
                             print("| " + " | ".join(map(str, cells)) + " |", flush=True)
                         else:
-                            print(f"| {transport} | {n} | {how} | {where} | {row['victims']} "
-                                  f"| no report | | | | | | | | {len(row['hung'])} "
-                                  f"| {row['errors']}", flush=True)  # fmt: skip
+                            print(
+                                f"| {transport} | {n} | {how} | {where} | {row['victims']} "
+                                f"| no report | | | | | | | | {len(row['hung'])} "
+                                f"| {row['errors']}",
+                                flush=True,
+                            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -484,21 +555,35 @@ def summarize(rows: List[Dict[str, Any]]) -> None:
             key = (row["transport"], row["n"], row["how"], row["where"])
             groups.setdefault(key, []).append(row)
     print()
-    print("| transport | N | failure | where | cases | detection, median (range) "
-          "| shrink, median (range) | repair, median | agree / make / arm, medians "
-          "| CPU per rank, median / busiest | TCP links kept / made, medians |")  # fmt: skip
+    print(
+        "| transport | N | failure | where | cases | detection, median (range) "
+        "| shrink, median (range) | repair, median | agree / make / arm, medians "
+        "| CPU per rank, median / busiest | TCP links kept / made, medians |"
+    )
     print("|---|---:|---|---|---:|---:|---:|---:|---|---|---|")
     for (transport, n, how, where), group in groups.items():
         phases = " / ".join(
             f"{statistics.median(r['phases'][i] for r in group) * 1e3:.0f}" for i in range(3)
         )
         links = " / ".join(f"{statistics.median(r['links'][i] for r in group):g}" for i in range(2))
-        ms = {k: statistics.median(r[k] for r in group) * 1e3
-              for k in ("repair_s", "cpu_median_s", "cpu_max_s")}  # fmt: skip
+        ms = {
+            k: statistics.median(r[k] for r in group) * 1e3
+            for k in ("repair_s", "cpu_median_s", "cpu_max_s")
+        }
         cpu = f"{ms['cpu_median_s']:.1f} / {ms['cpu_max_s']:.1f} ms"
-        cells = [transport, n, how, where, len(group), spread([r["detect_s"] for r in group]),
-                 spread([r["shrink_s"] for r in group]), f"{ms['repair_s']:.0f} ms", phases,
-                 cpu, links]  # fmt: skip
+        cells = [
+            transport,
+            n,
+            how,
+            where,
+            len(group),
+            spread([r["detect_s"] for r in group]),
+            spread([r["shrink_s"] for r in group]),
+            f"{ms['repair_s']:.0f} ms",
+            phases,
+            cpu,
+            links,
+        ]
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 

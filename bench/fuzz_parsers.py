@@ -35,11 +35,15 @@ def main() -> int:
                 t[key] += counts[key]
             t["first"] = t["first"] or counts["first_violation"]
     seconds = time.monotonic() - start
-    print(f"{'parser':<16} {'frames':>10} {'accepted':>10} {'rejected':>10} "
-          f"{'incomplete':>10} {'violations':>10}")  # fmt: skip
+    print(
+        f"{'parser':<16} {'frames':>10} {'accepted':>10} {'rejected':>10} "
+        f"{'incomplete':>10} {'violations':>10}"
+    )
     for name, t in sorted(totals.items()):
-        print(f"{name:<16} {t['frames']:>10} {t['accepted']:>10} {t['rejected']:>10} "
-              f"{t['incomplete']:>10} {t['violations']:>10}  {t['first']}")  # fmt: skip
+        print(
+            f"{name:<16} {t['frames']:>10} {t['accepted']:>10} {t['rejected']:>10} "
+            f"{t['incomplete']:>10} {t['violations']:>10}  {t['first']}"
+        )
     print(f"{sum(t['frames'] for t in totals.values())} frames in {seconds:.1f} s")
     return 1 if any(t["violations"] for t in totals.values()) else 0
 

@@ -226,8 +226,9 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="kernel calls per timing trial")
     parser.add_argument("--trials", type=int, default=5, help="timing trials (median kept)")
     parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--ring-count", type=int, default=(1 << 20) + 7,
-                        help="elements per 2-rank all_reduce check")  # fmt: skip
+    parser.add_argument(
+        "--ring-count", type=int, default=(1 << 20) + 7, help="elements per 2-rank all_reduce check"
+    )
     args = parser.parse_args(argv)
 
     try:

@@ -48,10 +48,17 @@ def _rank(rank: int, args: Any, ports: List[int], transport: str) -> Dict[str, L
         torch.cuda.set_device(device)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     n = args.nprocs
-    comm = rr.init(transport, rank=rank, world_size=n, master_addr="127.0.0.1",
-                   master_port=ports[0], timeout=120.0)  # fmt: skip
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank,
-                            world_size=n)  # fmt: skip
+    comm = rr.init(
+        transport,
+        rank=rank,
+        world_size=n,
+        master_addr="127.0.0.1",
+        master_port=ports[0],
+        timeout=120.0,
+    )
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=n
+    )
     want = n * (n + 1) / 2
     times: Dict[str, List[float]] = {}
     for nbytes in args.sizes:

@@ -37,8 +37,9 @@ def _rank(rank, size, port, transport, delay, go, results) -> None:
     go.wait()
     time.sleep(delay)
     start = time.perf_counter()
-    comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=port, timeout=60)  # fmt: skip
+    comm = rr.init(
+        transport, rank=rank, world_size=size, master_addr="127.0.0.1", master_port=port, timeout=60
+    )
     results.put(time.perf_counter() - start)
     comm.barrier()
     comm.close()
@@ -78,9 +79,11 @@ def main() -> None:
         runs = [trial(ctx, size, args.transport, args.stagger) for _ in range(args.trials)]
         ms = [r[0] * 1e3 for r in runs]
         segs = [r[1] for r in runs]
-        print(f"| {args.transport} | {size} | {args.stagger * 1e3:g} ms | "
-              f"{statistics.median(ms):.1f} ms ({min(ms):.1f}-{max(ms):.1f}) | "
-              f"{statistics.median(segs):.0f} ({min(segs)}-{max(segs)}) |")  # fmt: skip
+        print(
+            f"| {args.transport} | {size} | {args.stagger * 1e3:g} ms | "
+            f"{statistics.median(ms):.1f} ms ({min(ms):.1f}-{max(ms):.1f}) | "
+            f"{statistics.median(segs):.0f} ({min(segs)}-{max(segs)}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -105,14 +105,27 @@ def _trial(n: int, victim: int, delay: float, args: argparse.Namespace, tmp: str
     port = free_port()
     procs, logs = [], []
     for rank in range(n):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), RINGREDUCE_PORT=str(port))  # fmt: skip
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RINGREDUCE_PORT=str(port),
+        )
         for var in ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
             env.pop(var, None)
         out = os.path.join(tmp, f"rank{rank}.out")
         err = os.path.join(tmp, f"rank{rank}.err")
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker",
-               "--transport", args.transport, "--timeout", str(args.timeout)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--rank-worker",
+            "--transport",
+            args.transport,
+            "--timeout",
+            str(args.timeout),
+        ]
         with open(out, "w") as fo, open(err, "w") as fe:
             procs.append(subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env))
         logs.append((out, err))
@@ -127,10 +140,13 @@ def _trial(n: int, victim: int, delay: float, args: argparse.Namespace, tmp: str
         if not all(any(x.get("ready") for x in _lines(o)) for o, _ in logs):
             # Each rank: still running or its exit code, what it reported, its stderr.
             result["start_failed"] = {
-                r: {"exit": procs[r].poll(), "reports": _lines(o)[-2:],
-                    "stderr": open(e).read()[-400:]}
+                r: {
+                    "exit": procs[r].poll(),
+                    "reports": _lines(o)[-2:],
+                    "stderr": open(e).read()[-400:],
+                }
                 for r, (o, e) in enumerate(logs)
-            }  # fmt: skip
+            }
             return result
         time.sleep(delay)
         killed_at = time.monotonic()
@@ -177,7 +193,7 @@ def _summary(results: List[dict], n: int) -> str:
         if len(t["survivors"]) == n - 1
         and all(
             s["outcome"] == "named" and s["latency"] <= PROMPT_S for s in t["survivors"].values()
-        )  # fmt: skip
+        )
     )
     lines = [
         f"trials: {len(results)} ({len(results) - len(started)} failed to start), "
@@ -240,8 +256,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="victims and delays (default 0)")
     p.add_argument("--min-delay", type=float, default=0.0, help="s after ready (default 0)")
     p.add_argument("--max-delay", type=float, default=1.0, help="s after ready (default 1)")
-    p.add_argument("--timeout", type=float, default=30.0,
-                   help="each rank's communicator timeout, s (default 30)")  # fmt: skip
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="each rank's communicator timeout, s (default 30)",
+    )
     p.add_argument(
         "--deadline",
         type=float,
@@ -268,12 +288,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             t["delay"] = delay
             results.append(t)
             outcomes = collections.Counter(s["outcome"] for s in t["survivors"].values())
-            print(f"trial {i + 1}/{args.trials}: killed rank {victim} after {delay:.2f} s: "
-                  + (", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-                     or "did not start"), flush=True)  # fmt: skip
+            print(
+                f"trial {i + 1}/{args.trials}: killed rank {victim} after {delay:.2f} s: "
+                + (", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "did not start"),
+                flush=True,
+            )
     print()
-    print(f"# python bench/kill_trials.py -n {n} --trials {args.trials} "
-          f"--transport {args.transport} --seed {args.seed}")  # fmt: skip
+    print(
+        f"# python bench/kill_trials.py -n {n} --trials {args.trials} "
+        f"--transport {args.transport} --seed {args.seed}"
+    )
     print(_summary(results, n))
     if args.json:
         with open(args.json, "w") as f:

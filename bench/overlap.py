@@ -175,8 +175,7 @@ def worker(rank: int, world: int, rr_port: int, gloo_port: int, args: argparse.N
     buckets, summary = len(sync.bucketer.plan), sync.summary()
     alternated = alternate(args, comm, steps)
     if rank == 0:
-        report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm,
-               modes)  # fmt: skip
+        report(runs, world, n_params, args, torch.get_num_threads(), buckets, summary, comm, modes)
         if alternated is not None:
             c, g, d = alternated
             print(
@@ -210,8 +209,17 @@ def alternate(args: argparse.Namespace, comm: Any, steps: dict) -> Any:
     return tuple(comm.all_reduce(medians, op="max"))
 
 
-def report(runs: list, world: int, n_params: int, args: argparse.Namespace, threads: int,
-           buckets: int, summary: dict, comm: Any, modes: tuple) -> None:  # fmt: skip
+def report(
+    runs: list,
+    world: int,
+    n_params: int,
+    args: argparse.Namespace,
+    threads: int,
+    buckets: int,
+    summary: dict,
+    comm: Any,
+    modes: tuple,
+) -> None:
     """Prints the table: per mode, the median step and exposed time over the runs."""
     print(
         f"{world} ranks over {comm.transport}, {n_params / 1e6:.1f} M parameters "

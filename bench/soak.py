@@ -51,8 +51,16 @@ from ringreduce.launch import free_port
 DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8"]
 # Element counts and how often each is drawn: mostly small, rarely 4 MB.
 SIZES = [(1, 20), (7, 20), (1000, 25), (65536, 25), (1 << 20, 3)]
-KINDS = ["all_reduce", "all_reduce_inplace", "all_reduce_async", "reduce_scatter",
-         "all_gather", "broadcast", "reduce", "barrier"]  # fmt: skip
+KINDS = [
+    "all_reduce",
+    "all_reduce_inplace",
+    "all_reduce_async",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "barrier",
+]
 
 
 def _sample() -> Dict[str, float]:
@@ -102,8 +110,9 @@ def _churn(args: argparse.Namespace, label, rank: int, n: int) -> bool:
     name = "churn" if args.churn_store == "reuse" else f"churn-{label}"
     store = os.path.join(args.store_root, name)
     transport = args.churn_transport or args.transport
-    with rr.init(transport, rank=rank, world_size=n, store_dir=store,
-                 timeout=args.timeout) as extra:  # fmt: skip
+    with rr.init(
+        transport, rank=rank, world_size=n, store_dir=store, timeout=args.timeout
+    ) as extra:
         return bool(np.all(extra.all_reduce(np.ones(16, dtype=np.int32)) == n))
 
 
@@ -147,9 +156,20 @@ def _rank_main(args: argparse.Namespace) -> None:
     comm.barrier()
     samples["end"] = _sample()
     seconds = time.monotonic() - start
-    print(json.dumps({"rank": r, "samples": samples, "wrong": wrong[:20],
-                      "wrong_count": len(wrong), "churned": churned, "seconds": seconds,
-                      "warmup": warmup}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "rank": r,
+                "samples": samples,
+                "wrong": wrong[:20],
+                "wrong_count": len(wrong),
+                "churned": churned,
+                "seconds": seconds,
+                "warmup": warmup,
+            }
+        ),
+        flush=True,
+    )
     comm.close()
 
 
@@ -201,22 +221,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("-n", "--nprocs", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--calls", type=int, default=100000, help="collectives per rank")
     p.add_argument("--warmup", type=int, default=None, help="calls before the first sample")
-    p.add_argument("--churn-every", type=int, default=1000,
-                   help="a second communicator made and closed every this many calls "
-                        "(0: never; default 1000)")  # fmt: skip
+    p.add_argument(
+        "--churn-every",
+        type=int,
+        default=1000,
+        help="a second communicator made and closed every this many calls (0: never; default 1000)",
+    )
     p.add_argument("--transport", default="auto", choices=["tcp", "shm", "auto"])
-    p.add_argument("--churn-transport", default=None, choices=["tcp", "shm", "auto"],
-                   help="the churn communicators' transport (default: --transport)")  # fmt: skip
-    p.add_argument("--churn-store", default="fresh", choices=["fresh", "reuse"],
-                   help="fresh: a new store directory per churn communicator (default); "
-                        "reuse: one directory for all of them")  # fmt: skip
+    p.add_argument(
+        "--churn-transport",
+        default=None,
+        choices=["tcp", "shm", "auto"],
+        help="the churn communicators' transport (default: --transport)",
+    )
+    p.add_argument(
+        "--churn-store",
+        default="fresh",
+        choices=["fresh", "reuse"],
+        help="fresh: a new store directory per churn communicator (default); "
+        "reuse: one directory for all of them",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--mmap-threshold", type=int, default=0,
-                   help="MALLOC_MMAP_THRESHOLD_ for the ranks (0: glibc's own policy)")  # fmt: skip
-    p.add_argument("--log-dir", default=None,
-                   help="keep each rank's stdout and stderr here (default: a temporary "
-                        "directory, kept only when a rank fails)")  # fmt: skip
+    p.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="MALLOC_MMAP_THRESHOLD_ for the ranks (0: glibc's own policy)",
+    )
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="keep each rank's stdout and stderr here (default: a temporary "
+        "directory, kept only when a rank fails)",
+    )
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--store-root", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -233,16 +271,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     errs = [os.path.join(log_dir, f"rank{rank}.stderr") for rank in range(n)]
     with tempfile.TemporaryDirectory(prefix="rr-soak-") as tmp:
         for rank in range(n):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), RINGREDUCE_PORT=str(port))  # fmt: skip
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(n),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RINGREDUCE_PORT=str(port),
+            )
             if args.mmap_threshold:
                 env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
             # -X faulthandler: a rank that dies of a signal leaves its Python traceback.
-            cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__),
-                   "--rank-worker", "--store-root", tmp, "--calls", str(args.calls),
-                   "--churn-every", str(args.churn_every), "--transport", args.transport,
-                   "--churn-store", args.churn_store,
-                   "--seed", str(args.seed), "--timeout", str(args.timeout)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-X",
+                "faulthandler",
+                os.path.abspath(__file__),
+                "--rank-worker",
+                "--store-root",
+                tmp,
+                "--calls",
+                str(args.calls),
+                "--churn-every",
+                str(args.churn_every),
+                "--transport",
+                args.transport,
+                "--churn-store",
+                args.churn_store,
+                "--seed",
+                str(args.seed),
+                "--timeout",
+                str(args.timeout),
+            ]
             if args.churn_transport:
                 cmd += ["--churn-transport", args.churn_transport]
             if args.warmup is not None:
@@ -265,26 +325,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     churn = f" --churn-transport {args.churn_transport}" if args.churn_transport else ""
     churn += f" --churn-store {args.churn_store}" if args.churn_store != "fresh" else ""
     threshold = f" --mmap-threshold {args.mmap_threshold}" if args.mmap_threshold else ""
-    print(f"# python bench/soak.py -n {n} --calls {args.calls} --churn-every "
-          f"{args.churn_every} --transport {args.transport}{churn} --seed {args.seed}"
-          f"{threshold}")  # fmt: skip
+    print(
+        f"# python bench/soak.py -n {n} --calls {args.calls} --churn-every "
+        f"{args.churn_every} --transport {args.transport}{churn} --seed {args.seed}"
+        f"{threshold}"
+    )
     if any(code != 0 for code in codes) or any(rep is None for rep in reports):
         print("FAIL: a rank did not finish")
         for rank in range(n):
-            print(f"rank {rank}: exit {_exit_status(codes[rank])}"
-                  f"{' (' + notes[rank] + ')' if notes[rank] else ''}"
-                  f"{'' if reports[rank] else ', no report'}")  # fmt: skip
+            print(
+                f"rank {rank}: exit {_exit_status(codes[rank])}"
+                f"{' (' + notes[rank] + ')' if notes[rank] else ''}"
+                f"{'' if reports[rank] else ', no report'}"
+            )
             for line in _tail(errs[rank], 25):
                 print(f"      {line}")
         print(f"each rank's stdout and stderr: {log_dir}")
         return 1
     done: List[dict] = [rep for rep in reports if rep is not None]
     seconds = max(rep["seconds"] for rep in done)
-    print(f"{args.calls} collectives per rank in {seconds:.1f} s "
-          f"({args.calls / seconds:.0f}/s), warm-up {done[0]['warmup']} calls, "
-          f"{done[0]['churned']} communicators made and closed per rank")  # fmt: skip
-    print(f"{'rank':>4}  {'RSS MiB warm/end':>18} {'growth':>8}  {'fds warm/end':>13}  "
-          f"{'threads warm/end':>17}  wrong  exit  stderr")  # fmt: skip
+    print(
+        f"{args.calls} collectives per rank in {seconds:.1f} s "
+        f"({args.calls / seconds:.0f}/s), warm-up {done[0]['warmup']} calls, "
+        f"{done[0]['churned']} communicators made and closed per rank"
+    )
+    print(
+        f"{'rank':>4}  {'RSS MiB warm/end':>18} {'growth':>8}  {'fds warm/end':>13}  "
+        f"{'threads warm/end':>17}  wrong  exit  stderr"
+    )
     ok = True
     for rep, code, err in zip(done, codes, errs):
         w, e = rep["samples"]["warmup"], rep["samples"]["end"]
@@ -292,13 +360,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         ok &= growth < 0.10 and e["fds"] <= w["fds"] and e["threads"] <= w["threads"]
         ok &= rep["wrong_count"] == 0
         err_lines = len(_tail(err, 1 << 30))
-        print(f"{rep['rank']:>4}  {w['rss_mib']:8.1f} / {e['rss_mib']:7.1f} "
-              f"{_growth(w['rss_mib'], e['rss_mib']):>8}  {w['fds']:>5} / {e['fds']:<5}  "
-              f"{w['threads']:>7} / {e['threads']:<7}  {rep['wrong_count']:>5}  "
-              f"{_exit_status(code):>4}  {err_lines} lines")  # fmt: skip
+        print(
+            f"{rep['rank']:>4}  {w['rss_mib']:8.1f} / {e['rss_mib']:7.1f} "
+            f"{_growth(w['rss_mib'], e['rss_mib']):>8}  {w['fds']:>5} / {e['fds']:<5}  "
+            f"{w['threads']:>7} / {e['threads']:<7}  {rep['wrong_count']:>5}  "
+            f"{_exit_status(code):>4}  {err_lines} lines"
+        )
         trend = rep["samples"].get("trend", []) + [e["rss_mib"]]
-        print(f"      RSS MiB every ~10% of the calls after warm-up: "
-              f"{' '.join(f'{v:.1f}' for v in trend)}")  # fmt: skip
+        print(
+            f"      RSS MiB every ~10% of the calls after warm-up: "
+            f"{' '.join(f'{v:.1f}' for v in trend)}"
+        )
         for line in rep["wrong"][:3]:
             print(f"      wrong: {line}")
         for line in _tail(err, 3):

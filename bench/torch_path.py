@@ -79,9 +79,10 @@ def _timed(fn: Callable[[], Any], barrier: Callable[[], Any]) -> float:
 
 def _deepspeed() -> Any:
     """DeepSpeed's CPU shared-memory all-reduce (``deepspeed.comm.inference_all_reduce``),
-    where deepspeed imports (run with DS_ACCELERATOR=cpu); None otherwise. Its op maps its workspace only when
-    LOCAL_SIZE is the world size, and falls back to torch.distributed.all_reduce (here:
-    ringreduce) when it cannot run: a call that falls back is reported, not timed."""
+    where deepspeed imports (run with DS_ACCELERATOR=cpu); None otherwise. Its op maps
+    its workspace only when LOCAL_SIZE is the world size, and falls back to
+    torch.distributed.all_reduce (here: ringreduce) when it cannot run: a call that
+    falls back is reported, not timed."""
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     try:
         import deepspeed

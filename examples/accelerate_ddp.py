@@ -61,9 +61,12 @@ def main() -> None:
 
     set_seed(0)  # every replica starts from the same weights
     model = torch.nn.Sequential(
-        torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+        torch.nn.Linear(2, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
         torch.nn.Linear(64, 2),
-    )  # fmt: skip
+    )
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     loader = DataLoader(spirals(4096, 1), batch_size=args.batch, shuffle=True)
     # Accelerate wraps the model in DDP and gives each rank its share of every epoch.

@@ -46,9 +46,12 @@ class Classifier(L.LightningModule):
         super().__init__()
         self.lr = lr
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+            torch.nn.Linear(2, 64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(64, 64),
+            torch.nn.Tanh(),
             torch.nn.Linear(64, 2),
-        )  # fmt: skip
+        )
 
     def training_step(self, batch: tuple, _index: int) -> torch.Tensor:
         xy, label = batch

@@ -60,9 +60,12 @@ def main() -> None:
 
     torch.manual_seed(rank)  # different on purpose: DDP broadcasts rank 0's weights
     model = torch.nn.Sequential(
-        torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+        torch.nn.Linear(2, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
         torch.nn.Linear(64, 2),
-    )  # fmt: skip
+    )
     ddp = DDP(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     if rank == 0:

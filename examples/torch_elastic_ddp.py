@@ -75,8 +75,9 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # the ranks share this host's cores
     timeout = datetime.timedelta(seconds=30)
     store = dist.TCPStore("127.0.0.1", args.port, args.world, args.rank == 0, timeout=timeout)
-    dist.init_process_group("ringreduce", store=store, rank=args.rank,
-                            world_size=args.world, timeout=timeout)  # fmt: skip
+    dist.init_process_group(
+        "ringreduce", store=store, rank=args.rank, world_size=args.world, timeout=timeout
+    )
     torch.manual_seed(0)  # the same initial weights on every rank
     net = torch.nn.Sequential(
         torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
@@ -113,8 +114,11 @@ def train(args: argparse.Namespace) -> None:
             dist.broadcast(at, src=0)
             step = int(at.item())  # rank 0's: the step its weights are at
             if dist.get_rank() == 0:
-                print(f"step {step}: rank(s) {dead} died; shrink_group took {took * 1e3:.0f} ms; "
-                      f"going on with {dist.get_world_size()} ranks", flush=True)  # fmt: skip
+                print(
+                    f"step {step}: rank(s) {dead} died; shrink_group took {took * 1e3:.0f} ms; "
+                    f"going on with {dist.get_world_size()} ranks",
+                    flush=True,
+                )
             continue  # that step again, among the survivors
         opt.step()
         if dist.get_rank() == 0:

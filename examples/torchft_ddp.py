@@ -70,12 +70,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="train until this step")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a collective, a quorum or a heal may take")  # fmt: skip
-    parser.add_argument("--fail-at-step", type=int, default=-1, metavar="K",
-                        help="SIGKILL this process in the middle of step K's backward")  # fmt: skip
-    parser.add_argument("--save", metavar="DIR",
-                        help="write the final weights and a summary (json) there")  # fmt: skip
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a collective, a quorum or a heal may take",
+    )
+    parser.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=-1,
+        metavar="K",
+        help="SIGKILL this process in the middle of step K's backward",
+    )
+    parser.add_argument(
+        "--save", metavar="DIR", help="write the final weights and a summary (json) there"
+    )
     args = parser.parse_args()
 
     if not os.environ.get("TORCHFT_LIGHTHOUSE"):
@@ -96,17 +106,22 @@ def main() -> None:
 
     torch.manual_seed(group)  # different on purpose: torchft syncs the weights at step 0
     model = torch.nn.Sequential(
-        torch.nn.Linear(2, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+        torch.nn.Linear(2, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
         torch.nn.Linear(64, 2),
-    )  # fmt: skip
+    )
     inner = torch.optim.Adam(model.parameters(), lr=0.01)
 
     pg = ProcessGroupRingReduceFT(timeout=timeout)
     manager = torchft.Manager(
         pg=pg,
         min_replica_size=1,
-        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
-                                    inner.load_state_dict(sd["optim"])),
+        load_state_dict=lambda sd: (
+            model.load_state_dict(sd["model"]),
+            inner.load_state_dict(sd["optim"]),
+        ),
         state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
         replica_id=f"torchft_ddp_{group}",
         timeout=timeout,
@@ -114,7 +129,7 @@ def main() -> None:
         connect_timeout=timeout,
         checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")),
         **where,
-    )  # fmt: skip
+    )
     ddp = torchft.DistributedDataParallel(manager, model)
     optimizer = torchft.Optimizer(manager, inner)
     xy, label = spirals(4096, seed=1)
@@ -144,18 +159,30 @@ def main() -> None:
             print(f"[group {group}] step {step} dropped: {why}", flush=True)
         if manager.current_step() > step + 1:  # fetched from a live group
             healed = {"step": manager.current_step() - 1, "at": time.time()}
-            print(f"[group {group}] healed: joined at step {healed['step']}, "
-                  f"{healed['at'] - STARTED:.2f} s after starting", flush=True)  # fmt: skip
+            print(
+                f"[group {group}] healed: joined at step {healed['step']}, "
+                f"{healed['at'] - STARTED:.2f} s after starting",
+                flush=True,
+            )
 
     digest = checksum(model)
-    print(f"[group {group}] step {manager.current_step()}: {committed} steps committed "
-          f"of {tried} tried; loss {loss.item():.4f}; parameters sha256 {digest[:16]}",
-          flush=True)  # fmt: skip
+    print(
+        f"[group {group}] step {manager.current_step()}: {committed} steps committed "
+        f"of {tried} tried; loss {loss.item():.4f}; parameters sha256 {digest[:16]}",
+        flush=True,
+    )
     if args.save:
         torch.save(model.state_dict(), os.path.join(args.save, f"group{group}.pt"))
-        summary = dict(group=group, step=manager.current_step(), committed=committed,
-                       tried=tried, healed=healed, dropped=dropped, started=STARTED,
-                       sha256=digest)  # fmt: skip
+        summary = dict(
+            group=group,
+            step=manager.current_step(),
+            committed=committed,
+            tried=tried,
+            healed=healed,
+            dropped=dropped,
+            started=STARTED,
+            sha256=digest,
+        )
         with open(os.path.join(args.save, f"group{group}.json"), "w") as f:
             json.dump(summary, f)
     manager.shutdown(wait=False)

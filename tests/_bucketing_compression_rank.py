@@ -27,10 +27,17 @@ def grads(rank: int, step: int):
 
 def main() -> None:
     rank, size, port, victim = (int(a) for a in sys.argv[1:5])
-    comm = rr.init("tcp", rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=port, timeout=20)  # fmt: skip
-    b = rr.GradientBucketer(comm, bucket_mb=1e-4, first_bucket_mb=1e-4, fault_tolerant=True,
-                            compression="int8", error_feedback=True)  # fmt: skip
+    comm = rr.init(
+        "tcp", rank=rank, world_size=size, master_addr="127.0.0.1", master_port=port, timeout=20
+    )
+    b = rr.GradientBucketer(
+        comm,
+        bucket_mb=1e-4,
+        first_bucket_mb=1e-4,
+        fault_tolerant=True,
+        compression="int8",
+        error_feedback=True,
+    )
     handles = [b.register(f"p{i}", s, "float32") for i, s in enumerate(SHAPES)]
     out = []
     for step in range(2):
@@ -41,8 +48,13 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)  # bucket 0 was reduced with this rank
         b.wait()
         ef = b.error_feedback
-        out.append({"world": b.world_size, "grads": [x.tolist() for x in g],
-                    "residual_norm": {k: ef.key(k).norm() for k in ef.keys()}})  # fmt: skip
+        out.append(
+            {
+                "world": b.world_size,
+                "grads": [x.tolist() for x in g],
+                "residual_norm": {k: ef.key(k).norm() for k in ef.keys()},
+            }
+        )
     print(json.dumps({"rank": rank, "steps": out}), flush=True)
     b.comm.close()
 

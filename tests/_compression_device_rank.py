@@ -120,7 +120,7 @@ def device_other_paths(comm, n):
         )
     got["async"] = host.tobytes() == device.array.tobytes()
     # Another thread's call holds the communicator's DeviceCodec: this one makes its own.
-    from ringreduce._comm import compressed
+    from ringreduce._comm.compressed import route as compressed
 
     st = compressed._STATES[comm]
     st.calls = 1000
@@ -131,7 +131,7 @@ def device_other_paths(comm, n):
         comm.all_reduce(fake(x), compression="int8", out=fake(device))
     got["held"] = host.tobytes() == device.tobytes()
     # Device scratch kept between calls: none past KEEP_BYTES.
-    from ringreduce._comm import compressed_device
+    from ringreduce._comm.compressed import device as compressed_device
 
     dc = st.device_codecs[0][0]
     kept = [dc.kept_bytes]
@@ -197,8 +197,9 @@ def device_feedback_objects(comm, n, calls):
             for _ in range(calls):
                 if on_device:
                     out = np.empty(n, np.float32)
-                    comm.all_reduce(fake(x), compression="int4", error_feedback=ef.key("x"),
-                                    out=fake(out))  # fmt: skip
+                    comm.all_reduce(
+                        fake(x), compression="int4", error_feedback=ef.key("x"), out=fake(out)
+                    )
                 else:
                     out = comm.all_reduce(x, compression="int4", error_feedback=ef.key("x"))
                 got.append(out.tobytes())
@@ -209,7 +210,7 @@ def device_feedback_objects(comm, n, calls):
         norms = (ef_h.norm(), ef_d.norm())
         # One more call each: the host run goes on; the device run restarts from its
         # checkpoint (numpy residuals, moved to the device by the call).
-        from ringreduce._comm import compressed
+        from ringreduce._comm.compressed import route as compressed
 
         calls_now = compressed._STATES[comm].calls
         more_h = comm.all_reduce(x, compression="int4", error_feedback=ef_h.key("x")).tobytes()
@@ -217,8 +218,9 @@ def device_feedback_objects(comm, n, calls):
         restored.load_state_dict(saved)
         compressed._STATES[comm].calls = calls_now
         out = np.empty(n, np.float32)
-        comm.all_reduce(fake(x), compression="int4", error_feedback=restored.key("x"),
-                        out=fake(out))  # fmt: skip
+        comm.all_reduce(
+            fake(x), compression="int4", error_feedback=restored.key("x"), out=fake(out)
+        )
         return {
             "results": host == device,
             "residuals": host_saved["residuals"]["x"].tobytes()

@@ -251,7 +251,7 @@ class PythonInt8(BlockIntCodec):
 
 def _fresh_numbers(comm):
     """Forgets comm's compression state: call numbers (and so seeds) start again at 0."""
-    from ringreduce._comm import compressed
+    from ringreduce._comm.compressed import route as compressed
 
     compressed._STATES.pop(comm, None)
 
@@ -342,8 +342,8 @@ def pieces_chosen(comm, sizes, calls):
     """pieces="auto" with pieces of 512 values: per size, the engine collectives of each
     of ``calls`` int8 all_reduce calls, the size class's agreed ratio, the results, and
     the collectives of two bf16 calls run on the lane (async_op)."""
-    from ringreduce._comm.compressed import _state
-    from ringreduce._comm.compressed_pieces import PieceChoice
+    from ringreduce._comm.compressed.pieces import PieceChoice
+    from ringreduce._comm.compressed.route import _state
 
     old = settings().piece_values, settings().canary_every
     configure(piece_values=512, canary_every=0)

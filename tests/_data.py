@@ -44,8 +44,10 @@ def links_and_sizes(world_sizes: list, contract=CONTRACT_SIZES) -> list:
     cases = [(MATRIX_LINKS, n) for n in world_sizes]
     cases += [
         (links, n) if n in contract else extended(links, n)
-        for links in OTHER_LINKS for n in world_sizes if n > 1
-    ]  # fmt: skip
+        for links in OTHER_LINKS
+        for n in world_sizes
+        if n > 1
+    ]
     return cases
 
 
@@ -60,9 +62,11 @@ def over_links(dtypes: list, world_sizes: list) -> list:
     cases = [(MATRIX_LINKS, n, d) for n in world_sizes for d in dtypes]
     cases += [
         (links, n, d) if n in CONTRACT_SIZES else extended(links, n, d)
-        for links in OTHER_LINKS for n in world_sizes if n > 1
+        for links in OTHER_LINKS
+        for n in world_sizes
+        if n > 1
         for d in by_width.values()
-    ]  # fmt: skip
+    ]
     return cases
 
 

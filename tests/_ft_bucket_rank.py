@@ -32,13 +32,22 @@ def main() -> None:
     rank, size, port, transport, victim, steps, dtype = sys.argv[1:8]
     rank, size, victim, steps = int(rank), int(size), int(victim), int(steps)
     laggard = int(sys.argv[8]) if len(sys.argv) > 8 else -1
-    comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=int(port), timeout=20)  # fmt: skip
+    comm = rr.init(
+        transport,
+        rank=rank,
+        world_size=size,
+        master_addr="127.0.0.1",
+        master_port=int(port),
+        timeout=20,
+    )
     changes = []
     b = rr.GradientBucketer(  # caps of ~100 bytes: one bucket per parameter
-        comm, bucket_mb=1e-4, first_bucket_mb=1e-4, fault_tolerant=True,
+        comm,
+        bucket_mb=1e-4,
+        first_bucket_mb=1e-4,
+        fault_tolerant=True,
         on_membership_change=lambda c: changes.append(c.world_size),
-    )  # fmt: skip
+    )
     handles = [b.register(f"p{i}", s, dtype) for i, s in enumerate(SHAPES)]
     out = []
     for step in range(steps):

@@ -23,9 +23,12 @@ def model_and_data():
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+        torch.nn.Linear(6, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 16),
+        torch.nn.Tanh(),
         torch.nn.Linear(16, 1),
-    ).double()  # fmt: skip
+    ).double()
     return net
 
 
@@ -40,8 +43,14 @@ def batch(rank: int, step: int):
 def main() -> None:
     rank, size, port, transport, victim, steps = sys.argv[1:7]
     rank, size, victim, steps = int(rank), int(size), int(victim), int(steps)
-    comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=int(port), timeout=20)  # fmt: skip
+    comm = rr.init(
+        transport,
+        rank=rank,
+        world_size=size,
+        master_addr="127.0.0.1",
+        master_port=int(port),
+        timeout=20,
+    )
     net = model_and_data()
     changes = []
     step_now = [0]
@@ -55,9 +64,13 @@ def main() -> None:
 
     net[0].weight.register_post_accumulate_grad_hook(die_late)
     sync = rr.torch.GradSync(
-        net, comm, bucket_mb=1e-3, first_bucket_mb=1e-3, fault_tolerant=True,
+        net,
+        comm,
+        bucket_mb=1e-3,
+        first_bucket_mb=1e-3,
+        fault_tolerant=True,
         on_membership_change=lambda c: changes.append(c.world_size),
-    )  # fmt: skip
+    )
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     for step in range(steps):
         step_now[0] = step

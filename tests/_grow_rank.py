@@ -80,9 +80,15 @@ def die_in_loop(comm, rank: int, victim: int) -> None:
 
 
 def member(rank: int, size: int, port: int, transport: str, scenario: dict, token: str) -> dict:
-    comm = rr.init(transport, rank=rank, world_size=size, master_addr=ADDR,
-                   master_port=port, timeout=6 if "seat-then-die" in scenario else 15,
-                   token=token)  # fmt: skip
+    comm = rr.init(
+        transport,
+        rank=rank,
+        world_size=size,
+        master_addr=ADDR,
+        master_port=port,
+        timeout=6 if "seat-then-die" in scenario else 15,
+        token=token,
+    )
     report: dict = {"member": rank}
     if "shrink" in scenario:
         die_in_loop(comm, rank, int(scenario["shrink"]))
@@ -125,7 +131,7 @@ def newcomer(port: int, scenario: dict, token: str) -> dict:
         except rr.AuthenticationError as exc:
             return {"newcomer": "refused", "error": str(exc)}
     if "seat-then-die" in scenario and os.environ.get("GROW_TEST_DIE") == "1":
-        from ringreduce._comm import growth
+        from ringreduce._comm.membership import growth
 
         take = growth._take_seat
 

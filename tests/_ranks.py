@@ -378,10 +378,14 @@ def run_scripts(
     import sys
 
     procs = [
-        subprocess.Popen([sys.executable, script, *map(str, argv_of(r))], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, script, *map(str, argv_of(r))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for r in range(n)
-    ]  # fmt: skip
+    ]
     reports = {}
     try:
         for r, p in enumerate(procs):

@@ -63,7 +63,7 @@ def die_once_agreed() -> None:
     """This rank dies inside its next shrink, once the agreement has counted it in: the
     others then make a communicator with it. (A timer would often fire after the shrink,
     which takes milliseconds: a later failure, not one during the shrink.)"""
-    from ringreduce._comm import membership
+    from ringreduce._comm.membership import agreement as membership
 
     agree = membership.Membership.agree
 
@@ -82,8 +82,14 @@ def main() -> None:
     # shrinkdie: the survivors wait out the timeout for the second victim; stop: for the
     # first one.
     timeout = {"shrinkdie": 4, "stop": 2, "resume": 2}.get(scenario.split("=")[0], 20)
-    comm = rr.init(transport, rank=rank, world_size=size, master_addr="127.0.0.1",
-                   master_port=int(port), timeout=timeout)  # fmt: skip
+    comm = rr.init(
+        transport,
+        rank=rank,
+        world_size=size,
+        master_addr="127.0.0.1",
+        master_port=int(port),
+        timeout=timeout,
+    )
     report = {"rank": rank, "rounds": []}
     if scenario == "agree":
         report["votes"] = [comm.agree(rank != 1), comm.agree(True)]

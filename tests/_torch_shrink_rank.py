@@ -52,9 +52,12 @@ def collective(rank: int, size: int, victim: int) -> dict:
     seen["shrink_s"] = time.monotonic() - t0
     survivors = [r for r in range(size) if r != victim]
     seen.update(
-        default=new is dist.group.WORLD, rank=dist.get_rank(), size=dist.get_world_size(),
-        backend=dist.get_backend(), type=type(new).__name__,
-    )  # fmt: skip
+        default=new is dist.group.WORLD,
+        rank=dist.get_rank(),
+        size=dist.get_world_size(),
+        backend=dist.get_backend(),
+        type=type(new).__name__,
+    )
     v = torch.arange(1000, dtype=torch.float64) * (rank + 1)
     dist.all_reduce(v)
     want = np.arange(1000, dtype=np.float64) * sum(r + 1 for r in survivors)
@@ -136,15 +139,15 @@ def ddp(rank: int, size: int, victim: int) -> dict:
     return seen
 
 
-def rank_main(rank: int, size: int, port: int, links: str, victim: int, scenario: str,
-              conn) -> None:  # fmt: skip
+def rank_main(
+    rank: int, size: int, port: int, links: str, victim: int, scenario: str, conn
+) -> None:
     if links == "tcp":
         os.environ["RINGREDUCE_HOST_ID"] = f"emulated-host-{rank}"
     torch.set_num_threads(1)  # the ranks share two cores
     timeout = datetime.timedelta(seconds=20)
     store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timeout)
-    dist.init_process_group("ringreduce", store=store, rank=rank, world_size=size,
-                            timeout=timeout)  # fmt: skip
+    dist.init_process_group("ringreduce", store=store, rank=rank, world_size=size, timeout=timeout)
     report = (collective if scenario == "collective" else ddp)(rank, size, victim)
     report["transport"] = dist.group.WORLD.comm.transport
     dist.destroy_process_group()

@@ -35,9 +35,13 @@ def check_sizes(comm, sizes=(1, 1000, 1 << 18, 1 << 22)) -> bool:
 
 
 def fail_in_loop(
-    comm, rank: int, victim: int, sig: int = signal.SIGKILL, after: float = 0.3,
+    comm,
+    rank: int,
+    victim: int,
+    sig: int = signal.SIGKILL,
+    after: float = 0.3,
     elems: int = 1 << 15,
-) -> Optional[rr.RingReduceError]:  # fmt: skip
+) -> Optional[rr.RingReduceError]:
     """all_reduce until a call fails, and return its error (None after 60 s without one);
     rank ``victim`` sends itself ``sig`` once ``after`` seconds have passed."""
     x = np.ones(elems, dtype=np.float32)

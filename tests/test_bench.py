@@ -274,9 +274,24 @@ def test_fast_calls_are_timed_back_to_back_for_longer(tmp_path):
 def test_sweep_three_ranks_other_dtype(tmp_path):
     out_json = tmp_path / "r.json"
     r = run_bench(
-        ["-n", "3", "-d", "float16", "-o", "max", "-b", "2", "-e", "4K", "-f", "4", *QUICK,
-         "--json", str(out_json)]
-    )  # fmt: skip
+        [
+            "-n",
+            "3",
+            "-d",
+            "float16",
+            "-o",
+            "max",
+            "-b",
+            "2",
+            "-e",
+            "4K",
+            "-f",
+            "4",
+            *QUICK,
+            "--json",
+            str(out_json),
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = table(r.stdout)
     assert [int(row[0]) for row in rows] == [2, 8, 32, 128, 512, 2048]
@@ -388,15 +403,23 @@ def test_ab_compare_runs_the_builds_it_is_given(tmp_path):
     args = ["-n", "2", "--sizes", "8", "--rounds", "1"]
     ok = subprocess.run(
         [sys.executable, AB_COMPARE, "--a", str(site), "--b", "", *args],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
     rows = [line.split() for line in ok.stdout.splitlines() if line.split()[:1] == ["8"]]
     assert sorted(r[1] for r in rows) == ["in-place", "out-of-place"], ok.stdout
     missing = subprocess.run(
         [sys.executable, AB_COMPARE, "--a", str(tmp_path / "empty"), "--b", "", *args],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode != 0
     assert "build A: ringreduce imports from (nothing)" in missing.stderr, missing.stderr
 
@@ -449,8 +472,22 @@ def test_init_time_reports_each_size_and_the_store_s_traffic():
 def test_fault_drill_kills_a_rank_and_the_survivors_shrink(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "fault_drill.py")
     rows_path = tmp_path / "rows.json"
-    args = ["--sizes", "3", "--transports", "tcp", "--failures", "kill", "--trials", "1",
-            "--at", "1", "--timeout", "10", "--json", str(rows_path)]  # fmt: skip
+    args = [
+        "--sizes",
+        "3",
+        "--transports",
+        "tcp",
+        "--failures",
+        "kill",
+        "--trials",
+        "1",
+        "--at",
+        "1",
+        "--timeout",
+        "10",
+        "--json",
+        str(rows_path),
+    ]
     out = run_bench(args, cmd=[sys.executable, script])
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     [row] = json.loads(rows_path.read_text())

@@ -21,7 +21,7 @@ from _bucketing_compression_rank import SHAPES as FT_SHAPES
 from _bucketing_compression_rank import grads
 from _grads import MEMORY, handing_over
 
-from ringreduce._comm.compressed import _state
+from ringreduce._comm.compressed.route import _state
 from ringreduce.bucketing import GradientBucketer
 from ringreduce.compression import ErrorFeedback
 from ringreduce.compression.powersgd import PowerSGD
@@ -85,8 +85,9 @@ def check_step(comm, b, grads, codec, ef: bool) -> dict:
     calls = _state(comm).calls
     got = step(b, grads)
     want, new = by_hand(comm, b.plan, grads, before, codec, calls)
-    diff = {"result": max(float(np.abs(got[k] - want[k].astype(got[k].dtype)).max())
-                          for k in SHAPES)}  # fmt: skip
+    diff = {
+        "result": max(float(np.abs(got[k] - want[k].astype(got[k].dtype)).max()) for k in SHAPES)
+    }
     if ef:
         after = residuals(b)
         diff["residual"] = max(float(np.abs(after[k] - new[k]).max()) for k in SHAPES)
@@ -96,15 +97,22 @@ def check_step(comm, b, grads, codec, ef: bool) -> dict:
 def equals_by_hand_rank(comm, codec: str, ef: bool, dtype: str) -> list:
     b = make(comm, 4.0, compression=codec, error_feedback=ef, dtype=np.dtype(dtype))
     assert len(b.plan) >= 3, b.plan
-    return [check_step(comm, b, grads_of(comm.rank, s, dtype=np.dtype(dtype)), codec, ef)
-            for s in range(3)]  # fmt: skip
+    return [
+        check_step(comm, b, grads_of(comm.rank, s, dtype=np.dtype(dtype)), codec, ef)
+        for s in range(3)
+    ]
 
 
 @pytest.mark.parametrize(
     "codec, ef, dtype",
-    [("bf16", False, "float32"), ("int8", True, "float32"), ("int4", True, "float32"),
-     ("int8", True, "float64"), ("fp16", True, "float32")],
-)  # fmt: skip
+    [
+        ("bf16", False, "float32"),
+        ("int8", True, "float32"),
+        ("int4", True, "float32"),
+        ("int8", True, "float64"),
+        ("fp16", True, "float32"),
+    ],
+)
 def test_each_bucket_is_the_compressed_all_reduce_of_the_flat_bucket(
     group_factory, codec, ef, dtype
 ):
@@ -173,11 +181,15 @@ def rebucketing_rank(comm) -> dict:
     same_plan = make(comm, 4.0, compression="int8", error_feedback=True)
     same_plan.load_state_dict(saved)
     same = [float(np.abs(residuals(same_plan)[k] - residuals(small)[k]).max()) for k in SHAPES]
-    loaded_early = {k: float(np.abs(v - saved["error_feedback"]["residuals"][k]).max())
-                    for k, v in residuals(big).items()}  # fmt: skip
-    diffs = [check_step(comm, big, grads_of(comm.rank, 2), "int8", True),
-             check_step(comm, same_plan, grads_of(comm.rank, 2), "int8", True),
-             check_step(comm, small, grads_of(comm.rank, 2), "int8", True)]  # fmt: skip
+    loaded_early = {
+        k: float(np.abs(v - saved["error_feedback"]["residuals"][k]).max())
+        for k, v in residuals(big).items()
+    }
+    diffs = [
+        check_step(comm, big, grads_of(comm.rank, 2), "int8", True),
+        check_step(comm, same_plan, grads_of(comm.rank, 2), "int8", True),
+        check_step(comm, small, grads_of(comm.rank, 2), "int8", True),
+    ]
     return {
         "plans": [len(small.plan), len(big.plan)],
         "keys": sorted(saved["error_feedback"]["residuals"]),
@@ -253,9 +265,13 @@ def powersgd_rank_fn(comm) -> dict:
         diffs.append(max(float(np.abs(got[k] - want[k]).max()) for k in SHAPES))
     sd = b.state_dict()
     exact = comm.all_reduce(g["b0"], "avg")
-    return {"diffs": diffs, "residual_keys": sorted(sd["powersgd"]["residuals"]),
-            "vector_exact": float(np.abs(got["b0"] - exact).max()),
-            "ef": sd["error_feedback"], "rate": hand.stats()["rate"]}  # fmt: skip
+    return {
+        "diffs": diffs,
+        "residual_keys": sorted(sd["powersgd"]["residuals"]),
+        "vector_exact": float(np.abs(got["b0"] - exact).max()),
+        "ef": sd["error_feedback"],
+        "rate": hand.stats()["rate"],
+    }
 
 
 def test_powersgd_buckets_equal_powersgd_by_hand(group_factory):
@@ -280,7 +296,10 @@ def test_combinations_that_cannot_work_are_refused_before_any_rank_talks():
     b = GradientBucketer(comm, compression="int8", error_feedback=ErrorFeedback())
     assert b.error_feedback is not None
     assert GradientBucketer(comm).state_dict() == {
-        "version": 1, "error_feedback": None, "powersgd": None}  # fmt: skip
+        "version": 1,
+        "error_feedback": None,
+        "powersgd": None,
+    }
 
 
 def gradsync_rank(comm) -> dict:
@@ -292,8 +311,10 @@ def gradsync_rank(comm) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     out = {}
-    for kind, kw in (("int8", {"compression": "int8", "error_feedback": True}),
-                     ("powersgd", {"powersgd_rank": 2})):  # fmt: skip
+    for kind, kw in (
+        ("int8", {"compression": "int8", "error_feedback": True}),
+        ("powersgd", {"powersgd_rank": 2}),
+    ):
         sync = rr.torch.GradSync(model, comm, bucket_mb=0.002, first_bucket_mb=0.001, **kw)
         errs = []
         for s in range(3):
@@ -303,13 +324,20 @@ def gradsync_rank(comm) -> dict:
             torch.nn.functional.mse_loss(model(x), y).backward()
             exact = [comm.all_reduce(p.grad.numpy().copy(), "avg") for p in model.parameters()]
             sync.wait()
-            errs.append(max(float(np.linalg.norm(p.grad.numpy() - e) / np.linalg.norm(e))
-                            for p, e in zip(model.parameters(), exact)))  # fmt: skip
+            errs.append(
+                max(
+                    float(np.linalg.norm(p.grad.numpy() - e) / np.linalg.norm(e))
+                    for p, e in zip(model.parameters(), exact)
+                )
+            )
         state = sync.state_dict()
         flat = np.concatenate([p.grad.numpy().ravel() for p in model.parameters()])
-        out[kind] = {"err": errs, "bits": flat.tobytes(),
-                     "ef": sorted((state["error_feedback"] or {"residuals": {}})["residuals"]),
-                     "ps": sorted((state["powersgd"] or {"q": {}})["q"])}  # fmt: skip
+        out[kind] = {
+            "err": errs,
+            "bits": flat.tobytes(),
+            "ef": sorted((state["error_feedback"] or {"residuals": {}})["residuals"]),
+            "ps": sorted((state["powersgd"] or {"q": {}})["q"]),
+        }
         sync.remove()
     return out
 

@@ -67,7 +67,7 @@ def _churn(n: int, cycles: int, where: str, transport: str, call: bool = True):
                 where,
                 transport,
                 "call" if call else "none",
-            ],  # fmt: skip
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -36,9 +36,20 @@ def emulated(tmp_path_factory):
     if compiler is None:
         pytest.skip("needs a C++20 compiler (c++ or g++ on PATH)")
     lib = str(tmp_path_factory.mktemp("emulation") / "libcodec_cuda_emulation.so")
-    cmd = [compiler, "-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-pthread",
-           "-I", os.path.join(ROOT, "csrc"), os.path.join(ROOT, "tests", "codec_cuda_emulation.cc"),
-           "-o", lib]  # fmt: skip
+    cmd = [
+        compiler,
+        "-std=c++20",
+        "-O2",
+        "-ffp-contract=off",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        "-I",
+        os.path.join(ROOT, "csrc"),
+        os.path.join(ROOT, "tests", "codec_cuda_emulation.cc"),
+        "-o",
+        lib,
+    ]
     built = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, f"{' '.join(cmd)}\n{built.stderr}"
     so = ctypes.CDLL(lib)

@@ -250,14 +250,16 @@ def _bad_arguments(comm):
         (lambda: comm.scatter(root=(r + 1) % n), ValueError),  # non-root without out=
         (lambda: comm.all_to_all(np.zeros(n * 2 + 1, np.float32)), ValueError),
         (lambda: comm.all_to_all(x, send_counts=[6], recv_counts=[6] * n), ValueError),
-        (lambda: comm.all_to_all(x, send_counts=[7] + [0] * (n - 1), recv_counts=[0] * n),
-         ValueError),
+        (
+            lambda: comm.all_to_all(x, send_counts=[7] + [0] * (n - 1), recv_counts=[0] * n),
+            ValueError,
+        ),
         (lambda: comm.all_to_all(x, send_counts=[-1] * n, recv_counts=[0] * n), ValueError),
         (lambda: comm.send(x, r), ValueError),
         (lambda: comm.send(x, n), ValueError),
         (lambda: comm.recv(x, r), ValueError),
         (lambda: comm.recv(np.zeros(3, np.float32)[::2], None), ValueError),
-    ]  # fmt: skip
+    ]
     from _data import expect_errors
 
     errors = expect_errors(cases)

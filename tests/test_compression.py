@@ -360,7 +360,7 @@ def test_scratch_reuse_leaves_results_alone_and_kernels_match_python(group_facto
 
 
 def test_scratch_is_bounded():
-    from ringreduce._comm.compressed_hop import Scratch
+    from ringreduce._comm.compressed.hop import Scratch
 
     scratch = Scratch()
     scratch.LIMIT = 1 << 20

@@ -1,4 +1,4 @@
-"""Compressed collectives of device arrays (python/ringreduce/_comm/compressed_device.py),
+"""Compressed collectives of device arrays (python/ringreduce/_comm/compressed/device.py),
 run on the fake device: the engine's Device is the CPU emulation (tests/_fake_cuda.py),
 so every call takes the device route from the Python API down: the DeviceCodec's lanes,
 its scratch, the conversions, the payloads' copies to and from the host. The CUDA build

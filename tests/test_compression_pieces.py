@@ -14,7 +14,7 @@ import pytest
 from test_compression import _bounds, _reference
 
 from ringreduce import _core
-from ringreduce._comm.compressed_pieces import (
+from ringreduce._comm.compressed.pieces import (
     MAX_PIECES,
     THRESHOLD,
     PieceChoice,

@@ -157,9 +157,14 @@ def test_torch_tensors_on_torch_stream():
     out = torch.full_like(ta, float("nan"))
     stream = torch.cuda.current_stream().cuda_stream
     _core.testing.cuda_reduce(
-        DTYPE_CODES["float32"], OP_CODES["sum"], out.data_ptr(), ta.data_ptr(), tb.data_ptr(), n,
+        DTYPE_CODES["float32"],
+        OP_CODES["sum"],
+        out.data_ptr(),
+        ta.data_ptr(),
+        tb.data_ptr(),
+        n,
         stream,
-    )  # fmt: skip
+    )
     check_against_cpu_and_numpy("float32", "sum", a, b, out.cpu().numpy())
 
 
@@ -428,7 +433,7 @@ def test_conversions_give_numpys_bits():
 
 
 def _compressed_on_device_arrays(comm, n):
-    from ringreduce._comm import compressed
+    from ringreduce._comm.compressed import route as compressed
 
     got = []
     for codec in ("bf16", "fp16", "int8", "int4"):
@@ -442,9 +447,12 @@ def _compressed_on_device_arrays(comm, n):
             dres = DeviceArrayView.from_array(res)
             out = DeviceArrayView.from_array(np.zeros(n, x.dtype))
             comm.all_reduce(
-                DeviceArrayView.from_array(x), "avg", compression=codec, error_feedback=dres,
+                DeviceArrayView.from_array(x),
+                "avg",
+                compression=codec,
+                error_feedback=dres,
                 out=out,
-            )  # fmt: skip
+            )
             got.append(
                 same_bits(out.get(), host) and same_bits(dres.get(), host_res) or (codec, dtype)
             )

@@ -219,8 +219,9 @@ def _device_and_host_ranks_meet(comm, counts):
         for op in ("sum", "avg", "max"):
             x = contribution(r, count, "float32", op)
             out = np.empty_like(x)
-            comm.all_reduce(fake(x) if r % 2 == 0 else x, op=op,
-                            out=fake(out) if r % 2 == 0 else out)  # fmt: skip
+            comm.all_reduce(
+                fake(x) if r % 2 == 0 else x, op=op, out=fake(out) if r % 2 == 0 else out
+            )
             if not same_bits(out, expected(n, count, "float32", op)):
                 failures.append(f"{op} count={count}")
     return failures
@@ -418,8 +419,13 @@ def test_bad_arguments_fail_locally(fake_group):
 def test_describe_reads_the_interface():
     a = np.zeros((4, 6), dtype=np.float32)
     d = describe(FakeCudaArray(a, device=3, stream=2))
-    assert (d.ptr, d.device, d.shape, d.dtype, d.contiguous) == (a.ctypes.data, 3, (4, 6),
-                                                                  "float32", True)  # fmt: skip
+    assert (d.ptr, d.device, d.shape, d.dtype, d.contiguous) == (
+        a.ctypes.data,
+        3,
+        (4, 6),
+        "float32",
+        True,
+    )
     assert d.stream == 2 and d.nbytes == a.nbytes and not d.readonly and d.host is None
     assert describe(FakeCudaArray(a)).stream == 0  # no stream: legacy default
     assert not describe(FakeCudaArray(a[:, ::2])).contiguous

@@ -43,9 +43,26 @@ def reference(
 @pytest.mark.parametrize("kill_rank", [2, 0, -1], ids=["rank2", "rank0", "none"])
 def test_training_survives_a_killed_rank(tmp_path, kill_rank):
     n, steps, kill_step = 4, 12, 5
-    cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", str(n), "--keep-going", "--",
-           sys.executable, EXAMPLE, "--steps", str(steps), "--kill-rank", str(kill_rank),
-           "--kill-step", str(kill_step), "--save", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringreduce",
+        "launch",
+        "-n",
+        str(n),
+        "--keep-going",
+        "--",
+        sys.executable,
+        EXAMPLE,
+        "--steps",
+        str(steps),
+        "--kill-rank",
+        str(kill_rank),
+        "--kill-step",
+        str(kill_step),
+        "--save",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     digests = dict(re.findall(r"shard (\d+): weights (\w+)", proc.stdout))
@@ -63,10 +80,28 @@ def test_training_survives_a_killed_rank(tmp_path, kill_rank):
 
 def test_a_newcomer_takes_the_lost_shard_and_the_run_ends_on_every_rank(tmp_path):
     n, steps, kill_rank, kill_step, grow_step = 4, 12, 1, 4, 8
-    cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", str(n), "--keep-going", "--",
-           sys.executable, EXAMPLE, "--steps", str(steps), "--kill-rank", str(kill_rank),
-           "--kill-step", str(kill_step), "--grow-step", str(grow_step),
-           "--save", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringreduce",
+        "launch",
+        "-n",
+        str(n),
+        "--keep-going",
+        "--",
+        sys.executable,
+        EXAMPLE,
+        "--steps",
+        str(steps),
+        "--kill-rank",
+        str(kill_rank),
+        "--kill-step",
+        str(kill_step),
+        "--grow-step",
+        str(grow_step),
+        "--save",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"shard(s) [{kill_rank}] back on newcomers" in proc.stdout, proc.stdout[-2000:]

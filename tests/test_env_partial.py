@@ -11,11 +11,25 @@ from ringreduce import _env
 
 # Every variable _env reads to find rank, world size and rank 0's address.
 VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "PMIX_RANK",
-    "PMIX_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT",
-    "RINGREDUCE_PORT", "TORCHELASTIC_RUN_ID", "RINGREDUCE_TRANSPORT",
-)  # fmt: skip
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALNRANKS",
+    "PMIX_RANK",
+    "PMIX_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RINGREDUCE_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "RINGREDUCE_TRANSPORT",
+)
 
 
 @pytest.fixture
@@ -53,7 +67,7 @@ def env(monkeypatch):
                 "OMPI_COMM_WORLD_SIZE": "2",
             },
             ["WORLD_SIZE=4", "OMPI_COMM_WORLD_SIZE=2", "unset RANK and WORLD_SIZE"],
-        ),  # fmt: skip
+        ),
         # One RANK exported to every process mpiexec starts.
         (
             {"RANK": "0", "WORLD_SIZE": "2", "PMI_RANK": "1", "PMI_SIZE": "2"},

@@ -243,7 +243,7 @@ def _auto_kept_exact(comm, sizes):
     mismatches with the exact call's bits, how far the compressed calls' count moved per
     call). Auto keeps exact every call over shared memory on one host, and calls under
     its smallest size elsewhere."""
-    from ringreduce._comm import compressed
+    from ringreduce._comm.compressed import route as compressed
 
     spy = _Spy(comm)
     comm.all_reduce(np.ones(4, np.float32), compression="int8")  # the compressed state exists

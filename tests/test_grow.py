@@ -25,10 +25,23 @@ def _start(role, rank, size, port, links, scenario, token=TOKEN, die=False):
     transport, hosts = _LINKS[links]
     env = dict(os.environ, GROW_TEST_DIE="1" if die else "0")
     return subprocess.Popen(
-        [sys.executable, SCRIPT, role, str(rank), str(size), str(port), transport, str(hosts),
-         scenario, token],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPT,
+            role,
+            str(rank),
+            str(size),
+            str(port),
+            transport,
+            str(hosts),
+            scenario,
+            token,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _finish(procs, timeout=90):
@@ -62,8 +75,9 @@ def test_members_grow_and_newcomers_get_the_state(links):
     # right newcomers have taken their seats, so it is there for the wrong one to be
     # refused by (started together, a slow wrong one could find it already closed).
     try:
-        wrong = _finish({"wrong": _start("newcomer", 0, grown, port, links, scenario,
-                                         token="wrong")})  # fmt: skip
+        wrong = _finish(
+            {"wrong": _start("newcomer", 0, grown, port, links, scenario, token="wrong")}
+        )
     except BaseException:
         for p in procs.values():
             p.kill()

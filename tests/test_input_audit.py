@@ -37,8 +37,9 @@ class _Checks:
         got = np.asarray(got)
         want = np.asarray(want)
         if got.shape != want.shape or not np.array_equal(got.astype(np.float64), want):
-            self.errors.append(f"{name}: got {got.ravel()[:8]} {got.shape}, want "
-                               f"{want.ravel()[:8]} {want.shape}")  # fmt: skip
+            self.errors.append(
+                f"{name}: got {got.ravel()[:8]} {got.shape}, want {want.ravel()[:8]} {want.shape}"
+            )
 
     def true(self, name: str, ok) -> None:
         if not ok:
@@ -88,14 +89,21 @@ def _strided_inputs(comm):
         c.true("scatter into a strided out: no error", False)
     except ValueError as exc:
         c.true(f"scatter out error names it: {exc}", "C-contiguous" in str(exc))
-    got = comm.scatter(blocks.reshape(n, 6) if r == 0 else None, root=0,
-                       out=None if r == 0 else np.zeros(6, dtype=np.int64))  # fmt: skip
+    got = comm.scatter(
+        blocks.reshape(n, 6) if r == 0 else None,
+        root=0,
+        out=None if r == 0 else np.zeros(6, dtype=np.int64),
+    )
     c.same("scatter from a strided array", got, blocks.reshape(n, 6)[r])
     rows = np.arange(n * 4, dtype=np.float32).reshape(n * 2, 2)[::-1] + 100 * r
-    want = np.concatenate([
-        (np.arange(n * 4, dtype=np.float32).reshape(n * 2, 2)[::-1] + 100 * i)[2 * r: 2 * r + 2]
-        for i in range(n)
-    ])  # fmt: skip
+    want = np.concatenate(
+        [
+            (np.arange(n * 4, dtype=np.float32).reshape(n * 2, 2)[::-1] + 100 * i)[
+                2 * r : 2 * r + 2
+            ]
+            for i in range(n)
+        ]
+    )
     c.same("all_to_all reversed rows", comm.all_to_all(rows), want)
     _communicator_still_works(comm, c)
     return c.errors
@@ -146,8 +154,11 @@ def _aliased_in_and_out(comm):
     # reduce_scatter: out is this rank's block of x (in place), or any other overlap.
     start, stop = rr.chunk_bounds(n * m, n, r)
     for name, where in {
-        "own block": start, "front": 0, "one element in": 1, "last block": n * m - (stop - start),
-    }.items():  # fmt: skip
+        "own block": start,
+        "front": 0,
+        "one element in": 1,
+        "last block": n * m - (stop - start),
+    }.items():
         x = _base(r, n * m)
         out = x[where : where + stop - start]
         got = comm.reduce_scatter(x, out=out)
@@ -165,8 +176,9 @@ def _aliased_in_and_out(comm):
     for root in range(n):
         out = np.zeros((n, m))
         out[(root + 1) % n] = rows[r]
-        got = comm.gather(out[(root + 1) % n] if r == root else rows[r], root=root,
-                          out=out if r == root else None)  # fmt: skip
+        got = comm.gather(
+            out[(root + 1) % n] if r == root else rows[r], root=root, out=out if r == root else None
+        )
         if r == root:
             c.same(f"gather x=out[{(root + 1) % n}] on root {root}", out, rows)
         blocks = np.array(rows) + 50
@@ -175,18 +187,23 @@ def _aliased_in_and_out(comm):
         c.same(f"scatter out=x[{(root + 1) % n}] on root {root}", out, rows[r] + 50)
     x = np.arange(n * 3, dtype=np.float64) + 100 * r
     comm.all_to_all(x, out=x)
-    c.same("all_to_all out=x", x,
-           np.concatenate([np.arange(3 * r, 3 * r + 3) + 100 * i for i in range(n)]))  # fmt: skip
+    c.same(
+        "all_to_all out=x",
+        x,
+        np.concatenate([np.arange(3 * r, 3 * r + 3) + 100 * i for i in range(n)]),
+    )
     # reduce on root: in place is fine.
     x = _base(r, n * m)
     comm.reduce(x, root=0, out=x if r == 0 else None)
     c.same("reduce out=x on root", x, sum_all if r == 0 else _base(r, n * m))
     # Partial overlap of out and x where the result would be garbage: refused.
     big = _base(r, 2 * m)
-    c.errors += expect_errors([
-        (lambda: comm.all_reduce(big[:m], out=big[1 : m + 1]), ValueError),
-        (lambda: comm.reduce(big[:m], root=r, out=big[1 : m + 1]), ValueError),
-    ])  # fmt: skip
+    c.errors += expect_errors(
+        [
+            (lambda: comm.all_reduce(big[:m], out=big[1 : m + 1]), ValueError),
+            (lambda: comm.reduce(big[:m], root=r, out=big[1 : m + 1]), ValueError),
+        ]
+    )
     _communicator_still_works(comm, c)
     return c.errors
 
@@ -217,11 +234,16 @@ def _torch_views(comm):
     c.same("all_reduce into out[7:17]", out[7:17].numpy(), want[2:12])
     c.same("zeros around out[7:17]", torch.cat([out[:7], out[17:]]).numpy(), np.zeros(20))
     c.same("all_reduce of t.T", comm.all_reduce(base(r).view(4, 5).T).numpy(), want.reshape(4, 5).T)
-    c.same("all_reduce of expand", comm.all_reduce(base(r)[:5].expand(3, 5)).numpy(),
-           np.broadcast_to(want[:5], (3, 5)))  # fmt: skip
-    c.same("all_reduce of unsqueeze+narrow",
-           comm.all_reduce(base(r).view(4, 5).narrow(1, 1, 3).unsqueeze(0)).numpy(),
-           want.reshape(4, 5)[None, :, 1:4])  # fmt: skip
+    c.same(
+        "all_reduce of expand",
+        comm.all_reduce(base(r)[:5].expand(3, 5)).numpy(),
+        np.broadcast_to(want[:5], (3, 5)),
+    )
+    c.same(
+        "all_reduce of unsqueeze+narrow",
+        comm.all_reduce(base(r).view(4, 5).narrow(1, 1, 3).unsqueeze(0)).numpy(),
+        want.reshape(4, 5)[None, :, 1:4],
+    )
     # A lazily negated view: its memory holds the un-negated values.
     c.same("all_reduce of a neg view", comm.all_reduce(torch._neg_view(base(r))).numpy(), -want)
     # broadcast into views with offsets and strides: the gaps stay as they were.
@@ -241,19 +263,23 @@ def _torch_views(comm):
     c.same("reduce_scatter out=own block", t[start:stop].numpy(), want[start:stop])
     # Views that cannot be written: refused where the call writes.
     t = base(r)
-    c.errors += expect_errors([
-        (lambda: comm.all_reduce(t[:10], out=t[2:12]), ValueError),
-        (lambda: comm.all_reduce(t, out=torch._neg_view(t)), ValueError),
-        (lambda: comm.all_reduce(t, out=t.view(4, 5).T), ValueError),
-        (lambda: comm.all_reduce(t, out=t[:5].expand(4, 5)), ValueError),
-        (lambda: comm.all_reduce(t.to(torch.float8_e4m3fn)), TypeError),
-        (lambda: comm.all_reduce(t.to_sparse()), TypeError),
-        (lambda: comm.all_reduce(t.to(torch.uint16)), TypeError),
-        (lambda: comm.all_reduce(t > 3), TypeError),
-        (lambda: comm.all_gather(t.to(torch.complex64)), TypeError),
-        (lambda: comm.broadcast(torch.quantize_per_tensor(t.float(), 0.5, 0, torch.qint8)),
-         TypeError),
-    ])  # fmt: skip
+    c.errors += expect_errors(
+        [
+            (lambda: comm.all_reduce(t[:10], out=t[2:12]), ValueError),
+            (lambda: comm.all_reduce(t, out=torch._neg_view(t)), ValueError),
+            (lambda: comm.all_reduce(t, out=t.view(4, 5).T), ValueError),
+            (lambda: comm.all_reduce(t, out=t[:5].expand(4, 5)), ValueError),
+            (lambda: comm.all_reduce(t.to(torch.float8_e4m3fn)), TypeError),
+            (lambda: comm.all_reduce(t.to_sparse()), TypeError),
+            (lambda: comm.all_reduce(t.to(torch.uint16)), TypeError),
+            (lambda: comm.all_reduce(t > 3), TypeError),
+            (lambda: comm.all_gather(t.to(torch.complex64)), TypeError),
+            (
+                lambda: comm.broadcast(torch.quantize_per_tensor(t.float(), 0.5, 0, torch.qint8)),
+                TypeError,
+            ),
+        ]
+    )
     _communicator_still_works(comm, c)
     return c.errors
 
@@ -277,15 +303,17 @@ def _read_only(comm):
     got = comm.broadcast(_readonly(_base(r)) if r == 0 else _base(r), root=0)
     c.same("broadcast from a read-only x on root", got, _base(0))
     # In-place calls into read-only memory: refused on the rank that passed it.
-    c.errors += expect_errors([
-        (lambda: comm.all_reduce(x, out=x), ValueError),
-        (lambda: comm.all_reduce(x, out=x, async_op=True), ValueError),
-        (lambda: comm.reduce(x, root=r, out=x), ValueError),
-        (lambda: comm.all_gather(x, out=_readonly(np.zeros((n, 24)))), ValueError),
-        (lambda: comm.reduce_scatter(x, out=_readonly(np.zeros(24))[:1]), ValueError),
-        (lambda: comm.all_reduce(np.float64(2.0), out=np.float64(1.0)), ValueError),
-        (lambda: comm.recv(_readonly(np.zeros(3)), src=(r + 1) % n), ValueError),
-    ])  # fmt: skip
+    c.errors += expect_errors(
+        [
+            (lambda: comm.all_reduce(x, out=x), ValueError),
+            (lambda: comm.all_reduce(x, out=x, async_op=True), ValueError),
+            (lambda: comm.reduce(x, root=r, out=x), ValueError),
+            (lambda: comm.all_gather(x, out=_readonly(np.zeros((n, 24)))), ValueError),
+            (lambda: comm.reduce_scatter(x, out=_readonly(np.zeros(24))[:1]), ValueError),
+            (lambda: comm.all_reduce(np.float64(2.0), out=np.float64(1.0)), ValueError),
+            (lambda: comm.recv(_readonly(np.zeros(3)), src=(r + 1) % n), ValueError),
+        ]
+    )
     # broadcast into read-only memory: refused on every rank but root, which does not
     # write; root then runs a good broadcast with the others.
     for root in range(n):
@@ -299,9 +327,11 @@ def _read_only(comm):
         c.same("broadcast after refusals", comm.broadcast(_base(r), root=root), _base(root))
     # scatter into a read-only out, on the ranks that are not root.
     if r != 0:
-        c.errors += expect_errors([
-            (lambda: comm.scatter(None, root=0, out=_readonly(np.zeros(4))), ValueError),
-        ])  # fmt: skip
+        c.errors += expect_errors(
+            [
+                (lambda: comm.scatter(None, root=0, out=_readonly(np.zeros(4))), ValueError),
+            ]
+        )
     _communicator_still_works(comm, c)
     return c.errors
 
@@ -319,8 +349,11 @@ def _zero_d_and_empty(comm):
     c.same("all_reduce 0-d in place", x, ranks.sum() + n)
     c.same("all_reduce numpy scalar", comm.all_reduce(np.float32(r)), ranks.sum())
     c.same("all_gather 0-d", comm.all_gather(np.array(r, dtype=np.int32)), ranks)
-    c.same("reduce_scatter 0-d", comm.reduce_scatter(np.array(r + 1.0)),
-           [ranks.sum() + n] if r == 0 else np.zeros(0))  # fmt: skip
+    c.same(
+        "reduce_scatter 0-d",
+        comm.reduce_scatter(np.array(r + 1.0)),
+        [ranks.sum() + n] if r == 0 else np.zeros(0),
+    )
     c.same("broadcast 0-d", comm.broadcast(np.array(float(r)), root=n - 1), n - 1.0)
     got = comm.gather(np.array(r), root=0)
     if r == 0:
@@ -328,8 +361,13 @@ def _zero_d_and_empty(comm):
     got = comm.reduce(np.array(r), root=0)
     if r == 0:
         c.same("reduce 0-d", got, ranks.sum())
-    c.same("scatter into 0-d", comm.scatter(np.arange(n) * 2 if r == 0 else None, root=0,
-           out=None if r == 0 else np.array(0)), 2 * r)  # fmt: skip
+    c.same(
+        "scatter into 0-d",
+        comm.scatter(
+            np.arange(n) * 2 if r == 0 else None, root=0, out=None if r == 0 else np.array(0)
+        ),
+        2 * r,
+    )
     for shape in [(0,), (3, 0), (0, 4)]:
         e = np.zeros(shape, dtype=np.float32)
         c.same(f"all_reduce {shape}", comm.all_reduce(e), e)
@@ -339,10 +377,12 @@ def _zero_d_and_empty(comm):
         c.same(f"broadcast {shape}", comm.broadcast(e, root=0), e)
         c.same(f"all_reduce {shape} async", comm.all_reduce(e, async_op=True).wait(), e)
     c.same("all_to_all empty", comm.all_to_all(np.zeros((0, 2))), np.zeros((0, 2)))
-    c.errors += expect_errors([
-        (lambda: comm.all_to_all(np.array(1.0)), ValueError),
-        (lambda: comm.scatter(np.array(1.0), root=r, out=None), ValueError),
-    ])  # fmt: skip
+    c.errors += expect_errors(
+        [
+            (lambda: comm.all_to_all(np.array(1.0)), ValueError),
+            (lambda: comm.scatter(np.array(1.0), root=r, out=None), ValueError),
+        ]
+    )
     _communicator_still_works(comm, c)
     return c.errors
 
@@ -395,13 +435,15 @@ def _unsupported(comm):
             c.true("unsupported out: no error", False)
         except TypeError as exc:
             c.true(f"out not named: {exc}", str(exc).startswith("out: "))
-    c.errors += expect_errors([
-        (lambda: comm.all_reduce(masked), TypeError),
-        (lambda: comm.all_gather(masked), TypeError),
-        (lambda: comm.all_reduce(x, out=np.ma.masked_array(np.zeros(24))), TypeError),
-        (lambda: comm.all_reduce([1.0, 2.0]), TypeError),
-        (lambda: comm.all_reduce(3.0), TypeError),
-    ])  # fmt: skip
+    c.errors += expect_errors(
+        [
+            (lambda: comm.all_reduce(masked), TypeError),
+            (lambda: comm.all_gather(masked), TypeError),
+            (lambda: comm.all_reduce(x, out=np.ma.masked_array(np.zeros(24))), TypeError),
+            (lambda: comm.all_reduce([1.0, 2.0]), TypeError),
+            (lambda: comm.all_reduce(3.0), TypeError),
+        ]
+    )
     _communicator_still_works(comm, c)
     return c.errors
 
@@ -422,8 +464,15 @@ def _unaligned(comm):
     return c.errors
 
 
-CASES = [_strided_inputs, _broadcast_into_views, _aliased_in_and_out, _read_only,
-         _zero_d_and_empty, _unsupported, _unaligned]  # fmt: skip
+CASES = [
+    _strided_inputs,
+    _broadcast_into_views,
+    _aliased_in_and_out,
+    _read_only,
+    _zero_d_and_empty,
+    _unsupported,
+    _unaligned,
+]
 
 
 @pytest.mark.parametrize("n", SIZES)

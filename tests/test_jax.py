@@ -31,11 +31,28 @@ class Dense:
 
 def launch(code: str, n: int = 2) -> dict:
     """Runs ``code`` as n ranks under ringreduce launch; {rank: its last output line}."""
-    cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", str(n), "--",
-           sys.executable, "-c", code]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringreduce",
+        "launch",
+        "-n",
+        str(n),
+        "--",
+        sys.executable,
+        "-c",
+        code,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RINGREDUCE_TRANSPORT"}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT, env=env,
-                       stdin=subprocess.DEVNULL)  # fmt: skip
+    r = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     last: dict = {}
     for line in r.stdout.splitlines():
@@ -86,8 +103,11 @@ def test_all_reduce_tree_keeps_a_pytree_of_dataclasses():
         assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(given)
         layer = out["layers"][0]
         assert isinstance(layer, Dense)
-        for got, was in ((layer.w, given["layers"][0].w), (layer.b, given["layers"][0].b),
-                         (out["scale"], given["scale"])):  # fmt: skip
+        for got, was in (
+            (layer.w, given["layers"][0].w),
+            (layer.b, given["layers"][0].b),
+            (out["scale"], given["scale"]),
+        ):
             assert isinstance(got, jax.Array) and got.dtype == was.dtype
             assert np.array_equal(np.asarray(got, np.float32), np.asarray(was, np.float32))
         assert out["host"] is given["host"]
@@ -123,11 +143,23 @@ def test_all_reduce_tree_averages_across_ranks():
 # A whole training run: in the extended run (CI runs it).
 @pytest.mark.extended
 def test_jax_dp_example_replicas_identical():
-    cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--", sys.executable,
-           os.path.join(ROOT, "examples", "jax_dp.py"), "--grads", "bfloat16"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringreduce",
+        "launch",
+        "-n",
+        "2",
+        "--",
+        sys.executable,
+        os.path.join(ROOT, "examples", "jax_dp.py"),
+        "--grads",
+        "bfloat16",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RINGREDUCE_TRANSPORT"}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
-                       stdin=subprocess.DEVNULL)  # fmt: skip
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "2 ranks" in r.stdout and "replicas identical: True" in r.stdout, r.stdout[-2000:]
     accuracy = float(r.stdout.split("test accuracy ")[1].split(",")[0])

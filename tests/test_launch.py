@@ -280,7 +280,7 @@ def test_torchrun_spellings_and_several_nodes():
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
-        )  # fmt: skip
+        )
         for node in (0, 1)
     ]
     outputs = [node.communicate(timeout=120) for node in nodes]
@@ -298,8 +298,22 @@ def test_several_nodes_need_master_addr():
     # Without node 0's address every node would look for the rendezvous on itself and
     # wait out the timeout: refused at once, naming the option.
     start = time.monotonic()
-    r = run_launch(["--nnodes", "2", "--node-rank", "1", "-n", "2", "--master-port", "29999",
-                    "--", sys.executable, "-c", "print('ran')"])  # fmt: skip
+    r = run_launch(
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "-n",
+            "2",
+            "--master-port",
+            "29999",
+            "--",
+            sys.executable,
+            "-c",
+            "print('ran')",
+        ]
+    )
     assert time.monotonic() - start < 20
     assert r.returncode == 2 and "ran" not in r.stdout
     assert "--master-addr" in r.stderr
@@ -317,8 +331,22 @@ def test_second_node_prefixes_and_blames_global_ranks():
         "    time.sleep(0.3); sys.exit(4)\n"
         "time.sleep(60)\n"
     )
-    args = ["--nnodes", "2", "--node-rank", "1", "-n", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), "--", sys.executable, "-c", prog]  # fmt: skip
+    args = [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "-n",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--",
+        sys.executable,
+        "-c",
+        prog,
+    ]
     r = run_launch(args, timeout=60)
     assert r.returncode == 4, r.stderr
     assert prefixed(r.stdout) == {2: ["rank 2"], 3: ["rank 3"]}

@@ -36,6 +36,8 @@ def test_the_package_imports_only_downwards():
         ("_comm/bad.py", "import ringreduce\n", "a higher layer"),
         ("model/bad.py", "from ringreduce.torch import GradSync\n", "a higher layer"),
         ("newroom/bad.py", "x = 1\n", "has no layer"),
+        ("_comm/compressed/bad.py", "from ..membership import growth\n", "another sub-room"),
+        ("_comm/core/bad.py", "from .. import communicator\n", "a higher layer"),
     ],
 )
 def test_an_import_against_the_layers_is_named(tmp_path, where, source, offence):
@@ -55,10 +57,13 @@ def test_an_import_against_the_layers_is_named(tmp_path, where, source, offence)
 def test_downward_and_same_room_imports_pass(tmp_path):
     tool = _tool()
     root = tmp_path / "ringreduce"
-    (root / "_comm").mkdir(parents=True)
-    (root / "__init__.py").write_text("from ._comm.work import Work\n")
+    (root / "_comm" / "core").mkdir(parents=True)
+    (root / "__init__.py").write_text("from ._comm.core.work import Work\n")
     (root / "_comm" / "__init__.py").write_text("")
-    (root / "_comm" / "work.py").write_text(
-        "from .. import _core, errors\nfrom .._arrays.buffer import describe\nfrom . import ops\n"
+    (root / "_comm" / "core" / "__init__.py").write_text("")
+    (root / "_comm" / "core" / "work.py").write_text(
+        "from ... import _core, errors\nfrom ..._arrays.buffer import describe\nfrom . import ops\n"
     )
+    # A sub-room above the core imports it: downwards too.
+    (root / "_comm" / "communicator.py").write_text("from .core import work\n")
     assert tool.check(root) == []

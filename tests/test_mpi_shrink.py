@@ -53,11 +53,22 @@ def test_survivors_shrink_onto_their_own_links(tmp_path, transport, victim):
     proc = subprocess.run(
         # --enable-recovery and error_non_zero_exit=0: prterun leaves the survivors
         # running when a rank dies (by default it kills the whole job).
-        ["mpirun", "--enable-recovery", "-np", str(n), sys.executable, str(script),
-         transport, str(victim)],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        [
+            "mpirun",
+            "--enable-recovery",
+            "-np",
+            str(n),
+            sys.executable,
+            str(script),
+            transport,
+            str(victim),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
         env={**mpirun_env(), "PRTE_MCA_state_base_error_non_zero_exit": "0"},
-    )  # fmt: skip
+    )
     reports = [
         json.loads(line[len("REPORT ") :])
         for line in proc.stdout.splitlines()

@@ -208,13 +208,16 @@ def test_a_standby_store_client_names_its_cut_off_host_at_the_keepalive(hosts):
     waits out the store's I/O cap (30 s here) and names no reason."""
     names, switch = hosts
     netns = ["ip", "netns", "exec"]
-    server = subprocess.Popen([*netns, names[0], sys.executable, "-c", _STANDBY_SERVER],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [*netns, names[0], sys.executable, "-c", _STANDBY_SERVER], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = server.stdout.readline().strip()
         client = subprocess.Popen(
             [*netns, names[1], sys.executable, "-c", _STANDBY_CLIENT, port, "2"],
-            stdout=subprocess.PIPE, text=True)  # fmt: skip
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert json.loads(client.stdout.readline()).get("ready")
         time.sleep(0.3)
         _ip("-n", switch, "link", "set", "p0", "down")
@@ -264,10 +267,32 @@ def test_the_fault_drill_cuts_a_host_off_and_the_others_shrink(tmp_path, at):
     rows_path = tmp_path / "rows.json"
     drill = os.path.join(HERE, "..", "bench", "fault_drill.py")
     # Namespaces of its own: the two cases may run at once.
-    cmd = [sys.executable, drill, "--hosts", "4", "--sizes", "4", "--transports", "tcp",
-           "--failures", "partition", "--trials", "1", "--at", str(at), "--timeout", "30",
-           "--keepalive", "2", "--case-timeout", "90", "--json", str(rows_path),
-           "--netns", f"{PREFIX}d{at}x"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        drill,
+        "--hosts",
+        "4",
+        "--sizes",
+        "4",
+        "--transports",
+        "tcp",
+        "--failures",
+        "partition",
+        "--trials",
+        "1",
+        "--at",
+        str(at),
+        "--timeout",
+        "30",
+        "--keepalive",
+        "2",
+        "--case-timeout",
+        "90",
+        "--json",
+        str(rows_path),
+        "--netns",
+        f"{PREFIX}d{at}x",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     [row] = json.loads(rows_path.read_text())
@@ -295,10 +320,25 @@ def test_newcomers_find_the_job_at_its_address_after_rank_0_died(hosts):
     def start(ns, role, rank, size):
         env = dict(os.environ, GROW_TEST_ADDR="10.232.0.1", GROW_TEST_DIE="0")
         env.pop("RINGREDUCE_HOST_ID", None)
-        cmd = [sys.executable, grow_rank, role, str(rank), str(size), port, "tcp", "0",
-               "shrink=0,grow=4", token]  # fmt: skip
-        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        cmd = [
+            sys.executable,
+            grow_rank,
+            role,
+            str(rank),
+            str(size),
+            port,
+            "tcp",
+            "0",
+            "shrink=0,grow=4",
+            token,
+        ]
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, *cmd],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     placed = [names[0], names[1], names[1], names[0]]
     procs = [start(ns, "member", r, 4) for r, ns in enumerate(placed)]

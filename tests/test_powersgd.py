@@ -46,8 +46,10 @@ def _exact_at_true_rank(comm, k, r):
     n = comm.world_size
     shapes = [(40, 24), (40, 24), (17, 30)]  # two of one shape: a batch
     grads = [_low_rank(7 + i, comm.rank, a, b, k) for i, (a, b) in enumerate(shapes)]
-    want = [sum(_low_rank(7 + i, q, a, b, k).astype(np.float64) for q in range(n)) / n
-            for i, (a, b) in enumerate(shapes)]  # fmt: skip
+    want = [
+        sum(_low_rank(7 + i, q, a, b, k).astype(np.float64) for q in range(n)) / n
+        for i, (a, b) in enumerate(shapes)
+    ]
     ps = PowerSGD(comm, rank=r, min_compression_rate=1)
     got = ps.reduce(grads, ["w0", "w1", "w2"])
     return [_rel(g, w) for g, w in zip(got, want)], ps.stats()
@@ -68,8 +70,12 @@ def _same_bits(comm):
 def _vectors_exact(comm, start_iter):
     # Small integers in float32: the average of 2 ranks' sums is exact.
     r = comm.rank
-    grads = [np.full(11, r + 1, np.float32), np.arange(12, dtype=np.float32).reshape(3, 4) * r,
-             np.full((), 2.0 * r, np.float32), np.full((32, 16), r, np.float32)]  # fmt: skip
+    grads = [
+        np.full(11, r + 1, np.float32),
+        np.arange(12, dtype=np.float32).reshape(3, 4) * r,
+        np.full((), 2.0 * r, np.float32),
+        np.full((32, 16), r, np.float32),
+    ]
     ps = PowerSGD(comm, rank=1, start_iter=start_iter)
     out = ps.reduce(grads, ["bias", "tiny", "scalar", "big"])
     return [o.copy() for o in out], ps.stats()
@@ -111,8 +117,10 @@ def _error_feedback(comm, feedback, steps):
 def _state_round_trip(comm):
     rng = np.random.default_rng([9, comm.rank])
     f32 = np.float32
-    steps = [[rng.standard_normal((30, 20)).astype(f32), rng.standard_normal(5).astype(f32)]
-             for _ in range(5)]  # fmt: skip
+    steps = [
+        [rng.standard_normal((30, 20)).astype(f32), rng.standard_normal(5).astype(f32)]
+        for _ in range(5)
+    ]
     names = ["w", "b"]
     ps = PowerSGD(comm, rank=2, start_iter=1)
     for grads in steps[:3]:

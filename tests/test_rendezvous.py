@@ -105,10 +105,14 @@ _RANK = (
 
 def _ranks(port: int, n: int) -> list[subprocess.Popen]:
     return [
-        subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(port)], text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(r), str(port)],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for r in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_a_store_port_held_for_a_moment_is_waited_for():
@@ -173,8 +177,10 @@ def test_a_store_request_left_unanswered_ends_the_connection_s_use():
             client.try_get("k")
         assert time.monotonic() - start >= 0.45, "did not wait for the I/O timeout"
         assert "not used again" not in str(first.value)
-        with pytest.raises(RRTimeout, match="did not answer a request within 0.5 s; this "
-                           "connection to it is not used again"):  # fmt: skip
+        with pytest.raises(
+            RRTimeout,
+            match="did not answer a request within 0.5 s; this connection to it is not used again",
+        ):
             client.try_get("k")
         with pytest.raises(RRTimeout, match="not used again"):
             client.set("other", b"x")
@@ -195,12 +201,16 @@ def test_a_stopped_store_host_on_this_machine_is_not_waited_for_in_a_failure_rep
 
     port = free_port()
     host = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from ringreduce import _core\n"
-         f"s = _core.TcpStore('127.0.0.1', {port}, True, 30.0, 5.0, '')\n"
-         "print('ready', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from ringreduce import _core\n"
+            f"s = _core.TcpStore('127.0.0.1', {port}, True, 30.0, 5.0, '')\n"
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert host.stdout.readline().strip() == "ready"
         client = _core.TcpStore("127.0.0.1", port, False, 10.0, 20.0, "")
@@ -225,8 +235,9 @@ def test_a_stopped_store_host_on_this_machine_is_not_waited_for_in_a_failure_rep
         with pytest.raises(RRTimeout, match=f"process {host.pid} on this machine, is stopped"):
             client.try_get("k")
         assert time.monotonic() - start < 10.0
-        with pytest.raises(RRTimeout, match="was found stopped .*; this connection to it is "
-                           "not used again"):  # fmt: skip
+        with pytest.raises(
+            RRTimeout, match="was found stopped .*; this connection to it is not used again"
+        ):
             client.set("other", b"x")
     finally:
         host.send_signal(signal.SIGCONT)
@@ -285,8 +296,14 @@ def test_the_store_s_host_erases_keys_by_prefix_and_counts_them():
     # How a standby store that hosts agreement after agreement stays small: its host
     # drops the rounds no one reads (membership._forget). Only the host can.
     server, (client,) = _store_and_clients(1)
-    for key in ("c/agree/1/0/in/0", "c/agree/1/0/in/1", "c/agree/1/0/decision",
-                "c/agree/10/0/in/0", "c/agree/2/0/decision", "c/agree/1"):  # fmt: skip
+    for key in (
+        "c/agree/1/0/in/0",
+        "c/agree/1/0/in/1",
+        "c/agree/1/0/decision",
+        "c/agree/10/0/in/0",
+        "c/agree/2/0/decision",
+        "c/agree/1",
+    ):
         client.set(key, b"x")
     assert server.key_count() == 6
     assert server.erase_prefix("c/agree/1/0/in/") == 2

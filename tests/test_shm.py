@@ -158,12 +158,21 @@ def test_waits_spin_when_the_local_ranks_have_a_core_each(spread, tmp_path):
     env = dict(os.environ, RINGREDUCE_DEBUG="algorithm")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _PINNED_RANK, str(r), str(cpus[r] if spread else cpus[0]),
-             str(tmp_path)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-c",
+                _PINNED_RANK,
+                str(r),
+                str(cpus[r] if spread else cpus[0]),
+                str(tmp_path),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for r in range(2)
-    ]  # fmt: skip
+    ]
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     want = "on 2 CPU(s): waits spin" if spread else "on 1 CPU(s): waits yield"

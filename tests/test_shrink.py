@@ -16,7 +16,7 @@ import time
 import pytest
 
 import ringreduce as rr
-from ringreduce._comm import membership
+from ringreduce._comm.membership import agreement as membership
 
 from _data import extended
 from _ranks import free_port
@@ -212,7 +212,7 @@ def test_the_meeting_store_passes_on_that_its_host_is_unreachable():
     store, made with the job's keepalive) tells the engine when the host's machine
     answers nothing, so that a failure report says so; never for a host in this process.
     (tests/test_multihost.py cuts such a host off for real.)"""
-    from ringreduce._comm.meeting import MeetingStore
+    from ringreduce._comm.membership.meeting import MeetingStore
 
     class Client:
         def __init__(self, unreachable: bool):
@@ -282,7 +282,7 @@ def test_candidate_hosts_that_answer_no_connection_are_waited_out_together():
     # it waits for every lower candidate host at once (membership._silent). A listening
     # socket whose accept queue is full drops connections unanswered, as a machine
     # behind a partition does; one that listens answers; a closed port refuses.
-    from ringreduce._comm.meeting import probe, silent_throughout
+    from ringreduce._comm.membership.meeting import probe, silent_throughout
 
     def address(listen: bool, backlog: int = 16) -> tuple:
         sock = socket.socket()
@@ -317,14 +317,18 @@ def test_candidate_hosts_that_answer_no_connection_are_waited_out_together():
 
 
 def test_a_process_counts_as_halted_when_stopped_or_gone_on_this_machine():
-    from ringreduce._comm import processes
+    from ringreduce._comm.membership import processes
 
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         "import time; from ringreduce._comm import processes\n"
-         "print(processes.mine(), flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import time; from ringreduce._comm.membership import processes\n"
+            "print(processes.mine(), flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def settles(want: bool, process) -> bool:  # a signal takes effect a moment later
         deadline = time.monotonic() + 10
@@ -366,12 +370,22 @@ def test_a_rank_resumed_after_the_others_left_it_out_is_refused(links, tmp_path)
     transport, hosts = _HOSTS[links]
     procs = [
         subprocess.Popen(
-            [sys.executable, SCRIPT, str(r), str(n), port, transport, str(hosts),
-             f"resume=0:{tmp_path}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                SCRIPT,
+                str(r),
+                str(n),
+                port,
+                transport,
+                str(hosts),
+                f"resume=0:{tmp_path}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for r in range(n)
-    ]  # fmt: skip
+    ]
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"rank{r}.json").exists() for r in (1, 2)):

@@ -77,7 +77,7 @@ class Ranks:
                         str(timeout),
                         str(mb),
                         *extra,
-                    ],  # fmt: skip
+                    ],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,

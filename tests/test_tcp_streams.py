@@ -99,9 +99,12 @@ def _exit_during_a_big_call(comm):
 
 def test_a_rank_that_exits_mid_call_is_named_on_striped_links():
     outcomes = run_ranks(
-        3, _exit_during_a_big_call, timeout=60, init_timeout=20,
+        3,
+        _exit_during_a_big_call,
+        timeout=60,
+        init_timeout=20,
         env={"RINGREDUCE_TCP_STREAMS": "4"},
-    )  # fmt: skip
+    )
     assert outcomes[1][0] == "dead"
     for rank in (0, 2):
         status, (kind, peer, seconds), _ = outcomes[rank]

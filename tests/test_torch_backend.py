@@ -48,8 +48,13 @@ def _every_operation(rank, n):
     R = dist.ReduceOp
     g = torch.Generator().manual_seed(100 + rank)
     x = torch.randn(37, dtype=torch.float64, generator=g)
-    for name, op in [("sum", R.SUM), ("prod", R.PRODUCT), ("min", R.MIN), ("max", R.MAX),
-                     ("avg", R.AVG)]:  # fmt: skip
+    for name, op in [
+        ("sum", R.SUM),
+        ("prod", R.PRODUCT),
+        ("min", R.MIN),
+        ("max", R.MAX),
+        ("avg", R.AVG),
+    ]:
         if name == "avg" and dist.get_backend() == "gloo":
             t = x.clone()
             dist.all_reduce(t)
@@ -75,9 +80,10 @@ def _every_operation(rank, n):
     )
     out["reduce_scatter_complex"] = torch.view_as_real(zs).reshape(-1)
     sparse = torch.sparse_coo_tensor(
-        torch.tensor([[rank % 3, 4]]), torch.tensor([1.5, 2.0], dtype=torch.float64) * (rank + 1),
+        torch.tensor([[rank % 3, 4]]),
+        torch.tensor([1.5, 2.0], dtype=torch.float64) * (rank + 1),
         (6,),
-    )  # fmt: skip
+    )
     dist.all_reduce(sparse)
     out["all_reduce_sparse"] = sparse.to_dense()
     flags = torch.tensor([rank == 0, True, False])
@@ -180,9 +186,12 @@ def _ddp(rank, n, group_backend, hook, no_sync, uneven):
     pg = dist.new_group(backend=group_backend)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+        torch.nn.Linear(10, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 32),
+        torch.nn.Tanh(),
         torch.nn.Linear(32, 3),
-    ).double()  # fmt: skip
+    ).double()
     ddp = DDP(model, process_group=pg, bucket_cap_mb=0.002)
     if hook == "allreduce":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -200,10 +209,12 @@ def _ddp(rank, n, group_backend, hook, no_sync, uneven):
     steps = 6 + (rank if uneven else 0)
     g = torch.Generator().manual_seed(1 + rank)
     batches = [
-        (torch.randn(8, 10, generator=g, dtype=torch.float64),
-         torch.randn(8, 3, generator=g, dtype=torch.float64))
+        (
+            torch.randn(8, 10, generator=g, dtype=torch.float64),
+            torch.randn(8, 3, generator=g, dtype=torch.float64),
+        )
         for _ in range(steps)
-    ]  # fmt: skip
+    ]
 
     def step(xb, yb):
         loss = torch.nn.functional.mse_loss(ddp(xb), yb)
@@ -229,9 +240,12 @@ def _fsdp2(rank, n):
     mesh = init_device_mesh("cpu", (n,))
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(12, 24), torch.nn.ReLU(), torch.nn.Linear(24, 24), torch.nn.ReLU(),
+        torch.nn.Linear(12, 24),
+        torch.nn.ReLU(),
+        torch.nn.Linear(24, 24),
+        torch.nn.ReLU(),
         torch.nn.Linear(24, 5),
-    ).double()  # fmt: skip
+    ).double()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -299,8 +313,17 @@ def test_under_torchrun(tmp_path):
         "    f.write(f'ok {dist.get_backend()}')\n"
         "dist.destroy_process_group()\n"
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-           "--master-port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "3",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     reports = [(tmp_path / f"rank{r}").read_text() for r in range(3)]
@@ -332,9 +355,13 @@ def test_subgroups_are_communicators_of_their_own():
 
 @pytest.mark.parametrize(
     "hook,no_sync,uneven",
-    [(None, False, False), pytest.param("allreduce", False, False, marks=pytest.mark.extended),
-     ("custom", True, False), (None, False, True)],
-)  # fmt: skip
+    [
+        (None, False, False),
+        pytest.param("allreduce", False, False, marks=pytest.mark.extended),
+        ("custom", True, False),
+        (None, False, True),
+    ],
+)
 def test_ddp_equals_gloo(hook, no_sync, uneven):
     # One job, two process groups: DDP over ringreduce and over Gloo, same data.
     n = 2 if uneven else 3

@@ -73,9 +73,19 @@ def test_pytorch_distributed_suite_subset(tmp_path, part):
     ids = [f"{HERE}/torch_suite/dist_suite.py::TestDistBackendWithSpawn::{t}" for t in tests]
     env = dict(os.environ, BACKEND="ringreduce", WORLD_SIZE="2")
     cmd = [
-        sys.executable, "-m", "pytest", *ids, "-q", "-o", "addopts=", "-o",
-        "filterwarnings=default", "-p", "no:cacheprovider", f"--junitxml={junit}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        *ids,
+        "-q",
+        "-o",
+        "addopts=",
+        "-o",
+        "filterwarnings=default",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
     outcome = {}
     for case in ET.parse(junit).getroot().iter("testcase"):

@@ -63,10 +63,17 @@ def _ddp(rank, n, device):
     if device == "cuda":
         torch.cuda.set_device(0)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(10, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-        torch.nn.Linear(64, 3),
-    ).double().to(device)  # fmt: skip
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Linear(10, 64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(64, 64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(64, 3),
+        )
+        .double()
+        .to(device)
+    )
     ddp = DDP(model, device_ids=[0] if device == "cuda" else None, bucket_cap_mb=0.01)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(1 + rank)

@@ -107,6 +107,7 @@ def _general_calls(rank, n):
 def _mixed_paths(rank, n):
     """Rank 0 on the general path (non-contiguous tensors), the others on the direct one:
     they meet, since both issue the same engine call."""
+
     def tensor(values: torch.Tensor) -> torch.Tensor:
         if rank != 0:
             return values.clone()
@@ -270,9 +271,10 @@ def test_destroyed_group_is_refused_clearly():
     n = 2
     for total, said in run(n, _after_destroy):
         assert total == sum(range(1, n + 1))
-        assert said["communicator"].startswith("RingReduceError") and "destroyed" in said[
-            "communicator"
-        ], said
+        assert (
+            said["communicator"].startswith("RingReduceError")
+            and "destroyed" in said["communicator"]
+        ), said
         assert said["empty"].startswith("RingReduceError") and "destroyed" in said["empty"], said
         assert said["all_reduce"] != "no error", said  # torch refuses a destroyed group
         assert said["after"] == 1000 * (total + 1)

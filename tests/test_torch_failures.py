@@ -137,10 +137,22 @@ def test_a_program_that_ends_with_a_future_in_flight_exits_cleanly(tmp_path):
     script.write_text(_EXIT_IN_FLIGHT.format(n=16 << 20))
     for _ in range(2):
         r = subprocess.run(
-            [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--", sys.executable,
-             str(script)],
-            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "ringreduce",
+                "launch",
+                "-n",
+                "2",
+                "--",
+                sys.executable,
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         out = r.stdout + r.stderr
         assert r.returncode == 0 and "terminate called" not in out, out[-3000:]
         assert out.count("leaving") == 2, out[-3000:]

@@ -29,9 +29,12 @@ STEPS = 12
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+        torch.nn.Linear(16, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
         torch.nn.Linear(64, 4),
-    )  # fmt: skip
+    )
 
 
 def _train(rank, pg, register=None, bucket_cap_mb=25.0):
@@ -160,8 +163,10 @@ def _everything(rank, n):
         saved = int8[-1].state_dict()
         again = hooks.Int8State(ours)
         again.load_state_dict(saved)
-        same = all(np.array_equal(v, again.state_dict()["error_feedback"]["residuals"][k])
-                   for k, v in saved["error_feedback"]["residuals"].items())  # fmt: skip
+        same = all(
+            np.array_equal(v, again.state_dict()["error_feedback"]["residuals"][k])
+            for k, v in saved["error_feedback"]["residuals"].items()
+        )
         return int8[-1].error_feedback.keys(), saved["home"], same
 
     part("int8_state", int8_state)

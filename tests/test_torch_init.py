@@ -46,9 +46,15 @@ def clean_env() -> dict:
     env = dict(os.environ)
     for key in list(env):
         if key.startswith(("OMPI_", "PMI", "PMIX_", "SLURM_", "TORCHELASTIC_")) or key in (
-            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-            "MASTER_PORT", "RINGREDUCE_PORT", "RINGREDUCE_TRANSPORT",
-        ):  # fmt: skip
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "RINGREDUCE_PORT",
+            "RINGREDUCE_TRANSPORT",
+        ):
             del env[key]
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -56,9 +62,14 @@ def clean_env() -> dict:
 
 def run(cmd: list, env: dict | None = None, timeout: float = 120) -> str:
     r = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        env=env if env is not None else clean_env(), stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env if env is not None else clean_env(),
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return r.stdout
 
@@ -79,8 +90,9 @@ def test_alone_needs_no_launcher_and_no_port():
 
 
 def test_ringreduce_launch():
-    out = run([sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--",
-               sys.executable, "-c", PROG])  # fmt: skip
+    out = run(
+        [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--", sys.executable, "-c", PROG]
+    )
     assert results(out) == expected(2)
 
 
@@ -88,8 +100,19 @@ def test_ringreduce_launch():
     shutil.which("torchrun") is None, reason="needs torchrun on PATH (it comes with torch)"
 )
 def test_torchrun():
-    out = run(["torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
-               "--no-python", sys.executable, "-c", PROG])  # fmt: skip
+    out = run(
+        [
+            "torchrun",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "--no-python",
+            sys.executable,
+            "-c",
+            PROG,
+        ]
+    )
     assert results(out) == expected(2)
 
 
@@ -109,8 +132,13 @@ def test_srun_variables():
     procs = []
     for rank in range(2):
         env = clean_env()
-        env.update(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # fmt: skip
+        env.update(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", PROG],
@@ -120,7 +148,7 @@ def test_srun_variables():
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         )
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, outs):

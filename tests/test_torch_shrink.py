@@ -28,8 +28,11 @@ def run_job(n: int, links: str, victim: int, scenario: str, timeout: float = 120
     every survivor must have exited 0 (a SIGABRT or a crash fails the test)."""
     done = subprocess.run(
         [sys.executable, SCRIPT, str(n), links, str(victim), scenario],
-        capture_output=True, text=True, timeout=timeout, cwd=HERE,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=HERE,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
     job = json.loads(lines[-1])

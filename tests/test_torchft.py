@@ -42,10 +42,25 @@ DEADLINE = 90.0  # seconds for the whole run; it takes about 15 here, on 2 cores
 def _start(group: int, out, lighthouse: str, save: str, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     env.update(REPLICA_GROUP_ID=str(group), TORCHFT_LIGHTHOUSE=lighthouse)
-    cmd = [sys.executable, EXAMPLE, "--steps", str(STEPS), "--timeout", "30", "--save", save,
-           *extra]  # fmt: skip
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        EXAMPLE,
+        "--steps",
+        str(STEPS),
+        "--timeout",
+        "30",
+        "--save",
+        save,
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _wait(proc: subprocess.Popen, deadline: float, log: str) -> int:
@@ -61,16 +76,22 @@ def _tail(path: str, n: int = 6000) -> str:
 
 
 def test_replica_killed_mid_step_heals_to_identical_weights(tmp_path):
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=10_000,
-                                  quorum_tick_ms=20, heartbeat_timeout_ms=500)  # fmt: skip
+    lighthouse = LighthouseServer(
+        bind="[::]:0",
+        min_replicas=2,
+        join_timeout_ms=10_000,
+        quorum_tick_ms=20,
+        heartbeat_timeout_ms=500,
+    )
     logs = {name: str(tmp_path / f"{name}.log") for name in ("group0", "group1", "group1-again")}
     procs = []
     deadline = time.monotonic() + DEADLINE
     try:
         with open(logs["group0"], "w") as g0, open(logs["group1"], "w") as g1:
             procs.append(_start(0, g0, lighthouse.address(), str(tmp_path)))
-            procs.append(_start(1, g1, lighthouse.address(), str(tmp_path),
-                                "--fail-at-step", str(FAIL_AT)))  # fmt: skip
+            procs.append(
+                _start(1, g1, lighthouse.address(), str(tmp_path), "--fail-at-step", str(FAIL_AT))
+            )
         code = _wait(procs[1], deadline, logs["group1"])
         died = time.time()
         assert code == -signal.SIGKILL, f"group 1 exited with {code}\n{_tail(logs['group1'])}"
@@ -125,11 +146,13 @@ def test_replica_killed_mid_step_heals_to_identical_weights(tmp_path):
     torch.manual_seed(0)  # group 0's initial weights (examples/torchft_ddp.py)
     first = torch.nn.Linear(2, 64)
     assert not torch.equal(first.weight.detach(), mine["0.weight"]), "no step was applied"
-    print(f"group 0 dropped step {FAIL_AT} {noticed:.3f} s after group 1 was killed; group 1 "
-          f"healed {seconds:.2f} s after it was killed: {healed['started'] - restarted:.2f} s "
-          f"to start python and import torch and torchft, "
-          f"{healed['healed']['at'] - healed['started']:.2f} s from there to its first step, "
-          f"healed; weights identical")  # fmt: skip
+    print(
+        f"group 0 dropped step {FAIL_AT} {noticed:.3f} s after group 1 was killed; group 1 "
+        f"healed {seconds:.2f} s after it was killed: {healed['started'] - restarted:.2f} s "
+        f"to start python and import torch and torchft, "
+        f"{healed['healed']['at'] - healed['started']:.2f} s from there to its first step, "
+        f"healed; weights identical"
+    )
 
 
 # ---- the adapter's contract with torchft's Manager, in one process -------------------
@@ -138,8 +161,10 @@ def test_replica_killed_mid_step_heals_to_identical_weights(tmp_path):
 def _configure(pgs: list, store: dist.TCPStore, quorum: int) -> None:
     """What the Managers of two replica groups do on a new quorum, on two threads."""
     addr = f"localhost:{store.port}/torchft/{quorum}/0"
-    threads = [threading.Thread(target=pg.configure, args=(addr, f"replica{r}", r, len(pgs)))
-               for r, pg in enumerate(pgs)]  # fmt: skip
+    threads = [
+        threading.Thread(target=pg.configure, args=(addr, f"replica{r}", r, len(pgs)))
+        for r, pg in enumerate(pgs)
+    ]
     for t in threads:
         t.start()
     for t in threads:

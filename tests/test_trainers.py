@@ -36,13 +36,28 @@ GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 def train(example: str, backend: str, path: str) -> str:
     """Runs an example on 2 ranks for 2 epochs; returns rank 0's summary line."""
-    cmd = [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--",
-           sys.executable, os.path.join(ROOT, "examples", example),
-           "--backend", backend, "--epochs", "2", "--save", path]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ringreduce",
+        "launch",
+        "-n",
+        "2",
+        "--",
+        sys.executable,
+        os.path.join(ROOT, "examples", example),
+        "--backend",
+        backend,
+        "--epochs",
+        "2",
+        "--save",
+        path,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RINGREDUCE_TRANSPORT"}
     for _ in range(3 if backend == "gloo" else 1):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
-                           stdin=subprocess.DEVNULL)  # fmt: skip
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL
+        )
         if r.returncode == 0 or GLOO_EXIT_ABORT not in r.stdout + r.stderr:
             break
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]

@@ -47,8 +47,15 @@ def test_version_and_info():
 def test_bench_help_shows_suffixes_and_defaults():
     text = _run([*CLI, "bench", "-h"]).stdout
     assert "suffixes K, M and G" in text
-    for default in ("default: 8)", "default: 64M)", "default: 2)", "default: float32)",
-                    "default: sum", "default: 3)", "default: 60)"):  # fmt: skip
+    for default in (
+        "default: 8)",
+        "default: 64M)",
+        "default: 2)",
+        "default: float32)",
+        "default: sum",
+        "default: 3)",
+        "default: 60)",
+    ):
         assert default in text, default
 
 
@@ -163,8 +170,16 @@ def test_torch_and_ringreduce_in_one_job_under_torchrun(tmp_path):
     script.write_text(TORCH_AND_RR)
     env = dict(os.environ)
     env.pop("RINGREDUCE_TRANSPORT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), str(script)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(script),
+    ]
     r = _run(cmd, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     # torchrun does not prefix or line-buffer the ranks' output: count the words
@@ -177,8 +192,7 @@ def test_torch_and_ringreduce_in_one_job_under_torchrun(tmp_path):
 def test_a_rank_that_never_joins_is_named_with_where_to_look():
     port = free_port()
     with pytest.raises(rr.TimeoutError) as caught:
-        rr.init("tcp", rank=0, world_size=2, master_addr="127.0.0.1", master_port=port,
-                timeout=1.5)  # fmt: skip
+        rr.init("tcp", rank=0, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=1.5)
     message = str(caught.value)
     assert message.startswith("rank 1 did not join within 1.5 s")
     assert f"127.0.0.1:{port}" in message and "world size 2" in message
@@ -191,8 +205,9 @@ def test_a_taken_rendezvous_port_says_what_to_set():
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(rr.RingReduceError) as caught:
-            rr.init("tcp", rank=0, world_size=2, master_addr="127.0.0.1", master_port=port,
-                    timeout=5)  # fmt: skip
+            rr.init(
+                "tcp", rank=0, world_size=2, master_addr="127.0.0.1", master_port=port, timeout=5
+            )
     message = str(caught.value)
     assert f"port {port}" in message and "set RINGREDUCE_PORT" in message, message
 

@@ -32,11 +32,34 @@ LAYERS: list[set[str]] = [
 ]
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 
+# Rooms inside a room, lowest first, checked the same way among themselves: a sub-room
+# is the room's subpackage or module (ringreduce._comm.core.work -> "core").
+SUBLAYERS: dict[str, list[set[str]]] = {
+    "_comm": [
+        {"__init__"},  # the room's docstring, importing nothing
+        {"core"},  # what one call is made of: ops, shaping, issuer, refusal, work, p2p, ...
+        # compressed collectives; agree, shrink, grow; engine communicators from MPI
+        {"compressed", "membership", "mpi"},
+        {"communicator"},  # Communicator, composing them
+        {"bootstrap"},  # init and join: how a communicator is made
+    ],
+}
+SUBLAYER = {
+    room: {sub: i for i, subs in enumerate(layers) for sub in subs}
+    for room, layers in SUBLAYERS.items()
+}
+
 
 def room_of(module: str) -> str:
-    """'ringreduce._comm.work' -> '_comm'; 'ringreduce' -> '__init__'."""
+    """'ringreduce._comm.core.work' -> '_comm'; 'ringreduce' -> '__init__'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def subroom_of(module: str) -> str:
+    """'ringreduce._comm.core.work' -> 'core'; 'ringreduce._comm' -> '__init__'."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else "__init__"
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -80,8 +103,12 @@ def check(root: Path = ROOT) -> list[str]:
         if mine not in LAYER:
             problems.append(f"{path.relative_to(root.parent)}: room {mine!r} has no layer")
             continue
+        here = module_name(path, root)
         for line, target in imports(path, root):
             theirs = room_of(target)
+            if theirs == mine and mine in SUBLAYER:
+                problems += _check_subrooms(path, root, line, here, target, SUBLAYER[mine])
+                continue
             if theirs == mine or theirs not in LAYER:
                 continue
             if LAYER[theirs] >= LAYER[mine]:
@@ -91,6 +118,22 @@ def check(root: Path = ROOT) -> list[str]:
                     f"({theirs}: {how} layer)"
                 )
     return problems
+
+
+def _check_subrooms(
+    path: Path, root: Path, line: int, here: str, target: str, layers: dict
+) -> list[str]:
+    """One import between two modules of a room that has sub-rooms."""
+    mine, theirs = subroom_of(here), subroom_of(target)
+    where = f"{path.relative_to(root.parent)}:{line}"
+    if mine not in layers:
+        return [f"{where}: sub-room {mine!r} of {room_of(here)} has no layer"]
+    if theirs == mine or theirs not in layers:
+        return []
+    if layers[theirs] < layers[mine]:
+        return []
+    how = "a higher" if layers[theirs] > layers[mine] else "another sub-room of its"
+    return [f"{where}: {mine} imports {target} ({theirs}: {how} layer)"]
 
 
 def main() -> int:

@@ -8,9 +8,9 @@ y = comm.all_reduce(x, op="avg")      # numpy, torch (CPU or CUDA), cupy, DLPack
 from ._arrays.cuda import cuda_available
 from ._comm.bootstrap import init, join
 from ._comm.communicator import Communicator, build_info
-from ._comm.ops import ReduceOp
-from ._comm.shaping import chunk_bounds
-from ._comm.work import Work
+from ._comm.core.ops import ReduceOp
+from ._comm.core.shaping import chunk_bounds
+from ._comm.core.work import Work
 from .bucketing import GradientBucketer
 from .compression import Codec, CompressionWarning, ErrorFeedback, register_codec
 from .errors import (

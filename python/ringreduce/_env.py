@@ -125,6 +125,49 @@ def _spans_hosts() -> Optional[str]:
     return None
 
 
+# (local rank, local size) variables, in the order they are trusted.
+_LOCAL_RANKS = (
+    ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),  # ringreduce launch, torchrun
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH (Hydra)
+    ("SLURM_LOCALID", ""),  # srun
+)
+
+
+def local_rank_and_size(rank: int, size: int) -> Tuple[str, Optional[str]]:
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE or None) as this process's launcher says: a world of
+    one is its own host; without a launcher that says, a rank per host is assumed (as
+    torch.distributed assumes nothing)."""
+    for rank_var, size_var in _LOCAL_RANKS:
+        if os.environ.get(rank_var, "").isdigit():
+            local_size = os.environ.get(size_var, "") if size_var else ""
+            return os.environ[rank_var], local_size if local_size.isdigit() else None
+    if size == 1:
+        return "0", "1"
+    return str(rank), None
+
+
+def torch_env_init_ready() -> bool:
+    """True when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all set: what
+    torch.distributed's ``env://`` reads (ringreduce launch, torchrun)."""
+    return all(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def master_port(default: int) -> int:
+    """MASTER_PORT as a port number (ValueError naming it otherwise), or ``default``."""
+    return _port_env("MASTER_PORT") if os.environ.get("MASTER_PORT") else default
+
+
+def export_launch(rank: int, size: int, local_rank: str, local_size: Optional[str]) -> None:
+    """Sets RANK, WORLD_SIZE, LOCAL_RANK (and LOCAL_WORLD_SIZE where known) where they are
+    not set, as torchrun would have: trainers read them to see a multi-process run."""
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    os.environ.setdefault("LOCAL_RANK", local_rank)
+    if local_size is not None:
+        os.environ.setdefault("LOCAL_WORLD_SIZE", local_size)
+
+
 def _port_env(name: str) -> int:
     text = os.environ[name]
     try:

@@ -79,8 +79,9 @@ class ProcessGroupRingReduceFT(_Wrapper):
 
     def _report(self, exc: Exception) -> None:
         if self._errored is None:
-            _log.warning("ringreduce.torchft: a collective failed, torchft will drop "
-                         "this step: %s", exc)  # fmt: skip
+            _log.warning(
+                "ringreduce.torchft: a collective failed, torchft will drop this step: %s", exc
+            )
             self._errored = exc
 
     # Point-to-point: errors raise, as torchft's checkpoint transport expects.

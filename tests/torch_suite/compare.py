@@ -37,10 +37,20 @@ def outcomes(junit_xml: str) -> dict:
 def run_suite(backend: str, world_size: int, junit_xml: str, extra: list) -> None:
     env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size))
     cmd = [
-        sys.executable, "-m", "pytest", os.path.join(HERE, "dist_suite.py"), "-q",
-        "-o", "addopts=", "-o", "filterwarnings=default", "-p", "no:cacheprovider",
-        f"--junitxml={junit_xml}", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        os.path.join(HERE, "dist_suite.py"),
+        "-q",
+        "-o",
+        "addopts=",
+        "-o",
+        "filterwarnings=default",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit_xml}",
+        *extra,
+    ]
     subprocess.run(cmd, env=env, check=False)
 
 

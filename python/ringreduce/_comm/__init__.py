@@ -1,5 +1,9 @@
-"""Communicators: `Communicator` and `Work` (the collectives and point-to-point calls over
-the engine), how a call's arguments are shaped (`shaping`), which thread issues it
-(`issuer`), the errors of refused calls (`refusal`), reduction operators (`ops`),
-collectives built from the others (`composite`), and how a communicator is made
-(`bootstrap`: ``init``; `mpi`: from mpi4py)."""
+"""Communicators, in rooms that import only downwards (tools/import_layers.py checks it):
+
+- `core`: what one call is made of (operators, shaping, the issuing thread, refusals,
+  Work, point-to-point messages, windows, composite collectives);
+- `compressed` and `membership`: compressed collectives; who is in a communicator
+  (agree, shrink, grow). Each knows the core, neither knows the other; `mpi` (the
+  engine's communicators from mpi4py) sits beside them;
+- `communicator`: `Communicator`, which composes them;
+- `bootstrap` (``init``, ``join``): how one is made."""

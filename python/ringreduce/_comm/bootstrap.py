@@ -14,9 +14,11 @@ from typing import Callable, Optional
 
 from .. import _core, _env
 from .._env import engine_options, launched_by_mpirun, master_address, rank_and_size
-from . import growth, membership, mpi
+from . import mpi
 from .communicator import Communicator
-from .membership import Membership
+from .membership import agreement as membership
+from .membership import growth
+from .membership.agreement import Membership
 
 __all__ = ["init"]
 

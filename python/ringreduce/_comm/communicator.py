@@ -8,23 +8,24 @@ pointers through `_issue`, the one way in, as one thread at a time (`issuer`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from .. import _core
 from .._arrays.buffer import dtype_code
 from .._env import engine_options
 from ..errors import ConcurrentUseError, MismatchError, RingReduceError
-from . import composite, compressed, shaping
-from .issuer import Issuer
-from .lane import Lane
-from .membership import Membership
-from .ops import ReduceOp
-from .p2p import PointToPoint
-from .refusal import collective
-from .resilience import Resilience
-from .shaping import Call
-from .windows import Windows
-from .work import Work
+from .compressed import route as compressed
+from .compressed.lane import Lane
+from .core import composite, p2p, shaping, windows
+from .core.issuer import Issuer
+from .core.ops import ReduceOp
+from .core.refusal import collective
+from .core.shaping import Call
+from .core.work import Work
+from .membership.agreement import Membership
+from .membership.resilience import Resilience
 
 __all__ = ["Communicator", "build_info"]
 
@@ -36,7 +37,7 @@ def build_info() -> dict:
     return dict(_core.build_info())
 
 
-class Communicator(PointToPoint, Resilience, Windows):
+class Communicator:
     """A group of ranks that run collectives together. Create with ``ringreduce.init()``.
 
     Threads: ranks pair collectives in the order each rank issues them, so a
@@ -67,10 +68,11 @@ class Communicator(PointToPoint, Resilience, Windows):
         second thread waits for the first one's instead of raising ConcurrentUseError.
         ``membership``: its standby stores, for agree and shrink (`membership`)."""
         self._core = core
-        self._membership = membership
         self._issuer = Issuer(core, queue_threads)
         # Compressed calls with async_op=True run there, in issue order (lane.py).
         self._lane = Lane(self._issuer.gate)
+        # Who is in it: agree, shrink, grow (membership/resilience.py).
+        self._resilience = Resilience(core, membership, self._lane.drain)
         self._fast_all_reduce = self._issuer.gate.all_reduce
         if type(self).all_reduce is Communicator.all_reduce:
             # comm.all_reduce without a Python frame in the common case: a builtin that
@@ -410,6 +412,103 @@ class Communicator(PointToPoint, Resilience, Windows):
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """``root``'s ``obj`` (anything picklable), returned on every rank."""
         return composite.broadcast_object(self, obj, root)
+
+    # -- point-to-point -------------------------------------------------------
+    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Any:
+        """Sends x to rank dst, to be taken by its ``recv`` with the same tag.
+
+        Point-to-point messages travel on links of their own, in no order with the
+        collectives; between two ranks, messages with one tag arrive in the order they
+        were sent. Blocking: returns once x has left (it may not have arrived yet).
+        """
+        return p2p.send(self, x, dst, tag, async_op)
+
+    def recv(
+        self, out: Any, src: Optional[int] = None, *, tag: int = 0, async_op: bool = False
+    ) -> Any:
+        """Receives into ``out`` the next message with ``tag`` from rank src (None: from
+        any rank), which must be ``out``'s size. Returns the sender's rank."""
+        return p2p.recv(self, out, src, tag, async_op)
+
+    # -- windows -------------------------------------------------------------
+    @collective
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
+        """A numpy array, zeroed, in memory that every rank of this host maps.
+
+        Collective: every rank calls it, in the same order as its other collectives;
+        each may ask for its own shape. The k-th call makes window k everywhere.
+
+        An ``all_reduce`` whose input and ``out=`` (or one array, in place) come from
+        ``empty`` on every rank takes the window path: each rank reduces its chunk
+        straight out of the other ranks' arrays and writes it into theirs
+        (``stats()["all_reduce_algorithms"]["window"]`` counts these calls); calls of
+        up to 4 KiB per rank take the direct path, faster there.
+        Every rank must then pass such arrays or none: a rank that passes other
+        memory gets MismatchError, naming the window path. ``torch.from_numpy`` gives
+        a tensor over the same memory.
+
+        Keep the array while any rank may still pass its window: a rank whose
+        peer's window is gone here refuses the call with an error saying so.
+        Where the ranks do not all share one host, or on one rank, this is a plain
+        ``numpy.zeros``, and all_reduce takes its usual path.
+        """
+        return windows.empty(self, shape, dtype)
+
+    # -- membership ----------------------------------------------------------
+    @property
+    def revoked(self) -> bool:
+        """True once the communicator failed (a peer died, left or timed out, calls
+        disagreed) or was aborted: every later collective raises PeerError; agree,
+        shrink and close still work."""
+        return self._resilience.revoked
+
+    @property
+    def failed_ranks(self) -> FrozenSet[int]:
+        """The set of ranks known to be dead (the same on every survivor after ``agree``
+        or ``shrink``)."""
+        return self._resilience.failed_ranks
+
+    def agree(self, flag: bool = True, timeout: Optional[float] = None) -> bool:
+        """A fault-tolerant AND of ``flag`` over the live members; every survivor calls it
+        and gets the same answer and the same ``failed_ranks``. Works on a revoked
+        communicator; a rank counted dead (silent until ``timeout``, default the
+        communicator's) gets PeerError. So does every member when they are not the
+        majority of the live part (see ``shrink``)."""
+        return self._resilience.agree(flag, timeout)
+
+    def shrink(self, timeout: Optional[float] = None) -> Communicator:
+        """A new communicator of the survivors (every survivor calls it): ranks renumbered
+        in the old order, the same transport and token, meeting on the standby store of
+        the lowest survivor, so it works when rank 0 is the one that died.
+
+        Ranks counted dead without proof that their process is gone (their machine
+        answered nothing, or they stayed silent) may be alive on the other side of a
+        network partition: the survivors go on only when they outnumber those, or equal
+        them and hold the lowest rank of all, and otherwise every one of them raises
+        PeerError ("no majority"), so the two sides never both go on."""
+        core, membership = self._resilience.shrink(timeout)
+        return type(self)(core, membership=membership)
+
+    def grow(self, world_size: int, timeout: Optional[float] = None) -> Communicator:
+        """A new communicator of the members and ``world_size - self.world_size``
+        newcomers, each of which calls ``ringreduce.join()`` (every member calls grow).
+        Members keep their ranks; newcomers take the next ones. The newcomers find the
+        job at its rendezvous address (MASTER_ADDR/MASTER_PORT), served by the lowest
+        member while the grow lasts. This communicator stays usable, whatever happens."""
+        core, membership = self._resilience.grow(world_size, timeout)
+        return type(self)(core, membership=membership)
+
+    @property
+    def _membership(self) -> Optional[Membership]:
+        """Its standby stores (None: made from another library's communicator)."""
+        return self._resilience.membership
+
+    def _live_membership(self, what: str) -> Membership:
+        return self._resilience.live(what)
+
+    def _revoke(self, exc: RingReduceError) -> RingReduceError:
+        """The error to raise for a failed call (see `Resilience.revoke`)."""
+        return self._resilience.revoke(exc)
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:

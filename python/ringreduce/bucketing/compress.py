@@ -14,7 +14,7 @@ Terms:
   each parameter's residual where its own buckets put it.
 
 A bucket is launched in `GradientBucketer.ready`, as an exact bucket is: its call through
-a codec goes to the communicator's lane (_comm/lane.py), which encodes and exchanges it
+a codec goes to the communicator's lane (_comm/compressed/lane.py), which encodes and exchanges it
 in the background, in launch order, while backward goes on. PowerSGD calls are
 asynchronous too: a bucket's start moves the previous bucket on to its Q all-reduce.
 """
@@ -83,8 +83,7 @@ def compressed_buckets(
     comm_dtype: Any,
 ) -> CompressedBuckets | None:
     """The bucketer's compression, checked; None when it does not compress."""
-    check_options(compression, error_feedback, powersgd_rank, average, fault_tolerant,
-                  comm_dtype)  # fmt: skip
+    check_options(compression, error_feedback, powersgd_rank, average, fault_tolerant, comm_dtype)
     if compression is None and powersgd_rank is None:
         return None
     return CompressedBuckets(comm, compression, error_feedback, powersgd_rank)
@@ -180,9 +179,13 @@ class CompressedBuckets:
             return self.powersgd.start(views, names)
         residual = self._flats[bucket.index] if self._ef is not None else None
         return comm.all_reduce(
-            bucket.buffer, op=bucket.op, out=bucket.buffer, async_op=True,
-            compression=self.compression, error_feedback=residual,
-        )  # fmt: skip
+            bucket.buffer,
+            op=bucket.op,
+            out=bucket.buffer,
+            async_op=True,
+            compression=self.compression,
+            error_feedback=residual,
+        )
 
     def snapshot(self, bucket: Any) -> None:
         """Fault tolerance: keeps the bucket's residual as it was at launch, since the

@@ -1,7 +1,7 @@
 """Error feedback as library state: what each quantization dropped, kept per key and
 added to the next call's input, so that nothing a codec drops is lost for good.
 
-A compressed all_reduce quantizes twice (see ``_comm/compressed.py``): each rank's
+A compressed all_reduce quantizes twice (see ``_comm/compressed/route.py``): each rank's
 contribution to every other rank's chunk (the *worker* error, at those positions), and
 the owner's sum of its chunk before the all-gather (the *server* error, in sum units,
 kept by the owner at its chunk's positions). Both go to the residual of the rank that

@@ -248,8 +248,9 @@ class PowerSGDWork:
         # The exact tensors go first: they are ready now, and P needs a matmul.
         self._exact_work = (
             o.comm.all_reduce(self._exact, "sum", out=self._exact, async_op=True)
-            if exact_size else None
-        )  # fmt: skip
+            if exact_size
+            else None
+        )
 
         fresh = []
         for (n, m, r), idx in shapes.items():

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
-from .._comm.work import Work
+from .._comm.core.work import Work
 from ..errors import RingReduceError
 
 __all__ = ["AVG_CODE", "CODES", "Direct", "OP_CODES", "direct_dtype"]

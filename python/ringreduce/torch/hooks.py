@@ -217,8 +217,12 @@ class Int8State:
     def state_dict(self) -> dict:
         """The residuals (this rank's own) and where each parameter's lives."""
         ef = self.error_feedback.state_dict() if self.error_feedback is not None else None
-        return {"version": 1, "error_feedback": ef, "home": dict(self._home),
-                "sizes": dict(self._sizes)}  # fmt: skip
+        return {
+            "version": 1,
+            "error_feedback": ef,
+            "home": dict(self._home),
+            "sizes": dict(self._sizes),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != 1:
@@ -285,10 +289,16 @@ class PowerSGDState:
         self.process_group = process_group
         self.comm = communicator_of(process_group)
         self.powersgd = PowerSGD(
-            self.comm, rank, warm_start=warm_start, error_feedback=error_feedback,
-            min_compression_rate=min_compression_rate, start_iter=start_iter, seed=seed,
-            epsilon=epsilon, q_init=q_init,
-        )  # fmt: skip
+            self.comm,
+            rank,
+            warm_start=warm_start,
+            error_feedback=error_feedback,
+            min_compression_rate=min_compression_rate,
+            start_iter=start_iter,
+            seed=seed,
+            epsilon=epsilon,
+            q_init=q_init,
+        )
         self._names = _Names(model)
         # Buckets whose P all-reduce is issued and whose Q all-reduce is not yet: the
         # next bucket's hook (or the last bucket's) issues it, on the hooks' thread.

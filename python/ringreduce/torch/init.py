@@ -13,8 +13,7 @@ rank under mpirun, and nowhere at all for a world of one.
 from __future__ import annotations
 
 import datetime
-import os
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import torch.distributed as dist
 
@@ -26,14 +25,6 @@ __all__ = ["init_process_group"]
 # torch.distributed's own default for CPU backends.
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 _DEFAULT_PORT = 29500
-
-# (local rank, local size) variables, in the order they are trusted.
-_LOCAL = (
-    ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),  # ringreduce launch, torchrun
-    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI
-    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH (Hydra)
-    ("SLURM_LOCALID", ""),  # srun
-)
 
 
 def _timedelta(timeout: Union[None, float, datetime.timedelta]) -> datetime.timedelta:
@@ -48,20 +39,9 @@ def _timedelta(timeout: Union[None, float, datetime.timedelta]) -> datetime.time
     return datetime.timedelta(seconds=seconds)
 
 
-def _local(rank: int, size: int) -> Tuple[str, Optional[str]]:
-    """(LOCAL_RANK, LOCAL_WORLD_SIZE or None) as this process's launcher says."""
-    for rank_var, size_var in _LOCAL:
-        if os.environ.get(rank_var, "").isdigit():
-            local_size = os.environ.get(size_var, "") if size_var else ""
-            return os.environ[rank_var], local_size if local_size.isdigit() else None
-    if size == 1:
-        return "0", "1"
-    return str(rank), None  # unknown: a rank per host, as torch.distributed assumes nothing
-
-
 def _store_address(timeout: datetime.timedelta) -> Tuple[str, int]:
     """(host, port) where rank 0 hosts the store."""
-    given = os.environ.get("MASTER_ADDR")
+    given = _env.master_addr()
     if not given and _env.launched_by_mpirun() and mpi.have_mpi4py():
         from mpi4py import MPI
 
@@ -69,8 +49,7 @@ def _store_address(timeout: datetime.timedelta) -> Tuple[str, int]:
         return host, port
     # torch's store listens on MASTER_PORT itself (RINGREDUCE_PORT is rr.init()'s). Without
     # MASTER_ADDR: loopback, refused where the launcher says the ranks span hosts.
-    port = _env._port_env("MASTER_PORT") if os.environ.get("MASTER_PORT") else _DEFAULT_PORT
-    return _env.master_address(given or None, port)
+    return _env.master_address(given or None, _env.master_port(_DEFAULT_PORT))
 
 
 def init_process_group(
@@ -110,7 +89,7 @@ def init_process_group(
             "init_process_group() once (torch.distributed.destroy_process_group() ends it)"
         )
     delta = _timedelta(timeout)
-    env_init = all(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    env_init = _env.torch_env_init_ready()
     rank, size = _env.rank_and_size(None, None)
     if env_init:
         dist.init_process_group(backend, init_method="env://", timeout=delta)
@@ -124,9 +103,4 @@ def init_process_group(
             host, port, size, is_master=rank == 0, timeout=delta, wait_for_workers=False
         )
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=delta)
-    local_rank, local_size = _local(rank, size)
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(size))
-    os.environ.setdefault("LOCAL_RANK", local_rank)
-    if local_size is not None:
-        os.environ.setdefault("LOCAL_WORLD_SIZE", local_size)
+    _env.export_launch(rank, size, *_env.local_rank_and_size(rank, size))

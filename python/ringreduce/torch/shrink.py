@@ -1,6 +1,6 @@
 """``dist.shrink_group(ranks_to_exclude)`` on the "ringreduce" backend: after a rank died,
 the survivors go on in a group of their own, with no restart and no store of torch's
-(they meet on the standby store of the lowest survivor, `_comm.membership`), also when
+(they meet on the standby store of the lowest survivor, `_comm.membership.agreement`), also when
 the dead rank hosted torch's store.
 
 How torch 2.13 shrinks a group (torch/distributed/distributed_c10d.py):
@@ -56,8 +56,9 @@ class Shrinking:
         standby stores to meet on, and this torch has the shrink path `install` wraps."""
         return _installed and getattr(self.comm, "_membership", None) is not None
 
-    def shrink(self, ranks_to_exclude: List[int], shrink_flags: int = 0,
-               pg_options: Any = None) -> Any:  # fmt: skip
+    def shrink(
+        self, ranks_to_exclude: List[int], shrink_flags: int = 0, pg_options: Any = None
+    ) -> Any:
         """The group of the ranks not in ``ranks_to_exclude`` (group ranks), renumbered
         in the old order; what ``dist.shrink_group`` calls on every survivor.
 

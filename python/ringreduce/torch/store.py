@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from .. import _core
 from .._comm.communicator import Communicator
-from .._comm.membership import arm
+from .._comm.membership.agreement import arm
 from .._env import engine_options, master_addr
 
 
@@ -65,14 +65,18 @@ def _advertise(store: Any) -> str:
 def meet(store: Any, rank: int, size: int, timeout: Optional[datetime.timedelta]) -> Communicator:
     """A process group's communicator, met through torch's store (a collective: every rank
     of the group calls it). Each rank also serves a standby store and learns the others'
-    (`_comm.membership`): that is where survivors meet to shrink when a rank died, even
+    (`_comm.membership.agreement`): that is where survivors meet to shrink when a rank died, even
     the host of torch's store (`shrink`)."""
     seconds = timeout.total_seconds() if timeout else 1800.0
     options = engine_options("auto", seconds)
     core = _core.Communicator.create_with_store(
-        _StoreAdapter(store), rank, size, _advertise(store), "the torch.distributed store",
+        _StoreAdapter(store),
+        rank,
+        size,
+        _advertise(store),
+        "the torch.distributed store",
         options,
-    )  # fmt: skip
+    )
     try:
         membership = arm(core, _store_host(store), options.token, options)
     except BaseException:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from .._comm.work import wait_in_background
+from .._comm.core.work import wait_in_background
 from ..errors import TimeoutError
 
 

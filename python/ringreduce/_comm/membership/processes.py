@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional
 
-from .. import _core
+from ... import _core
 
 __all__ = ["Process", "halted", "mine", "parse"]
 

@@ -45,20 +45,20 @@ from typing import Any, Dict
 
 import numpy as np
 
-from .. import _core
-from .._arrays.bfloat16 import loaded_bfloat16
-from .._arrays.buffer import describe
-from .._arrays.inout import input_buffer, output_buffer
-from .._env import debug_topics
-from ..compression import canary as _canary
-from ..compression import policy as _policy
-from ..compression.codecs import AUTO, Codec, get_codec
-from . import compressed_auto as _auto
-from . import compressed_device as _device
-from . import compressed_hop as _hop
-from .compressed_pieces import PieceChoice
+from ... import _core
+from ..._arrays.bfloat16 import loaded_bfloat16
+from ..._arrays.buffer import describe
+from ..._arrays.inout import input_buffer, output_buffer
+from ..._env import debug_topics
+from ...compression import canary as _canary
+from ...compression import policy as _policy
+from ...compression.codecs import AUTO, Codec, get_codec
+from ..core.ops import ReduceOp, _op_member
+from . import auto as _auto
+from . import device as _device
+from . import hop as _hop
 from .lane import LaneWork
-from .ops import ReduceOp, _op_member
+from .pieces import PieceChoice
 
 __all__ = ["all_reduce", "auto_exact", "kept_exact", "reduce_scatter", "release", "stats", "takes"]
 
@@ -351,8 +351,20 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
                     ),
                 )
             )
-            _device.call(comm, st, codec, buf, member, residual, out_buf, call_no, stat,
-                         scratch, scatter, check)  # fmt: skip
+            _device.call(
+                comm,
+                st,
+                codec,
+                buf,
+                member,
+                residual,
+                out_buf,
+                call_no,
+                stat,
+                scratch,
+                scatter,
+                check,
+            )
             return result
         flat = buf.host.reshape(-1)
         sample = None if idx is None else (idx, flat[idx].astype(_F32))
@@ -373,8 +385,19 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
             piece_values, measured = st.pieces.plan(comm, codec.name, n, _policy.settings())
             start = st.pieces.measure() if measured is not None else None
             codec_before = stat.codec_seconds
-            reduced = _hop.one_hop(comm, codec, v, flat.dtype != _F32, residual, call_no,
-                                   stat, scratch, target, scatter, piece_values)  # fmt: skip
+            reduced = _hop.one_hop(
+                comm,
+                codec,
+                v,
+                flat.dtype != _F32,
+                residual,
+                call_no,
+                stat,
+                scratch,
+                target,
+                scatter,
+                piece_values,
+            )
             if measured is not None:
                 chosen = st.pieces.decide(comm, measured, start, stat.codec_seconds - codec_before)
                 if st.debug:
@@ -420,8 +443,9 @@ def _exact(comm, buf, member, result, residual, scatter) -> Any:
     op = member.name.lower()
     if residual is not None and buf.host is None:  # a device residual (compressed_device)
         out_buf = describe(result, "out")
-        return _device.exact_with_residual(comm, _state(comm), buf, op, result, residual,
-                                           out_buf, scatter)  # fmt: skip
+        return _device.exact_with_residual(
+            comm, _state(comm), buf, op, result, residual, out_buf, scatter
+        )
     if residual is None or not residual.any():
         if scatter:
             return comm.reduce_scatter(buf.obj, op, out=result)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-from ..errors import MismatchError, RingReduceError, TimeoutError
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from ...errors import MismatchError, RingReduceError, TimeoutError
 
 __all__ = ["Deferred", "Work", "wait_in_background"]
 
@@ -37,7 +34,7 @@ class Work:
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: Any,  # the Communicator (a room above this one)
         handle: Any,
         result: Any,
         keep: tuple,

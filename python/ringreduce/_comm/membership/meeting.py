@@ -10,8 +10,8 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from .. import _core
-from ..errors import PeerError
+from ... import _core
+from ...errors import PeerError
 from . import processes
 
 __all__ = ["MeetingStore", "alive", "held_get", "look_ms", "probe", "refused", "silent_throughout"]

@@ -25,13 +25,13 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from .. import _core
-from .._arrays.buffer import Buffer, describe, dtype_code
-from ..compression import rows as _rows
-from ..compression.codecs import Codec, seed_key
-from ..compression.rows import HEADER
-from . import compressed_hop as _hop
-from .ops import ReduceOp
+from ... import _core
+from ..._arrays.buffer import Buffer, describe, dtype_code
+from ...compression import rows as _rows
+from ...compression.codecs import Codec, seed_key
+from ...compression.rows import HEADER
+from ..core.ops import ReduceOp
+from . import hop as _hop
 
 __all__ = ["DeviceArray", "call", "exact_with_residual", "residual_of"]
 
@@ -121,8 +121,9 @@ def call(comm, st, codec, buf, member, res, out_buf, call_no, stat, scratch, sca
     bits). ``canary``: (the sample's indices, a function checking the quality canary on
     host copies of the sample and the sums), or None when this call is not sampled."""
     with _codec(comm, st, buf.device) as dc:
-        _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter,
-                 canary)  # fmt: skip
+        _one_hop(
+            dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary
+        )
 
 
 def _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary):
@@ -203,8 +204,16 @@ def _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch,
         dc.convert(dtype_code(out_buf.dtype), out_buf.ptr, _F32_CODE, result, count)
 
 
-def exact_with_residual(comm: Any, st: Any, buf: Buffer, op: str, result: Any, res: Buffer,
-                        out_buf: Buffer, scatter: bool) -> Optional[Any]:  # fmt: skip
+def exact_with_residual(
+    comm: Any,
+    st: Any,
+    buf: Buffer,
+    op: str,
+    result: Any,
+    res: Buffer,
+    out_buf: Buffer,
+    scatter: bool,
+) -> Optional[Any]:
     """The exact call of device array ``buf`` with the residual earlier compressed calls
     left: ``x + residual`` is reduced in float32 and the residual cleared (what it owed
     reaches the sum). Unlike the host path, which looks whether the residual is all

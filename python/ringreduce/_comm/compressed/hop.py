@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import _core
-from ..compression import rows as _rows
-from ..compression.codecs import Codec, _Kernel, seed_key, use_kernels
-from ..compression.rows import HEADER
-from .compressed_pieces import pieces
+from ... import _core
+from ...compression import rows as _rows
+from ...compression.codecs import Codec, _Kernel, seed_key, use_kernels
+from ...compression.rows import HEADER
+from .pieces import pieces
 
 __all__ = ["Scratch", "gathered", "one_hop", "seed", "widened"]
 
@@ -277,8 +277,9 @@ def one_hop(
                 if residual is not None:
                     owed = residual[a:b]
                     owed.fill(-0.0)  # mine + -0.0 is mine, bit for bit (signed zeros too)
-                _encode(codec, kernel, mine, seed(call_no, OWNER, rank, rank, p),
-                        row_out[HEADER:], owed)  # fmt: skip
+                _encode(
+                    codec, kernel, mine, seed(call_no, OWNER, rank, rank, p), row_out[HEADER:], owed
+                )
         clock[0] += time.perf_counter() - t0
 
     def decode_all(p: int) -> None:  # every owner's sum of piece p, into target

@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .._arrays.buffer import describe
-from .._arrays.kinds import array_for
+from ..._arrays.buffer import describe
+from ..._arrays.kinds import array_for
 
 __all__ = ["all_gather_object", "all_gather_uneven", "broadcast_object", "share_state"]
 

@@ -14,9 +14,9 @@ from typing import Any, Dict
 
 import numpy as np
 
-from ..compression import canary as _canary
-from ..compression import policy as _policy
-from ..compression.codecs import get_codec
+from ...compression import canary as _canary
+from ...compression import policy as _policy
+from ...compression.codecs import get_codec
 
 __all__ = ["calibrate"]
 

@@ -10,8 +10,8 @@ import re
 import threading
 from typing import Any, Optional
 
-from .. import _core
-from ..errors import ConcurrentUseError, MismatchError
+from ... import _core
+from ...errors import ConcurrentUseError, MismatchError
 
 
 class Issuer:

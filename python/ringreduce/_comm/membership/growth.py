@@ -35,10 +35,10 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from .. import _core, _env
-from ..errors import PeerError, RingReduceError, TimeoutError
+from ... import _core, _env
+from ...errors import PeerError, RingReduceError, TimeoutError
+from .agreement import Membership, arm, standby_server
 from .meeting import MeetingStore, alive, held_get, refused
-from .membership import Membership, arm, standby_server
 
 __all__ = ["grow", "join"]
 
@@ -101,8 +101,7 @@ def grow(membership: Membership, world_size: int, timeout: float) -> Tuple[Any, 
             lobby.close()
     hold = (meeting, m.server) if host == m.rank else (meeting,)
     try:
-        return core, arm(core, addr, m.token, m.options, hold, lobby=m.lobby,
-                         alive=alive(meeting))  # fmt: skip
+        return core, arm(core, addr, m.token, m.options, hold, lobby=m.lobby, alive=alive(meeting))
     except BaseException:
         core.close()
         raise
@@ -230,9 +229,14 @@ def join(
             # The host's standby store is where the grown communicator is made: a
             # partition of its machine is named at the keepalive, as for the members.
             standby = _core.TcpStore(
-                info["standby"][0], int(info["standby"][1]), False, _left(deadline), 5.0, secret,
+                info["standby"][0],
+                int(info["standby"][1]),
+                False,
+                _left(deadline),
+                5.0,
+                secret,
                 options.tcp_keepalive_seconds,
-            )  # fmt: skip
+            )
             rank = _take_seat(standby, info, f"{advertise} {server.port}")
             if rank is not None:
                 break
@@ -240,15 +244,27 @@ def join(
             full.add(info["prefix"])  # wait for the next grow
         meeting = _GrowMeeting(standby, False, info.get("members", []), info["prefix"])
         core = _core.Communicator.create_with_store(
-            meeting, rank, int(info["new"]), _advertise(info["standby"][0]), info["prefix"],
+            meeting,
+            rank,
+            int(info["new"]),
+            _advertise(info["standby"][0]),
+            info["prefix"],
             options,
-        )  # fmt: skip
+        )
     except BaseException:
         server.close()
         raise
     try:
-        membership = arm(core, host, secret, options, (meeting,), lobby=(host, port),
-                         alive=alive(meeting), standby=(server, advertise))  # fmt: skip
+        membership = arm(
+            core,
+            host,
+            secret,
+            options,
+            (meeting,),
+            lobby=(host, port),
+            alive=alive(meeting),
+            standby=(server, advertise),
+        )
     except BaseException:
         core.close()
         raise

@@ -11,10 +11,10 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _core
-from .._arrays.buffer import Buffer, describe, dtype_code
-from .._arrays.inout import NOTHING, apart, input_buffer, output_buffer, overlap
-from .._arrays.kinds import array_for
+from ... import _core
+from ..._arrays.buffer import Buffer, describe, dtype_code
+from ..._arrays.inout import NOTHING, apart, input_buffer, output_buffer, overlap
+from ..._arrays.kinds import array_for
 from .ops import op_code
 
 __all__ = ["Call", "chunk_bounds"]
@@ -179,9 +179,12 @@ def scatter(rank: int, size: int, x: Any, root: Any, out: Any) -> Call:
         dtype_code(dst.dtype, "out")
         result, dst = output_buffer(out, dst, dst.shape)
         src = dataclasses.replace(
-            NOTHING, dtype=dst.dtype, itemsize=dst.itemsize, device=dst.device,
+            NOTHING,
+            dtype=dst.dtype,
+            itemsize=dst.itemsize,
+            device=dst.device,
             stream=dst.stream,
-        )  # fmt: skip
+        )
     call = Call(_Collective.SCATTER, src, dst, _SUM, root, result, (x, out))
     call.count = dst.size
     return call

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from ..errors import RingReduceError
+from ...errors import RingReduceError
 
 __all__ = ["collective"]
 

@@ -38,8 +38,8 @@ import json
 import time
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from .. import _core
-from ..errors import PeerError, RingReduceError, TimeoutError
+from ... import _core
+from ...errors import PeerError, RingReduceError, TimeoutError
 from . import processes
 from .arming import fetch_all_named as _fetch_all
 from .arming import on_this_machine as _on_this_machine
@@ -141,8 +141,11 @@ class Membership:
                 continue
             key = f"{self.id}agree/{seq}/{host}/"
             try:
-                mine = {"flag": bool(flag), "failed": sorted(self.failed),
-                        "unreachable": sorted(self.unreachable)}  # fmt: skip
+                mine = {
+                    "flag": bool(flag),
+                    "failed": sorted(self.failed),
+                    "unreachable": sorted(self.unreachable),
+                }
                 store.set(f"{key}in/{self.rank}", json.dumps(mine).encode())
                 if host == self.rank:
                     self._decide(store, key, deadline)
@@ -331,8 +334,15 @@ class Membership:
         # A stopped process accepts connections, never answers: one bounded wait everywhere.
         left = max(0.05, min(deadline - time.monotonic(), self._connect_seconds))
         try:
-            store = _core.TcpStore(address[0], address[1], False, left, 5.0, self.token,
-                                   self.options.tcp_keepalive_seconds)  # fmt: skip
+            store = _core.TcpStore(
+                address[0],
+                address[1],
+                False,
+                left,
+                5.0,
+                self.token,
+                self.options.tcp_keepalive_seconds,
+            )
         except RingReduceError:
             if host == self.rank:
                 raise
@@ -375,12 +385,24 @@ class Membership:
                 # The TCP ring takes over the links this one parked between ranks
                 # that stay neighbours; only links that touched the dead are made anew.
                 core = _core.Communicator.create_with_store(
-                    meeting_store, members.index(self.rank), len(members), advertise, meeting,
-                    self.options, parent=self._core if _REUSE_LINKS else None,
+                    meeting_store,
+                    members.index(self.rank),
+                    len(members),
+                    advertise,
+                    meeting,
+                    self.options,
+                    parent=self._core if _REUSE_LINKS else None,
                     old_ranks=members,
-                )  # fmt: skip
-                armed = arm(core, addr, self.token, self.options, hold, lobby=self.lobby,
-                            alive=alive(meeting_store))  # fmt: skip
+                )
+                armed = arm(
+                    core,
+                    addr,
+                    self.token,
+                    self.options,
+                    hold,
+                    lobby=self.lobby,
+                    alive=alive(meeting_store),
+                )
                 self._core.release_links()  # what the new one did not take over
                 return core, armed
             except (PeerError, TimeoutError) as exc:

@@ -9,9 +9,9 @@ import socket
 import time
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from .. import _core
-from ..errors import PeerError, RingReduceError, TimeoutError
-from ..launch.ports import standby_band
+from ... import _core
+from ...errors import PeerError, RingReduceError, TimeoutError
+from ...launch.ports import standby_band
 from .meeting import look_ms
 
 __all__ = ["fetch_all_named", "fetch_named", "on_this_machine", "standby_server", "standby_table"]

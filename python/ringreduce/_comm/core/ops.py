@@ -6,8 +6,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from .. import _core
-from .._arrays.buffer import FLOATING
+from ... import _core
+from ..._arrays.buffer import FLOATING
 
 
 class ReduceOp(enum.Enum):

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Optional, Tuple
 
-from ..errors import TimeoutError
+from ...errors import TimeoutError
 
 __all__ = ["Lane", "LaneWork"]
 

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..compression.blocks import BLOCK
+from ...compression.blocks import BLOCK
 
 __all__ = ["MAX_PIECES", "THRESHOLD", "PieceChoice", "host_idle_seconds", "pieces"]
 
@@ -96,9 +96,12 @@ class PieceChoice:
         return time.perf_counter(), time.process_time(), host_idle_seconds()
 
     def decide(
-        self, comm: Any, key: Tuple[str, int], start: Tuple[float, float, Optional[float]],
+        self,
+        comm: Any,
+        key: Tuple[str, int],
+        start: Tuple[float, float, Optional[float]],
         codec_seconds: float,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         """Ends a measured call (``start``: `measure` before it; ``codec_seconds``: its
         codec time): the ranks agree on the class's choice, in one small all_reduce."""
         wall = time.perf_counter() - start[0]

@@ -1,5 +1,5 @@
 // ringreduce._core.DeviceCodec: the codec kernels on device arrays, for the
-// compressed collectives' device route (python/ringreduce/_comm/compressed_device.py).
+// compressed collectives' device route (python/ringreduce/_comm/compressed/device.py).
 //
 // It holds a Device of its own (executor/device.h: CUDA streams, or the CPU
 // emulation where the communicator's options say fake_device), never the one

@@ -1,7 +1,7 @@
 // The fast path of the most common call, and the gate every collective passes.
 //
 // IssueGate is which thread is issuing a collective on one communicator
-// (ringreduce._comm.issuer keeps the names and messages): ranks pair calls in
+// (ringreduce._comm.core.issuer keeps the names and messages): ranks pair calls in
 // the order each issues them, so two threads must never issue at once. Python's
 // general path enters and leaves it around every call; the fast path below
 // enters it without a round trip through Python.
@@ -177,7 +177,7 @@ class IssueGate {
   // Calls the fast path ran (for tests: which path a call took).
   uint64_t fast_calls = 0;
   // While compressed calls run in the background (the communicator's lane,
-  // _comm/lane.py) the fast path declines: the general path waits for them, so
+  // _comm/compressed/lane.py) the fast path declines: the general path waits for them, so
   // that calls reach the engine in the order the program issued them.
   std::atomic<bool> divert{false};
 
@@ -766,7 +766,7 @@ void register_fast_path(py::module_& m) {
         "(Communicator.all_reduce) with the arguments as given.");
   py::class_<IssueGate>(m, "IssueGate",
                         "Which thread is issuing a collective on one communicator, and the fast "
-                        "path of all_reduce through it (internal: see ringreduce._comm.issuer).")
+                        "path of all_reduce through it (internal: see ringreduce._comm.core.issuer).")
       .def(py::init<rr::Communicator&, bool>(), py::arg("comm"), py::arg("queue"),
            py::keep_alive<1, 2>())
       .def("try_enter", &IssueGate::try_enter, py::arg("kind"),

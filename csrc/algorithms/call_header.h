@@ -71,14 +71,9 @@ class HeaderExchange {
   bool checked_ = false;
 };
 
-// A tiny all_reduce runs on the bulletin alone: each rank publishes its header
-// and its data as one entry, reads every peer's, checks each header against
-// its own and reduces in rank order (the bits of the direct path). One write
-// and N - 1 reads of two cache lines, and no message. Every rank decides it
-// from the call's header fields, so all take it or the headers differ.
-constexpr size_t kBulletinDataBytes = Bulletin::kEntryBytes - sizeof(CallHeader);
-bool runs_on_bulletin(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm);
-void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm algorithm);
+// A peer's header did not come within the timeout: it never started this call,
+// which is the useful fact (TimeoutError naming it).
+[[noreturn]] void never_started(const RingContext& ctx, const CollectiveArgs& args, int peer);
 
 // all_to_all: before any block, every pair of ranks compares the size of the
 // block one sends the other with the size the other expects (8 bytes each

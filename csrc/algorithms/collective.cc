@@ -1,16 +1,9 @@
 #include "algorithms/collective.h"
 
-#include <cmath>
-#include <cstdio>
-#include <optional>
 
-#include "algorithms/call_header.h"
 #include "algorithms/ring_schedule.h"
 #include "algorithms/schedule.h"
-#include "algorithms/window_all_reduce.h"
 #include "common/error.h"
-#include "executor/device_executor.h"
-#include "executor/host_executor.h"
 
 namespace rr {
 
@@ -102,107 +95,6 @@ AlgorithmPolicy parse_algorithm_policy(const std::string& name) {
       name + "'");
 }
 
-Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
-  // Small messages are bound by latency, not bandwidth: fewer dependent steps
-  // beat fewer bytes. Where every peer is reached directly (shared memory),
-  // one step of N-1 messages; else N-1 steps around the ring. The choice must
-  // not depend on where the buffers live: host and GPU ranks meet in one call.
-  // Above them, where hosts are joined by a slower network than their ranks
-  // share, the hierarchical all_reduce sends each host's data across once
-  // per direction instead of once per crossing of the flat ring. Every rank
-  // sees the same hosts (exchanged at rendezvous), so all choose alike.
-  if (args.kind != CollectiveKind::kAllReduce || ctx.transport.size() == 1) {
-    return Algorithm::kRing;
-  }
-  const bool hierarchical = ctx.hierarchy != nullptr && ctx.hierarchy->usable();
-  switch (ctx.policy) {
-    case AlgorithmPolicy::kRing:
-      return Algorithm::kRing;
-    case AlgorithmPolicy::kHierarchical:
-      return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
-    case AlgorithmPolicy::kAuto:
-      break;
-  }
-  // The one choice made from where the buffers live: a rank whose buffers are
-  // not all in windows chooses otherwise, and the headers say so.
-  if (window_buffers(ctx, args)) return Algorithm::kWindow;
-  const size_t bytes = args.count * dtype_size(args.dtype);
-  if (bytes <= ctx.small_bytes) return ctx.reaches_all ? Algorithm::kDirect : Algorithm::kSmall;
-  return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
-}
-
-namespace {
-
-std::string byte_count(size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  double v = static_cast<double>(bytes);
-  while (v >= 1024 && u < 3 && std::fmod(v, 1024.0) == 0) {
-    v /= 1024;
-    ++u;
-  }
-  char text[48];
-  std::snprintf(text, sizeof text, "%.0f %s", v, units[u]);
-  return text;
-}
-
-// Why the hierarchical all_reduce can or cannot run on these ranks.
-std::string hosts_sentence(const RingContext& ctx) {
-  const Hierarchy* h = ctx.hierarchy;
-  const std::string n = std::to_string(ctx.transport.size());
-  if (h == nullptr || h->hosts() == 0) {
-    // Hosts not compared (this rank alone on its host), or of different sizes.
-    return "the hierarchical all_reduce cannot run on these " + n +
-           " ranks (it needs several hosts with the same number of ranks, more than one, "
-           "on each)";
-  }
-  if (h->hosts() == 1) return "all " + n + " ranks share one host";
-  if (h->local_size() == 1) return "the " + n + " ranks are on " + n + " hosts, one rank each";
-  return "the " + n + " ranks span " + std::to_string(h->hosts()) + " hosts of " +
-         std::to_string(h->local_size()) + " ranks";
-}
-
-}  // namespace
-
-std::string explain_algorithm(const RingContext& ctx, const CollectiveArgs& args) {
-  const Algorithm chosen = choose_algorithm(ctx, args);
-  const std::string name = algorithm_name(chosen);
-  if (ctx.transport.size() == 1) return "one rank, nothing to exchange: " + name;
-  if (args.kind != CollectiveKind::kAllReduce) {
-    return std::string(collective_name(args.kind)) + " has one schedule, no choice to make";
-  }
-  const bool hierarchical = ctx.hierarchy != nullptr && ctx.hierarchy->usable();
-  switch (ctx.policy) {
-    case AlgorithmPolicy::kRing:
-      return "RINGREDUCE_ALGORITHM=ring: " + name;
-    case AlgorithmPolicy::kHierarchical:
-      return hierarchical
-                 ? "RINGREDUCE_ALGORITHM=hierarchical and " + hosts_sentence(ctx) + ": " + name
-                 : "RINGREDUCE_ALGORITHM=hierarchical, but " + hosts_sentence(ctx) + ": " + name;
-    case AlgorithmPolicy::kAuto:
-      break;
-  }
-  if (chosen == Algorithm::kWindow) {
-    return "every buffer of this rank is in a window (comm.empty) and all " +
-           std::to_string(ctx.transport.size()) +
-           " ranks share this host, so the ranks read each other's buffers in place: " + name;
-  }
-  const size_t bytes = args.count * dtype_size(args.dtype);
-  const std::string limit = "the small-message limit of " + byte_count(ctx.small_bytes) + " at " +
-                            std::to_string(ctx.transport.size()) +
-                            " ranks (RINGREDUCE_SMALL_BYTES, scaled by 2/N)";
-  if (bytes <= ctx.small_bytes) {
-    return byte_count(bytes) + " <= " + limit + ", latency-bound; " +
-           (ctx.reaches_all ? "every peer is one link away (shared memory), so one step: "
-                            : "peers are reached around the ring, so N-1 steps of whole "
-                              "vectors: ") +
-           name;
-  }
-  return byte_count(bytes) + " > " + limit + ", bandwidth-bound; " + hosts_sentence(ctx) +
-         (hierarchical ? ", so each host's data crosses the network once per direction: " : ": ") +
-         name;
-}
-
 std::string describe_call(const CollectiveArgs& args) {
   if (args.device < 0) return describe_arguments(args);
   return describe_arguments(args) + " on cuda:" + std::to_string(args.device);
@@ -228,14 +120,6 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
     default:
       return 0;
   }
-}
-
-// The device executor's slot: `most`, or less for a call whose steps cannot
-// fill kBatchesPerStep such slots (a step moves at most a buffer's bytes).
-size_t staging_bytes(const Ring& ring, const CollectiveArgs& args, size_t most) {
-  if (!args.send_counts.empty()) return most;
-  const size_t buffer = args.count * dtype_size(args.dtype) * static_cast<size_t>(ring.size);
-  return std::min(most, buffer / DeviceExecutor::kBatchesPerStep);
 }
 
 void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
@@ -281,72 +165,6 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
     case CollectiveKind::kAllToAll:
       direct_all_to_all(x, ring, args);
       break;
-  }
-}
-
-namespace {
-
-// Gather, scatter, reduce (its last step) and all_to_all talk to peers other
-// than the ring neighbours; every transport can, but say so plainly if not.
-void check_links(const Transport& t, const CollectiveArgs& args) {
-  const bool any_peer =
-      args.kind == CollectiveKind::kGather || args.kind == CollectiveKind::kScatter ||
-      args.kind == CollectiveKind::kReduce || args.kind == CollectiveKind::kAllToAll;
-  if (!any_peer) return;
-  for (int peer = 0; peer < t.size(); ++peer) {
-    const bool needed =
-        args.kind == CollectiveKind::kAllToAll || t.rank() == args.root || peer == args.root;
-    if (peer != t.rank() && needed && !t.connects(peer)) {
-      throw Error(std::string(collective_name(args.kind)) + ": the " + t.name() +
-                  " transport of rank " + std::to_string(t.rank()) + " cannot reach rank " +
-                  std::to_string(peer));
-    }
-  }
-}
-
-}  // namespace
-
-void run_collective(RingContext& ctx, const CollectiveArgs& args) {
-  // With one rank there is nothing to agree on and nobody to talk to.
-  std::optional<HeaderExchange> header;
-  const Algorithm algorithm = choose_algorithm(ctx, args);
-  if (ctx.transport.size() > 1) {
-    check_links(ctx.transport, args);
-    if (runs_on_bulletin(ctx, args, algorithm)) {
-      bulletin_all_reduce(ctx, args, algorithm);
-      return;
-    }
-    if (algorithm == Algorithm::kWindow) {
-      window_all_reduce(ctx, args);
-      return;
-    }
-    header.emplace(ctx, args, algorithm);
-    header->check();
-    if (args.kind == CollectiveKind::kAllToAll && !args.send_counts.empty()) {
-      exchange_block_sizes(ctx, args);
-    }
-  }
-  const Ring ring{ctx.transport.rank(), ctx.transport.size()};
-  ExecutorSetup setup{ctx.transport,     ctx.timeout_seconds,
-                      ctx.segment_bytes, args.dtype,
-                      args.op,           scratch_bytes(ring, args, algorithm, ctx.segment_bytes),
-                      ctx.interrupt};
-  setup.stream_store_bytes = ctx.stream_store_bytes;
-  if (args.device >= 0) {
-    setup.staging_bytes = staging_bytes(ring, args, ctx.device_staging_bytes);
-    DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
-    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
-    x.finish();
-  } else {
-    HostExecutor x(setup, ctx.scratch);
-    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
-    x.finish();
-  }
-  if (header) {
-    // The header went out ahead of the data on the same link; it must
-    // outlive its send. (The direct algorithm needs no headers of its own
-    // from every rank: the ring of checks already makes all ranks agree.)
-    header->finish();
   }
 }
 

@@ -127,16 +127,7 @@ enum class Algorithm : uint8_t {
 constexpr int kAlgorithms = 5;
 const char* algorithm_name(Algorithm algorithm);
 
-Algorithm choose_algorithm(const RingContext& ctx, const CollectiveArgs& args);
-// Why choose_algorithm picks what it does for this call, in a sentence that
-// ends with the algorithm's name for all_reduce (RINGREDUCE_DEBUG=algorithm
-// logs it for every call).
-std::string explain_algorithm(const RingContext& ctx, const CollectiveArgs& args);
-
-// Runs one collective to completion on the calling thread: the call header,
-// then the collective's schedule on the executor for its memory. Throws the
-// typed errors of common/error.h; on a throw the transport must be
-// considered broken.
-void run_collective(RingContext& ctx, const CollectiveArgs& args);
+// Which algorithm and route a call takes, and running it: engine/choice.h and
+// engine/dispatch.h.
 
 }  // namespace rr

@@ -16,6 +16,7 @@
 #include "common/fault_report.h"
 #include "common/process_state.h"
 #include "config.h"
+#include "engine/choice.h"
 #include "engine/options.h"
 #include "kernels/codec.h"
 #include "reduce/cpu_kernels.h"
@@ -272,8 +273,8 @@ class ShapeOnlyTransport final : public rr::Transport {
 // The algorithm the engine runs `kind` with on `nbytes` per rank, for rank 0
 // of `world_size` ranks on hosts of `ranks_per_host` consecutive ranks (the
 // last host smaller when they do not divide), over a transport that reaches
-// every peer directly or only the ring neighbours: choose_algorithm itself,
-// with the context a communicator gives it. `explain`: explain_algorithm's
+// every peer directly or only the ring neighbours: the engine's choose()
+// itself, with the context a communicator gives it. `explain`: explain()'s
 // sentence instead of the name.
 std::string engine_choice(rr::CollectiveKind kind, size_t nbytes, int world_size,
                           int ranks_per_host, bool reaches_all, const rr::Options& options,
@@ -302,8 +303,8 @@ std::string engine_choice(rr::CollectiveKind kind, size_t nbytes, int world_size
   args.kind = kind;
   args.dtype = rr::DataType::kUInt8;  // so that count is the byte count
   args.count = nbytes;
-  return explain ? rr::explain_algorithm(ctx, args)
-                 : rr::algorithm_name(rr::choose_algorithm(ctx, args));
+  const rr::Choice choice = rr::choose(ctx, args);
+  return explain ? rr::explain(choice, ctx, args) : rr::algorithm_name(choice.algorithm);
 }
 
 // The engine's rules, as pure functions of a job's shape and settings, for

@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/choice.h"
+#include "engine/dispatch.h"
 #include "engine/failure_report.h"
 #include "executor/devices.h"
 #include "transport/shm/shm_transport.h"
@@ -247,9 +249,11 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   ctx.issuer = issuer;
   ctx.stream_store_bytes = options_.stream_store_bytes;
   ctx.windows = &windows_;
+  // How the call runs, decided once: the dispatch, the log line and the stats read it.
+  const Choice choice = choose(ctx, args);
   if (options_.log_algorithm) {
     const std::string line = "ringreduce rank " + std::to_string(rank_) + ": " +
-                             describe(args, seq) + ": " + explain_algorithm(ctx, args) + "\n";
+                             describe(args, seq) + ": " + explain(choice, ctx, args) + "\n";
     std::fputs(line.c_str(), stderr);
   }
   // When the caller waits for it latency counts; a queued collective overlaps
@@ -260,7 +264,7 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
     ctx.device_mark = mark;
     ctx.device_staging_bytes = options_.device_staging_bytes;
   }
-  run_collective(ctx, args);
+  dispatch(ctx, args, choice);
   const TransportStats ts = transport_->stats();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_sent = ts.bytes_sent;
@@ -272,7 +276,7 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   }
   ++stats_.ops;
   if (args.kind == CollectiveKind::kAllReduce) {
-    ++stats_.all_reduce_by_algorithm[static_cast<int>(choose_algorithm(ctx, args))];
+    ++stats_.all_reduce_by_algorithm[static_cast<int>(choice.algorithm)];
   }
 }
 

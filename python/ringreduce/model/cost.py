@@ -267,10 +267,11 @@ class CostModel:
         where there are several hosts with several ranks each, else the ring."""
         return self._engine(nbytes, "auto")
 
-    def _engine(self, nbytes: float, policy: str) -> str:
-        """The engine's choice at ``nbytes`` under RINGREDUCE_ALGORITHM=``policy``."""
+    def _engine(self, nbytes: float, policy: str, small_bytes: Optional[int] = None) -> str:
+        """The engine's choice at ``nbytes`` under RINGREDUCE_ALGORITHM=``policy`` (and
+        RINGREDUCE_SMALL_BYTES=``small_bytes``, default the model's)."""
         options = _core.Options()
-        options.small_bytes = self.small_bytes
+        options.small_bytes = self.small_bytes if small_bytes is None else small_bytes
         options.segment_bytes = self.segment_bytes
         options.algorithm = policy
         # The engine counts whole bytes: a fraction of one more is one more.
@@ -287,10 +288,12 @@ class CostModel:
 
     def candidates(self) -> tuple[str, ...]:
         """The all_reduce algorithms that can run on this job's shape and links."""
-        out = ["ring", "direct" if self.reaches_every_peer() else "small"]
+        # The latency path these links take, as the engine names it: its choice for one
+        # byte under a small-message limit that admits it.
+        out = ["ring", self._engine(1, "auto", small_bytes=1 << 20)]
         if self._engine(math.inf, "hierarchical") == "hierarchical":  # where it can run
             out.append("hierarchical")
-        return tuple(out)
+        return tuple(dict.fromkeys(out))
 
     def choose(self, nbytes: float) -> Choice:
         """The all_reduce algorithm for ``nbytes``: the engine's rule, the model's fastest,

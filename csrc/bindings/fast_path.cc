@@ -302,12 +302,13 @@ class IssueGate {
 // Communicator.__init__ binds `comm.all_reduce` to a builtin made here, so that
 // the common call runs without a Python frame: positional x (and op), keyword
 // out/op, and async_op, compression, error_feedback absent or at their
-// defaults go straight to the gate's fast path. Anything else, and any call
-// the fast path declines, goes to the class's all_reduce (the Python method)
-// with the arguments exactly as given. The builtin's self is a tuple
-// (weakref to the communicator, the gate, the class's method, a capsule of the
-// gate's address): no reference cycle, so a dropped communicator is still
-// freed at once.
+// defaults go straight to the gate's fast path; a call it declines goes to
+// the class's _declined (the general exact path, no second try). Anything
+// else goes to the class's all_reduce (the Python method) with the arguments
+// exactly as given. The builtin's self is a tuple (weakref to the
+// communicator, the gate, the class's method, a capsule of the gate's address,
+// the class's _declined): no reference cycle, so a dropped communicator is
+// still freed at once.
 
 struct Names {
   PyObject* out;
@@ -408,6 +409,13 @@ PyObject* bound_all_reduce(PyObject* bound, PyObject* const* args, Py_ssize_t na
       Py_DECREF(comm);
       return failed;
     }
+    // Declined, nothing issued: the general exact path, without a second try.
+    PyObject* declined = PyTuple_GET_ITEM(bound, 4);
+    PyObject* call[4] = {comm, x, op, out};
+    Py_INCREF(comm);
+    PyObject* result = PyObject_Vectorcall(declined, call, 4, nullptr);
+    Py_DECREF(comm);
+    return result;
   }
   // The class's all_reduce(comm, *args, **kwargs), as called.
   PyObject* general = PyTuple_GET_ITEM(bound, 2);
@@ -425,7 +433,8 @@ PyMethodDef kBoundAllReduce = {
     "all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(bound_all_reduce)),
     METH_FASTCALL | METH_KEYWORDS, nullptr};
 
-py::object bind_all_reduce(py::handle comm, py::object gate, py::object method) {
+py::object bind_all_reduce(py::handle comm, py::object gate, py::object method,
+                           py::object declined) {
   auto* address = gate.cast<IssueGate*>();
   py::object capsule = py::reinterpret_steal<py::object>(
       PyCapsule_New(static_cast<void*>(address), kGateCapsule, nullptr));
@@ -440,7 +449,7 @@ py::object bind_all_reduce(py::handle comm, py::object gate, py::object method) 
           (text.is_none() ? std::string() : text.cast<std::string>());
     kBoundAllReduce.ml_doc = doc.c_str();
   }
-  py::tuple bound = py::make_tuple(ref, gate, method, capsule);
+  py::tuple bound = py::make_tuple(ref, gate, method, capsule, declined);
   PyObject* made = PyCFunction_NewEx(&kBoundAllReduce, bound.ptr(), nullptr);
   if (made == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(made);
@@ -762,8 +771,10 @@ void register_fast_path(py::module_& m) {
         "gate's issue(kind, send, recv, count, dtype, op, root, device, stream, async_op) as "
         "a builtin (see IssueGate::issue).");
   m.def("bind_all_reduce", &bind_all_reduce, py::arg("comm"), py::arg("gate"), py::arg("method"),
-        "comm.all_reduce as a builtin: the fast path through `gate`, else `method` "
-        "(Communicator.all_reduce) with the arguments as given.");
+        py::arg("declined"),
+        "comm.all_reduce as a builtin: the fast path through `gate` (a call it declines "
+        "goes to `declined(comm, x, op, out)`), else `method` (Communicator.all_reduce) "
+        "with the arguments as given.");
   py::class_<IssueGate>(m, "IssueGate",
                         "Which thread is issuing a collective on one communicator, and the fast "
                         "path of all_reduce through it (internal: see ringreduce._comm.core.issuer).")

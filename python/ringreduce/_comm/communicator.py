@@ -78,7 +78,7 @@ class Communicator:
             # comm.all_reduce without a Python frame in the common case: a builtin that
             # hands every other call to the method below (fast_path.cc).
             self.all_reduce = _core.bind_all_reduce(
-                self, self._issuer.gate, Communicator.all_reduce
+                self, self._issuer.gate, Communicator.all_reduce, Communicator._declined
             )
         # Arrays of async calls whose Work the caller may have dropped: the
         # engine still writes into them, so they must stay alive until done.
@@ -227,16 +227,13 @@ class Communicator:
         sums in float32; ``error_feedback`` (an `ErrorFeedback`) carries what the codec
         dropped into the next call (docs/compression.md).
         """
-        if (
-            not async_op
-            and error_feedback is None
-            and (compression is None or compressed.kept_exact(self, x, op, compression))
-        ):
+        how = compressed.route(self, x, op, compression, error_feedback, async_op)
+        if how == "fast":
             # The common case (host numpy arrays, blocking) is checked and run in C++,
             # through the same thread gate; None when the call needs the general path,
-            # and then nothing was issued. "auto" calls that it keeps exact (counted by
-            # auto_exact) take it too: the general path's checks and shaping cost 10-60 us.
-            compression = None
+            # and then nothing was issued. ("auto" calls kept exact come here too: the
+            # general path's checks and shaping cost 10-60 us.) The builtin that is
+            # comm.all_reduce tried it already for the calls it takes (_declined).
             try:
                 result = self._fast_all_reduce(x, out, op)
             except RingReduceError as exc:
@@ -251,9 +248,26 @@ class Communicator:
                 async_op=async_op,
                 compression=compression,
                 error_feedback=error_feedback,
+                compressed_path=how == "compressed",
             )
         except (ValueError, TypeError, RingReduceError) as exc:
             # One frame of ours in the traceback, as every collective shows (refusal.py).
+            raise exc.with_traceback(None)  # noqa: B904
+
+    def _declined(self, x: Any, op: Any, out: Any) -> Any:
+        """A blocking exact all_reduce the fast path declined (comm.all_reduce, the
+        builtin, tried it): the general exact path, with no second try."""
+        try:
+            return self._all_reduce(
+                x,
+                op,
+                out=out,
+                async_op=False,
+                compression=None,
+                error_feedback=None,
+                compressed_path=False,
+            )
+        except (ValueError, TypeError, RingReduceError) as exc:
             raise exc.with_traceback(None)  # noqa: B904
 
     def _fast_failed(self, exc: RingReduceError) -> RingReduceError:
@@ -275,9 +289,10 @@ class Communicator:
         async_op: bool,
         compression: Optional[str],
         error_feedback: Any,
+        compressed_path: bool,
     ) -> Any:
-        """all_reduce's general path: any array, async, compressed."""
-        if compressed.takes(self, x, op, compression, error_feedback, async_op):
+        """all_reduce's general path: any array, async, compressed (as `route` said)."""
+        if compressed_path:
             return compressed.all_reduce(
                 self,
                 x,
@@ -305,7 +320,7 @@ class Communicator:
         The block is ``chunk_bounds(x.size, world_size, rank)``; the result is 1-D.
         ``compression`` and ``error_feedback`` as in `all_reduce`.
         """
-        if compressed.takes(self, x, op, compression, error_feedback, async_op):
+        if compressed.route(self, x, op, compression, error_feedback, async_op) == "compressed":
             return compressed.reduce_scatter(
                 self,
                 x,

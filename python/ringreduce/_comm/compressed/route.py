@@ -60,7 +60,7 @@ from . import hop as _hop
 from .lane import LaneWork
 from .pieces import PieceChoice
 
-__all__ = ["all_reduce", "auto_exact", "kept_exact", "reduce_scatter", "release", "stats", "takes"]
+__all__ = ["all_reduce", "auto_exact", "reduce_scatter", "release", "route", "stats"]
 
 _F32 = np.float32
 _SUM_AVG = frozenset(("sum", "avg", ReduceOp.SUM, ReduceOp.AVG))
@@ -173,54 +173,52 @@ def reduce_scatter(
     error_feedback: Any = None,
 ) -> Any:
     """``comm.reduce_scatter(x, op, compression=..., error_feedback=...)``.
-    (Communicator.reduce_scatter has run "auto" calls that `auto_exact` keeps exact.)"""
+    (Communicator.reduce_scatter has run "auto" calls that `route` keeps exact.)"""
     return _call(comm, x, op, out, async_op, compression, error_feedback, scatter=True)
 
 
-def takes(
-    comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any, async_op: bool = False
-) -> bool:
-    """Whether a call with these arguments goes through this module (Communicator's
-    all_reduce and reduce_scatter ask): a codec, "auto" or error feedback was asked for,
-    and it is not a blocking "auto" call that `auto_exact` keeps exact. An async one
-    always goes to the lane: which thread issues a call must not depend on how far
-    this rank's lane has got (see `_call`)."""
+def route(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any, async_op: bool) -> str:
+    """How Communicator's all_reduce or reduce_scatter runs a call with these arguments,
+    decided once: "fast" (blocking and exact: the engine's fast path may take it),
+    "exact" (the exact collective, async) or "compressed" (this module's path).
+
+    A codec, "auto" or error feedback sends a call here, except a blocking "auto" call
+    without error feedback that `auto_exact` keeps exact, which is counted like any
+    compressed call (call numbers, the dither's seeds, stay the same on every rank,
+    whichever path each takes) and goes on exact. An async one always comes here:
+    which thread issues a call must not depend on how far this rank's lane has got
+    (see `_call`)."""
     if compression is None and error_feedback is None:
-        return False
-    if async_op:
-        return True
-    return not (error_feedback is None and kept_exact(comm, x, op, compression))
-
-
-def kept_exact(comm: Any, x: Any, op: Any, compression: Any) -> bool:
-    """Whether a blocking call with ``compression`` and no error feedback runs exact by
-    `auto_exact`'s rule (then counted there)."""
-    return isinstance(compression, str) and compression == AUTO and auto_exact(comm, x, op)
-
-
-def auto_exact(comm: Any, x: Any, op: Any = "sum") -> bool:
-    """Whether "auto" (without error feedback) runs this call exact by a rule that needs
-    no more than x's type, dtype and size: a communicator auto never compresses on (one
-    host over shared memory, a world of one), or a numpy call below auto's smallest.
-    Such a call is counted here like any other (call numbers stay the same on every
-    rank, whichever path each takes); the caller then runs the exact collective. False
-    before the communicator's first compressed call, under RINGREDUCE_DEBUG, and for
-    ops other than sum and avg (refused on every path, as with a codec)."""
+        return "exact" if async_op else "fast"
+    if async_op or error_feedback is not None:
+        return "compressed"
+    if not (isinstance(compression, str) and compression == AUTO):
+        return "compressed"
     st = _STATES.get(comm)
     if st is None or type(x) is not np.ndarray or st.debug or not _fast_dtype(x.dtype):
-        return False
+        return "compressed"
     comm._lane.drain()  # the lane's calls are numbered before this one
+    if not auto_exact(st, x, op):
+        return "compressed"
+    if st.auto.never is None:
+        st.auto.chosen["exact"] = st.auto.chosen.get("exact", 0) + 1
+    st.calls += 1
+    return "fast"
+
+
+def auto_exact(st: _State, x: np.ndarray, op: Any = "sum") -> bool:
+    """Whether "auto" (without error feedback) runs this call exact by a rule that needs
+    no more than x's dtype and size, and the communicator's compression state ``st``
+    (with every earlier compressed call done): a communicator auto never compresses on
+    (one host over shared memory, a world of one), or a call below auto's smallest.
+    False for ops other than sum and avg (refused on every path, as with a codec).
+    Asks only: `route` counts the calls it keeps exact."""
     try:
         if op not in _SUM_AVG:
             return False
     except TypeError:  # unhashable: the general path says what is wrong with it
         return False
-    if st.auto.never is None:
-        if x.nbytes >= _policy.MIN_BYTES:
-            return False
-        st.auto.chosen["exact"] = st.auto.chosen.get("exact", 0) + 1
-    st.calls += 1
-    return True
+    return st.auto.never is not None or x.nbytes < _policy.MIN_BYTES
 
 
 def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) -> tuple:

@@ -230,6 +230,44 @@ def test_a_rank_paused_mid_call_is_named_by_every_other_rank(links, victim):
         ranks.close()
 
 
+# (links, ranks): 4 ranks on 2 emulated hosts make shm+tcp route (2 ranks on 2 hosts
+# are plain TCP).
+_STALL_CASES = [
+    ("tcp", 2),
+    ("shm", 2),
+    ("shm+tcp", 2),
+    ("shm+tcp", 4),
+    pytest.param("mpi", 2, marks=[pytest.mark.mpi, _needs_mpi]),
+]
+
+
+@pytest.mark.parametrize("links, n", _STALL_CASES)
+def test_a_stall_in_the_data_phase_says_what_waited_on_whom(links, n):
+    """The timeout of a wait in a call's data phase says, on every transport, how long
+    nothing moved, which way, how many bytes and with which rank (shm+tcp: over the part
+    that carries them, whose traffic with other ranks does not renew the wait)."""
+    timeout, victim = 3.0, n - 2
+    ranks = Ranks(n, links, timeout=timeout, mb=16)
+    try:
+        ranks.wait_ready()
+        time.sleep(0.5)  # 16 MB calls back to back: the victim stops in the middle of one
+        ranks.signal(victim, signal.SIGSTOP)
+        others = [r for r in range(n) if r != victim]
+        ended = ranks.wait_ended(others, 4 * timeout + 10)
+        for r in others:
+            assert r in ended, "\n".join(ranks.lines[-20:])
+            what, _ = ended[r]
+            kind, peer, message = what.split(" ", 2)
+            assert kind == "timeout" and peer == str(victim), what
+            if "did not start" in message:  # stopped between two calls
+                continue
+            assert "no progress for 3 s" in message, message
+            assert "sending" in message or "receiving" in message, message
+            assert f"rank {victim}" in message and "bytes" in message, message
+    finally:
+        ranks.close()
+
+
 @pytest.mark.parametrize("links", ["tcp", "shm", "shm+tcp"])
 def test_ctrl_c_in_a_point_to_point_recv_raises_at_once_and_the_peer_names_it(links):
     ranks = Ranks(2, links, 60, 1, "p2p")

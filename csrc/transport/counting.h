@@ -40,6 +40,7 @@ class CountingTransport : public Transport {
   void note_silent() noexcept override { inner_->note_silent(); }
   void close() noexcept override { inner_->close(); }
   TransportStats stats() const override { return inner_->stats(); }
+  uint64_t moved(int peer, bool sending) const override { return inner_->moved(peer, sending); }
   TcpTransport* tcp_part() override { return inner_->tcp_part(); }
   ShmTransport* shm_part() override { return inner_->shm_part(); }
 

@@ -85,27 +85,25 @@ bool RoutedTransport::wait_for(Request& request, std::chrono::microseconds slice
 namespace {
 
 // The waiter's view of a wait on a transport of several parts: progress is
-// bytes moved by the awaited request's part; sleeping is that part's own
-// bounded wait (wait_for), after the other parts had a turn, so that a peer
-// on another part waiting on us is not starved. A part that learns its peer
-// is gone raises from there.
+// what moved with the awaited request's peer, as its part counts it (traffic
+// with other peers, on that part or another, never renews a stalled wait, so
+// the rank that waits on a stalled peer times out first and names it);
+// sleeping is that part's own bounded wait (wait_for), after the other parts
+// had a turn, so that a peer on another part waiting on us is not starved. A
+// part that learns its peer is gone raises from there.
 struct PartWaiting final : Waitable {
   PartWaiting(RoutedTransport& routed, Transport& owner, Request& request)
       : routed(routed), owner(owner), request(request) {}
   bool done() const override { return request.done(); }
   void progress() override { routed.progress(); }
-  uint64_t moved() const override {
-    const TransportStats s = owner.stats();
-    return s.bytes_sent + s.bytes_received;
-  }
+  uint64_t moved() const override { return owner.moved(request.peer(), request.sending()); }
   void pause() override {}
   void block(uint32_t, std::chrono::microseconds bound) override {
     routed.wait_for(request, std::min(bound, kSlice));
   }
   void timed_out(const Deadline& window) override {
-    throw TimeoutError("no progress for " + format_seconds(window.seconds()) +
-                           " s waiting on rank " + std::to_string(request.peer()) + " over " +
-                           owner.name(),
+    throw TimeoutError("no progress for " + format_seconds(window.seconds()) + " s " +
+                           request.what() + " over " + owner.name(),
                        request.peer());
   }
 
@@ -136,6 +134,11 @@ void RoutedTransport::abort() noexcept {
 
 void RoutedTransport::close() noexcept {
   for (auto& part : parts_) part->close();
+}
+
+uint64_t RoutedTransport::moved(int peer, bool sending) const {
+  if (peer < 0 || peer >= size()) return 0;
+  return route_[static_cast<size_t>(peer)]->moved(peer, sending);
 }
 
 TransportStats RoutedTransport::stats() const {

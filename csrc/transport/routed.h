@@ -45,6 +45,8 @@ class RoutedTransport : public Transport {
   }
   void close() noexcept override;
   TransportStats stats() const override;
+  // The part that reaches `peer` says.
+  uint64_t moved(int peer, bool sending) const override;
   TcpTransport* tcp_part() override;
   ShmTransport* shm_part() override;
 

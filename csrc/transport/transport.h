@@ -33,12 +33,23 @@ class Bulletin;      // transport/bulletin.h
 class ShmTransport;  // transport/shm/shm_transport.h
 class TcpTransport;  // transport/tcp/tcp_transport.h
 
+// "sending 4000 bytes to rank 2", "receiving 64 bytes from rank 0": a message
+// as waits and their errors name it.
+inline std::string describe_message(bool sending, size_t bytes, int peer) {
+  return std::string(sending ? "sending " : "receiving ") + std::to_string(bytes) + " bytes " +
+         (sending ? "to" : "from") + " rank " + std::to_string(peer);
+}
+
 // A posted send or receive. It completes inside Transport::wait().
 class Request {
  public:
   virtual ~Request() = default;
   virtual bool done() const = 0;
   virtual int peer() const = 0;
+  // Whether it sends to peer() (else it receives from it), and what it is, for
+  // waits and their errors.
+  virtual bool sending() const { return false; }
+  virtual std::string what() const { return "waiting on rank " + std::to_string(peer()); }
   // For a receive posted with irecv_view: the message, in the transport's
   // memory, from completion until Transport::release(). Null otherwise.
   virtual const char* view() const { return nullptr; }
@@ -122,6 +133,17 @@ class Transport {
   virtual void close() noexcept { abort(); }
 
   virtual TransportStats stats() const = 0;
+  // What has moved to `peer` (sending) or from it so far, as this transport
+  // counts it (bytes or messages; monotonic): a wait on a request to or from
+  // `peer` renews its deadline when this changes, and traffic with other peers
+  // never does. By default everything this transport moved, for transports
+  // that cannot tell peers apart.
+  virtual uint64_t moved(int peer, bool sending) const {
+    (void)peer;
+    (void)sending;
+    const TransportStats s = stats();
+    return s.bytes_sent + s.bytes_received;
+  }
   // The bulletin (transport/bulletin.h) over every rank of the communicator, or null
   // where this transport has none.
   virtual Bulletin* bulletin() { return nullptr; }

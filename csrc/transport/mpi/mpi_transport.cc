@@ -68,15 +68,17 @@ class Backoff {
 // (`slot`, owned until released).
 struct MpiTransport::Op : Request {
   Op(int peer, char* data, size_t bytes, bool sending)
-      : peer_(peer), data(data), bytes(bytes), sending(sending) {}
+      : peer_(peer), data(data), bytes(bytes), sending_(sending) {}
   bool done() const override { return done_; }
   int peer() const override { return peer_; }
   const char* view() const override { return slot && done_ ? slot->data() : nullptr; }
+  bool sending() const override { return sending_; }
+  std::string what() const override { return describe_message(sending_, bytes, peer_); }
 
   int peer_;
   char* data;
   size_t bytes;
-  bool sending;
+  bool sending_;
   bool done_ = false;
   ViewPool::Slot slot;
 };
@@ -192,7 +194,7 @@ RequestPtr MpiTransport::post_recv(std::shared_ptr<Op> op) {
 // A message of another size than the receive expected means the two ranks cut
 // a step differently: a bug or mismatched settings, never to be read as data.
 void MpiTransport::complete(Op& op, const MPI_Status& status) {
-  if (op.sending) {
+  if (op.sending_) {
     --link(op.peer_).sends_in_flight;
     stats_.bytes_sent += op.bytes;
     op.done_ = true;
@@ -224,7 +226,7 @@ bool MpiTransport::progress() {
       const MPI_Status& status = statuses_[static_cast<size_t>(i)];
       if (status.MPI_ERROR == MPI_SUCCESS) continue;
       const Op& op = *in_flight_[static_cast<size_t>(completed_[static_cast<size_t>(i)])];
-      const char* what = op.sending ? "MPI_Isend" : "MPI_Irecv";
+      const char* what = op.sending_ ? "MPI_Isend" : "MPI_Irecv";
       if (status.MPI_ERROR == MPI_ERR_TRUNCATE) {
         throw Error("mpi transport: rank " + std::to_string(op.peer_) +
                     " sent a message larger than the " + std::to_string(op.bytes) + " bytes rank " +
@@ -338,7 +340,7 @@ void MpiTransport::check_liveness(const Request& request, Clock::time_point move
     state = Liveness::State::kDied;
   }
   if (gone < 0) return;
-  const bool sending = static_cast<const Op&>(request).sending;
+  const bool sending = static_cast<const Op&>(request).sending_;
   throw PeerError(Liveness::describe(gone, state) + " while rank " + std::to_string(rank()) +
                       " was " + (sending ? "sending to" : "waiting for data from") + " rank " +
                       std::to_string(request.peer()) + " over MPI",
@@ -391,14 +393,14 @@ bool MpiTransport::wait_for(Request& request, std::chrono::microseconds slice) {
 void MpiTransport::fail_timeout(const Request& request, const Deadline& deadline) {
   const auto& op = static_cast<const Op&>(request);
   throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
-                         (op.sending ? "sending " : "receiving ") + std::to_string(op.bytes) +
-                         " bytes " + (op.sending ? "to" : "from") + " rank " +
+                         (op.sending_ ? "sending " : "receiving ") + std::to_string(op.bytes) +
+                         " bytes " + (op.sending_ ? "to" : "from") + " rank " +
                          std::to_string(op.peer_) + " over MPI",
                      op.peer_);
 }
 
 void MpiTransport::fail_peer_aborted(const Request& request) {
-  const bool sending = static_cast<const Op&>(request).sending;
+  const bool sending = static_cast<const Op&>(request).sending_;
   throw PeerError("rank " + std::to_string(request.peer()) +
                       " gave up on the communicator (it failed or aborted) while rank " +
                       std::to_string(rank()) + " was " +
@@ -436,7 +438,7 @@ void MpiTransport::abort() noexcept {
     // Receives still waiting for their message are cancelled; sends and the
     // rest get a moment to finish.
     for (size_t i = 0; i < requests_.size(); ++i) {
-      if (!in_flight_[i]->sending) MPI_Cancel(&requests_[i]);
+      if (!in_flight_[i]->sending_) MPI_Cancel(&requests_[i]);
     }
     const Deadline deadline = Deadline::after(0.2);
     for (size_t i = 0; i < requests_.size(); ++i) {

@@ -39,15 +39,17 @@ inline bool ring_neighbour(int rank, int size, const std::vector<int>& local_ran
 // slot (`slot_index`, released by release()) or owns a bounce buffer.
 struct ShmTransport::Op : Request {
   Op(int peer, char* data, size_t bytes, bool sending)
-      : peer_(peer), data(data), bytes(bytes), sending(sending) {}
+      : peer_(peer), data(data), bytes(bytes), sending_(sending) {}
   bool done() const override { return done_; }
   int peer() const override { return peer_; }
   const char* view() const override { return is_view && done_ ? view_ptr : nullptr; }
+  bool sending() const override { return sending_; }
+  std::string what() const override { return describe_message(sending_, bytes, peer_); }
 
   int peer_;
   char* data;
   size_t bytes;
-  bool sending;
+  bool sending_;
   bool done_ = false;
   size_t moved = 0;  // inline fragments: bytes copied so far
   // Sends by address: the message's index in the peer's inbox; done once

@@ -106,6 +106,8 @@ class ShmTransport : public Transport, public Bulletin {
   void abort() noexcept override;
   void close() noexcept override;
   TransportStats stats() const override { return stats_; }
+  // Messages moved with `peer`, either way (shm counts them per peer).
+  uint64_t moved(int peer, bool sending) const override;
   ShmTransport* shm_part() override { return this; }
   // Local peers whose shared memory this transport took over (a shrink).
   int peers_reused() const { return peers_reused_; }

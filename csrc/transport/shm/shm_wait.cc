@@ -86,6 +86,11 @@ bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   }
 }
 
+uint64_t ShmTransport::moved(int peer, bool) const {
+  if (peer < 0 || static_cast<size_t>(peer) >= peers_.size() || !peers_[peer]) return 0;
+  return peers_[static_cast<size_t>(peer)]->moved;
+}
+
 void ShmTransport::check_peer(Peer& p, const Op& op) {
   const Gone gone = peer_gone(p);
   if (gone == Gone::kNo) return;
@@ -93,7 +98,7 @@ void ShmTransport::check_peer(Peer& p, const Op& op) {
   progress();
   if (op.done_) return;
   blame(p, gone,
-        std::string(op.sending ? "sending to" : "waiting for data from") +
+        std::string(op.sending_ ? "sending to" : "waiting for data from") +
             " it over shared memory");
 }
 
@@ -163,8 +168,8 @@ void ShmTransport::wait(Request& request, const Deadline& deadline) {
 
 void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {
   throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
-                         (op.sending ? "sending " : "receiving ") + std::to_string(op.bytes) +
-                         " bytes " + (op.sending ? "to " : "from ") + rank_name(op.peer_) +
+                         (op.sending_ ? "sending " : "receiving ") + std::to_string(op.bytes) +
+                         " bytes " + (op.sending_ ? "to " : "from ") + rank_name(op.peer_) +
                          " over shared memory",
                      op.peer_);
 }

@@ -21,16 +21,18 @@ namespace rr {
 // buffer (`slot`) until released.
 struct TcpTransport::Op : Request {
   Op(int peer, char* data, size_t bytes, bool sending)
-      : peer_(peer), data(data), left(bytes), total(bytes), sending(sending) {}
+      : peer_(peer), data(data), left(bytes), total(bytes), sending_(sending) {}
   bool done() const override { return left == 0; }
   int peer() const override { return peer_; }
   const char* view() const override { return slot && done() ? slot->data() : nullptr; }
+  bool sending() const override { return sending_; }
+  std::string what() const override { return describe_message(sending_, total, peer_); }
 
   int peer_;
   char* data;
   size_t left;
   size_t total;
-  bool sending;
+  bool sending_;
   ViewPool::Slot slot;
 };
 

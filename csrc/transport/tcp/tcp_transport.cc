@@ -37,7 +37,7 @@ TcpTransport::~TcpTransport() = default;
 
 RequestPtr TcpTransport::post(std::shared_ptr<Op> op) {
   if (op->total > 0) {
-    Link& link = link_to(op->peer_, op->sending);
+    Link& link = link_to(op->peer_, op->sending_);
     if (!link.awaiting()) {
       for (const Stream& stream : link.streams) {
         if (!stream.fd.valid()) {
@@ -249,10 +249,17 @@ struct TcpTransport::Waiting final : Waitable {
   Link& link;
 };
 
+uint64_t TcpTransport::moved(int peer, bool sending) const {
+  for (const auto& link : links_) {
+    if (link->peer == peer && link->sending == sending) return link->moved;
+  }
+  return 0;
+}
+
 void TcpTransport::wait(Request& request, const Deadline& deadline) {
   if (request.done()) return;
   const auto& awaited = static_cast<const Op&>(request);
-  Waiting waiting(*this, request, link_to(awaited.peer_, awaited.sending));
+  Waiting waiting(*this, request, link_to(awaited.peer_, awaited.sending_));
   WaitPolicy policy;
   // Small messages complete within microseconds, far less than a sleep in
   // poll() and the wake-up after it: retry for a short while first.
@@ -304,7 +311,7 @@ bool TcpTransport::connects(int peer) const {
 
 void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline) {
   const auto& op = static_cast<const Op&>(request);
-  const Link* link = find_link(op.peer_, op.sending);
+  const Link* link = find_link(op.peer_, op.sending_);
   if (cause_ == Cause::kNone) cause_ = Cause::kSilent;
   if (link != nullptr && link->awaiting()) {
     throw TimeoutError("rank " + std::to_string(op.peer_) + " did not connect to rank " +
@@ -312,7 +319,7 @@ void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline
                            " s to send it " + std::to_string(op.total) + " bytes",
                        op.peer_);
   }
-  std::string what = op.sending ? "sending to" : "receiving from";
+  std::string what = op.sending_ ? "sending to" : "receiving from";
   throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " + what +
                          " rank " + std::to_string(op.peer_) + " (" +
                          std::to_string(op.total - op.left) + " of " + std::to_string(op.total) +
@@ -334,7 +341,7 @@ std::string gone_key(const std::string& prefix, int rank) {
 void TcpTransport::check_gone(const Request& request) {
   if (store_ == nullptr) return;
   const auto& op = static_cast<const Op&>(request);
-  const Link* link = find_link(op.peer_, op.sending);
+  const Link* link = find_link(op.peer_, op.sending_);
   if (link != nullptr && !link->awaiting()) return;  // its socket will tell
   const Clock::time_point now = Clock::now();
   if (now < next_gone_check_) return;

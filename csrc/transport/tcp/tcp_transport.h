@@ -112,6 +112,8 @@ class TcpTransport : public Transport {
     if (cause_ == Cause::kNone) cause_ = Cause::kSilent;
   }
   TransportStats stats() const override { return stats_; }
+  // Bytes moved on the link to (sending) or from `peer`.
+  uint64_t moved(int peer, bool sending) const override;
   TcpTransport* tcp_part() override { return this; }
   // Ring links this transport took over from a parked one, and connected anew.
   int links_reused() const { return links_reused_; }

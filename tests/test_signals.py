@@ -230,6 +230,28 @@ def test_a_rank_paused_mid_call_is_named_by_every_other_rank(links, victim):
         ranks.close()
 
 
+@pytest.mark.parametrize("links", TRANSPORTS)
+def test_a_stopped_store_host_is_named_within_the_timeout_and_two_seconds(links):
+    """Rank 0 hosts the rendezvous store, where the ranks that time out compare whom each
+    waited for: stopped, it answers none of them. They still name it, within the
+    timeout and 2 s."""
+    timeout = 3.0
+    ranks = Ranks(3, links, timeout=timeout, mb=4)
+    try:
+        ranks.wait_ready()
+        time.sleep(0.5)
+        ranks.signal(0, signal.SIGSTOP)
+        ended = ranks.wait_ended([1, 2], 4 * timeout + 10)
+        for r in (1, 2):
+            assert r in ended, "\n".join(ranks.lines[-20:])
+            what, seconds = ended[r]
+            kind, peer = what.split()[:2]
+            assert kind in ("timeout", "peer") and peer == "0", f"rank {r}: {what}"
+            assert seconds < timeout + 2, f"rank {r} named it after {seconds:.1f} s: {what}"
+    finally:
+        ranks.close()
+
+
 # (links, ranks): 4 ranks on 2 emulated hosts make shm+tcp route (2 ranks on 2 hosts
 # are plain TCP).
 _STALL_CASES = [

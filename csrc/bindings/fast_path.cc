@@ -340,19 +340,20 @@ Names& names() {
 
 constexpr const char* kGateCapsule = "ringreduce._core.IssueGate";
 
-// The fast path failed with the Python error that is set: an engine error goes
-// through comm._fast_failed (naming threads, revoking), as the general path's
-// errors do; returns null with the error to raise set.
-PyObject* fast_path_failed(PyObject* comm) {
+// A fast call failed with the Python error that is set: an engine error
+// (RingReduceError) goes through translate(exc), which returns the exception
+// to raise (naming threads, revoking, wording it for torch); anything else is
+// raised as it is. Returns null with the error to raise set.
+PyObject* raise_translated(PyObject* translate) {
   PyObject *type, *value, *trace;
   PyErr_Fetch(&type, &value, &trace);
   PyErr_NormalizeException(&type, &value, &trace);
-  if (comm == nullptr || value == nullptr ||
+  if (translate == nullptr || value == nullptr ||
       PyObject_IsInstance(value, names().ring_reduce_error) != 1) {
     PyErr_Restore(type, value, trace);
     return nullptr;
   }
-  PyObject* raised = PyObject_CallMethodOneArg(comm, names().fast_failed, value);
+  PyObject* raised = PyObject_CallOneArg(translate, value);
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(trace);
@@ -361,6 +362,23 @@ PyObject* fast_path_failed(PyObject* comm) {
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised)), raised);
   Py_DECREF(raised);
   return nullptr;
+}
+
+// comm.all_reduce's fast call failed: as the general path raises it
+// (comm._fast_failed).
+PyObject* fast_path_failed(PyObject* comm) {
+  PyObject* type = PyErr_Occurred();
+  if (type == nullptr || !PyErr_GivenExceptionMatches(type, names().ring_reduce_error)) {
+    return nullptr;  // not the engine's: raised as it is
+  }
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
+  PyObject* translate = PyObject_GetAttr(comm, names().fast_failed);
+  PyErr_Restore(t, v, tb);
+  if (translate == nullptr) return nullptr;
+  PyObject* failed = raise_translated(translate);
+  Py_DECREF(translate);
+  return failed;
 }
 
 PyObject* bound_all_reduce(PyObject* bound, PyObject* const* args, Py_ssize_t nargs,
@@ -569,7 +587,6 @@ struct TorchNames {
   PyObject* numel;
   PyObject* reduce_op;
   PyObject* async_op;
-  PyObject* outputs;
 };
 
 TorchNames& torch_names() {
@@ -585,7 +602,6 @@ TorchNames& torch_names() {
     made.numel = PyUnicode_InternFromString("numel");
     made.reduce_op = PyUnicode_InternFromString("reduceOp");
     made.async_op = PyUnicode_InternFromString("asyncOp");
-    made.outputs = PyUnicode_InternFromString("_outputs");
     return made;
   }();
   return n;
@@ -691,21 +707,7 @@ PyObject* bound_torch_all_reduce(PyObject* bound, PyObject* const* args, Py_ssiz
     got = gate->issue(call, async_op).release().ptr();
   } catch (...) {
     py::detail::try_translate_exceptions();
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    PyErr_NormalizeException(&type, &value, &trace);
-    if (value == nullptr || PyObject_IsInstance(value, names().ring_reduce_error) != 1) {
-      PyErr_Restore(type, value, trace);
-      return nullptr;
-    }
-    PyObject* raised = PyObject_CallOneArg(PyTuple_GET_ITEM(bound, 4), value);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(trace);
-    if (raised == nullptr) return nullptr;
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised)), raised);
-    Py_DECREF(raised);
-    return nullptr;
+    return raise_translated(PyTuple_GET_ITEM(bound, 4));
   }
   if (got == Py_None) {
     Py_DECREF(got);

@@ -490,7 +490,7 @@ std::exception_ptr Communicator::with_refusal(std::exception_ptr error, uint64_t
   return std::make_exception_ptr(PeerError(message, peer, reason));
 }
 
-void Communicator::publish_refusal_on_leaving() {
+bool Communicator::publish_refusal_on_leaving() {
   std::string reason;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -500,7 +500,7 @@ void Communicator::publish_refusal_on_leaving() {
       reason = refused_reason_;
     }
   }
-  if (reason.empty()) return;
+  if (reason.empty()) return false;
   // It is why the others' call fails, whichever of their calls finds our links
   // closed first (the root of a broadcast may have finished its part and be in
   // its next call, whose number is not the refused one): published as the
@@ -512,6 +512,7 @@ void Communicator::publish_refusal_on_leaving() {
   } catch (const std::exception&) {
     // No store to tell: the peers fail as they would have, without the reason.
   }
+  return true;
 }
 
 void Communicator::close() {
@@ -530,9 +531,12 @@ void Communicator::close() {
   }
   if (worker_.joinable()) worker_.join();
   if (p2p_) p2p_->close();
-  publish_refusal_on_leaving();
-  // After a failure the transport was aborted already; otherwise this is
-  // the normal end.
+  // After a failure the transport was aborted already. Leaving with a refused
+  // call the others are in is a failure too: the links are aborted, which
+  // tells every peer at once, where a normal end's goodbye would leave the
+  // ones not waiting on us to wait out their deadline. Otherwise this is the
+  // normal end.
+  if (publish_refusal_on_leaving()) transport_->abort();
   transport_->close();
   {
     // Pinned and device staging memory go back now, not when Python collects us.

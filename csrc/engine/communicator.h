@@ -204,8 +204,9 @@ class Communicator {
                                 uint64_t seq);
   std::string refusal_key(int rank, uint64_t seq) const;
   // On close: publishes this rank's refusal of the call the others are in as
-  // the communicator's first failure, when it leaves without another call.
-  void publish_refusal_on_leaving();
+  // the communicator's first failure, when it leaves without another call;
+  // true when it did (the others are in that call: close() aborts the links).
+  bool publish_refusal_on_leaving();
   // `error`, led by the reason its culprit refused call `seq`, if it did.
   std::exception_ptr with_refusal(std::exception_ptr error, uint64_t seq);
 

@@ -165,7 +165,11 @@ void TcpTransport::poll_links(const Deadline& deadline) {
         events = POLLIN;
       }
       if (!stream.queue.empty()) events |= link->sending ? POLLOUT : POLLIN;
-      if (events) {
+      // A stream whose peer said goodbye is still watched for a reset (events 0:
+      // poll reports only errors): its end refuses what we sent and it had not
+      // read, which a wait on another link would otherwise never hear of.
+      const bool watch_reset = link->sending && stream.peer_closed && !stream.failed;
+      if (events || watch_reset) {
         fds.push_back({stream.fd.get(), events, 0});
         owners.emplace_back(link.get(), &stream);
       }
@@ -186,9 +190,28 @@ void TcpTransport::poll_links(const Deadline& deadline) {
   }
   for (size_t i = 0; i < links; ++i) {
     auto [link, stream] = owners[i];
-    if (link->sending && (fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+    if (!link->sending || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (stream->peer_closed) {
+      refused_after_goodbye(*link, *stream);
+    } else {
       read_notice(*link, *stream);
+    }
   }
+}
+
+void TcpTransport::refused_after_goodbye(const Link& link, Stream& stream) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(stream.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+  stream.failed = true;  // reset or hung up: never watched or used again
+  if (err == 0) return;  // closed both ways with nothing of ours unread
+  note(link, err);
+  throw PeerError(errno_message("rank " + std::to_string(link.peer) +
+                                    " closed its communicator (it said goodbye) with data rank " +
+                                    std::to_string(rank_) +
+                                    " sent it unread: a collective it did not finish",
+                                err),
+                  link.peer);
 }
 
 void TcpTransport::read_notice(const Link& link, Stream& stream) {

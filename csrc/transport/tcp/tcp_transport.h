@@ -151,6 +151,9 @@ class TcpTransport : public Transport {
   RequestPtr post(std::shared_ptr<Op> op);
   void progress(Link& link);
   void poll_links(const Deadline& deadline);
+  // A send stream whose peer said goodbye was reset or hung up: a reset means
+  // the peer closed with our data unread (a PeerError).
+  void refused_after_goodbye(const Link& link, Stream& stream);
   [[noreturn]] void fail_timeout(const Request& request, const Deadline& deadline);
   void tear_down() noexcept;
   // abort()'s parking of the ring links (above); other links are closed.

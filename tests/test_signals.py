@@ -8,6 +8,7 @@ that a signal lands in the data phase, not between calls.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -286,6 +287,8 @@ def test_a_stall_in_the_data_phase_says_what_waited_on_whom(links, n):
             assert "no progress for 3 s" in message, message
             assert "sending" in message or "receiving" in message, message
             assert f"rank {victim}" in message and "bytes" in message, message
+            # and over what: every transport words the link the wait was on
+            assert re.search(r" over (tcp|shared memory|MPI)", message), message
     finally:
         ranks.close()
 

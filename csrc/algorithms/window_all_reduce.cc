@@ -127,11 +127,7 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
       try {
         bulletin.read(peer, seq, &theirs, sizeof theirs, ctx.deadline());
       } catch (const TimeoutError&) {
-        throw TimeoutError("rank " + std::to_string(peer) + " did not start " +
-                               describe_call(args) + " (call #" + std::to_string(seq) +
-                               ") within " + format_seconds(ctx.timeout_seconds) + " s; rank " +
-                               std::to_string(rank) + " waited for it",
-                           peer);
+        never_started(ctx, args, peer);
       }
       check_call_header(theirs.header, mine.header, peer, rank);
       auto locate = [&](uint64_t id, uint64_t offset, const char* what) -> char* {

@@ -102,9 +102,7 @@ struct PartWaiting final : Waitable {
     routed.wait_for(request, std::min(bound, kSlice));
   }
   void timed_out(const Deadline& window) override {
-    throw TimeoutError("no progress for " + format_seconds(window.seconds()) + " s " +
-                           request.what() + " over " + owner.name(),
-                       request.peer());
+    throw_no_progress(window, request.what(), owner.name(), request.peer());
   }
 
   RoutedTransport& routed;

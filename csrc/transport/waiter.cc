@@ -50,4 +50,13 @@ void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& po
   }
 }
 
+void throw_no_progress(const Deadline& window, const std::string& doing, const char* transport,
+                       int peer, const std::string& detail) {
+  const std::string name = transport;
+  const std::string over = name == "shm" ? "shared memory" : name == "mpi" ? "MPI" : name;
+  throw TimeoutError(
+      "no progress for " + format_seconds(window.seconds()) + " s " + doing + " over " + over + detail,
+      peer);
+}
+
 }  // namespace rr

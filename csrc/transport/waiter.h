@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "common/deadline.h"
 
@@ -78,5 +79,15 @@ struct WaitPolicy {
 
 // Returns once the request is done; throws as described above.
 void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy);
+
+// The one text of a wait that saw no progress for a whole window, raised by
+// every transport's timed_out(): how long, what waited (`doing`: which way,
+// how many bytes, with whom: Request::what()), over which transport (its
+// name(), worded: "over shared memory", "over tcp", "over MPI"), then what
+// the transport adds (`detail`, e.g. " (0 done)"). Blames `peer`, the
+// awaited one.
+[[noreturn]] void throw_no_progress(const Deadline& window, const std::string& doing,
+                                    const char* transport, int peer,
+                                    const std::string& detail = "");
 
 }  // namespace rr

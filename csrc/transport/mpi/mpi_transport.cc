@@ -392,11 +392,7 @@ bool MpiTransport::wait_for(Request& request, std::chrono::microseconds slice) {
 
 void MpiTransport::fail_timeout(const Request& request, const Deadline& deadline) {
   const auto& op = static_cast<const Op&>(request);
-  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
-                         (op.sending_ ? "sending " : "receiving ") + std::to_string(op.bytes) +
-                         " bytes " + (op.sending_ ? "to" : "from") + " rank " +
-                         std::to_string(op.peer_) + " over MPI",
-                     op.peer_);
+  throw_no_progress(deadline, op.what(), name(), op.peer_);
 }
 
 void MpiTransport::fail_peer_aborted(const Request& request) {

@@ -61,9 +61,8 @@ void ShmTransport::bulletin_wait(Peer& awaited, const Ready& ready, const std::s
     if (ready()) return;
     blame(awaited, gone, doing);
   };
-  w.expire_fn = [&awaited, &doing, &deadline] {
-    throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " + doing,
-                       awaited.rank);
+  w.expire_fn = [this, &awaited, &what, &deadline] {
+    throw_no_progress(deadline, "waiting for " + what, name(), awaited.rank);
   };
   WaitPolicy policy;
   policy.spin = spin();

@@ -167,11 +167,7 @@ void ShmTransport::wait(Request& request, const Deadline& deadline) {
 }
 
 void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {
-  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " +
-                         (op.sending_ ? "sending " : "receiving ") + std::to_string(op.bytes) +
-                         " bytes " + (op.sending_ ? "to " : "from ") + rank_name(op.peer_) +
-                         " over shared memory",
-                     op.peer_);
+  throw_no_progress(deadline, op.what(), name(), op.peer_);
 }
 
 }  // namespace rr

@@ -342,12 +342,8 @@ void TcpTransport::fail_timeout(const Request& request, const Deadline& deadline
                            " s to send it " + std::to_string(op.total) + " bytes",
                        op.peer_);
   }
-  std::string what = op.sending_ ? "sending to" : "receiving from";
-  throw TimeoutError("no progress for " + format_seconds(deadline.seconds()) + " s " + what +
-                         " rank " + std::to_string(op.peer_) + " (" +
-                         std::to_string(op.total - op.left) + " of " + std::to_string(op.total) +
-                         " bytes done)",
-                     op.peer_);
+  throw_no_progress(deadline, op.what(), name(), op.peer_,
+                    " (" + std::to_string(op.total - op.left) + " done)");
 }
 
 namespace {

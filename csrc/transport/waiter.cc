@@ -6,11 +6,18 @@
 
 namespace rr {
 
-void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy) {
-  if (w.done()) return;
-  Deadline window = deadline;
+namespace {
+
+// The one loop behind both waits. With a deadline (wait_until_done): until
+// done, renewing the window on progress, timing out through timed_out().
+// Without (`deadline` null, wait_slice): until done, `until`, or a wake-up,
+// never timing out. Returns whether the request is done.
+bool drive(Waitable& w, const Deadline* deadline, Clock::time_point until,
+           const WaitPolicy& policy) {
+  if (w.done()) return true;
+  Deadline window = deadline != nullptr ? *deadline : Deadline{};
   uint64_t moved = w.moved();
-  const Clock::time_point spin_until = Clock::now() + policy.spin;
+  const Clock::time_point spin_until = std::min(until, Clock::now() + policy.spin);
   bool spinning = policy.spin.count() > 0;
   const unsigned per_look = std::max(1u, policy.rounds_per_look);
   const unsigned per_check = per_look * std::max(1u, policy.looks_per_check);
@@ -18,36 +25,53 @@ void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& po
   while (true) {
     const uint32_t armed = w.arm();
     w.progress();
-    if (w.done()) return;
+    if (w.done()) return true;
     // While spinning, a round without a look is a few loads.
     if (spinning && ++rounds % per_look != 0) {
       w.pause();
       continue;
     }
-    const uint64_t now_moved = w.moved();
-    if (now_moved != moved) {
-      moved = now_moved;
-      window = deadline.renewed();
-    }
-    if (window.expired()) {
-      w.timed_out(window);
-      if (w.done()) return;
-      throw Error("internal: a wait timed out without an error naming its peer");
+    std::chrono::microseconds left;
+    if (deadline != nullptr) {
+      const uint64_t now_moved = w.moved();
+      if (now_moved != moved) {
+        moved = now_moved;
+        window = deadline->renewed();
+      }
+      if (window.expired()) {
+        w.timed_out(window);
+        if (w.done()) return true;
+        throw Error("internal: a wait timed out without an error naming its peer");
+      }
+      left = std::chrono::milliseconds(std::max(1, window.poll_ms(1 << 30)));
+    } else {
+      const Clock::time_point now = Clock::now();
+      if (now >= until || w.woken()) return false;
+      left = std::chrono::duration_cast<std::chrono::microseconds>(until - now);
     }
     if (spinning) {
       spinning = Clock::now() < spin_until;
       if (rounds % per_check == 0 || !spinning) {
         w.check_peer();
-        if (w.done()) return;
+        if (w.done()) return true;
       }
       w.pause();
       continue;
     }
     w.check_peer();
-    if (w.done()) return;
-    const auto left = std::chrono::milliseconds(std::max(1, window.poll_ms(1 << 30)));
-    w.block(armed, std::min<std::chrono::microseconds>(policy.max_sleep, left));
+    if (w.done()) return true;
+    w.block(armed, std::min(policy.max_sleep, left));
   }
+}
+
+}  // namespace
+
+void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy) {
+  drive(w, &deadline, Clock::time_point::max(), policy);
+}
+
+bool wait_slice(Waitable& w, std::chrono::microseconds slice, const WaitPolicy& policy) {
+  return drive(w, nullptr, Clock::now() + slice, policy);
 }
 
 void throw_no_progress(const Deadline& window, const std::string& doing, const char* transport,

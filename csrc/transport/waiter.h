@@ -59,6 +59,9 @@ class Waitable {
   // No progress for a whole `window`: throws TimeoutError naming the awaited
   // peer, or returns when a last exchange with it completed the request.
   virtual void timed_out(const Deadline& window) = 0;
+  // For wait_slice: another thread asked the transport to let its waits
+  // return (Transport::wake) since this wait began.
+  virtual bool woken() const { return false; }
 };
 
 // A sleeping wait wakes this often to look whether its peer is alive (a rank that
@@ -79,6 +82,13 @@ struct WaitPolicy {
 
 // Returns once the request is done; throws as described above.
 void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy);
+
+// The same loop for one slice (Transport::wait_for), for a thread that serves
+// several requests or transports: it returns whether the request is done once
+// `slice` ends or another thread woke the transport (Waitable::woken), and it
+// never times out, as its caller keeps the deadline. Progress and the peer's
+// liveness are as above, so a peer that is gone still raises.
+bool wait_slice(Waitable& w, std::chrono::microseconds slice, const WaitPolicy& policy);
 
 // The one text of a wait that saw no progress for a whole window, raised by
 // every transport's timed_out(): how long, what waited (`doing`: which way,

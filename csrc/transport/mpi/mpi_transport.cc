@@ -54,8 +54,6 @@ class Backoff {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  // True every few idle rounds: when to look at the control channel.
-  bool should_poll_control() const { return spins_ % 32 == 31; }
 
  private:
   unsigned spins_ = 0;
@@ -273,9 +271,13 @@ bool MpiTransport::progress() {
 // (an abort it announced, then a short grace for its last data) and the
 // liveness mesh. There is nothing to sleep on: pause() backs off from
 // spinning to yielding to short sleeps. At the deadline, a last call: we say
-// we are timing out and give a peer that says the same a moment more.
+// we are timing out and give a peer that says the same a moment more. A
+// sliced wait (wait_for) lasts too short for the grace and the liveness
+// rules, which count time since something moved: there an announced abort
+// fails the wait at once, and the caller's deadline does the rest.
 struct MpiTransport::Waiting final : Waitable {
-  Waiting(MpiTransport& t, Request& request) : t(t), request(request) {}
+  Waiting(MpiTransport& t, Request& request, bool sliced)
+      : t(t), request(request), sliced(sliced) {}
   bool done() const override { return request.done(); }
   void progress() override {
     moved_now = t.progress();
@@ -289,17 +291,21 @@ struct MpiTransport::Waiting final : Waitable {
     }
     t.channel_->poll();
     if (t.channel_->announced(request.peer(), MpiChannel::Notice::kAbort)) {
+      if (sliced) t.fail_peer_aborted(request);
       peer_aborted = true;
       grace = Deadline::after(kAbortGraceSeconds);
     }
-    t.check_liveness(request, moved_at);
+    if (!sliced) t.check_liveness(request, moved_at);
   }
   void pause() override { backoff.pause(moved_now); }
   void block(uint32_t, std::chrono::microseconds) override { backoff.pause(moved_now); }
   void timed_out(const Deadline& window) override { t.last_call(request, window); }
+  bool woken() const override { return t.wakes_.load() != wakes; }
 
   MpiTransport& t;
   Request& request;
+  const bool sliced;
+  const uint64_t wakes = t.wakes_.load();
   Backoff backoff;
   bool moved_now = false;
   Clock::time_point moved_at = Clock::now();
@@ -307,14 +313,22 @@ struct MpiTransport::Waiting final : Waitable {
   Deadline grace;
 };
 
+namespace {
+
+WaitPolicy mpi_policy() {
+  WaitPolicy policy;
+  policy.spin = std::chrono::hours(24 * 365);  // pause() backs off by itself
+  policy.rounds_per_look = 1;
+  policy.looks_per_check = 32;
+  return policy;
+}
+
+}  // namespace
+
 void MpiTransport::wait(Request& request, const Deadline& deadline) {
   try {
-    Waiting waiting(*this, request);
-    WaitPolicy policy;
-    policy.spin = std::chrono::hours(24 * 365);  // pause() backs off by itself
-    policy.rounds_per_look = 1;
-    policy.looks_per_check = 32;
-    wait_until_done(waiting, deadline, policy);
+    Waiting waiting(*this, request, false);
+    wait_until_done(waiting, deadline, mpi_policy());
   } catch (...) {
     failed_ = true;
     channel_->mark_failed();
@@ -368,21 +382,9 @@ void MpiTransport::last_call(Request& request, const Deadline& deadline) {
 
 bool MpiTransport::wait_for(Request& request, std::chrono::microseconds slice) {
   try {
-    const Deadline until = Deadline::after(static_cast<double>(slice.count()) * 1e-6);
-    const uint64_t wakes = wakes_.load();
-    Backoff backoff;
-    while (!request.done()) {
-      const bool moved = progress();
-      if (request.done() || until.expired() || wakes_.load() != wakes) break;
-      if (backoff.should_poll_control()) {
-        channel_->poll();
-        if (channel_->announced(request.peer(), MpiChannel::Notice::kAbort)) {
-          fail_peer_aborted(request);
-        }
-      }
-      backoff.pause(moved);
-    }
-    return request.done();
+    if (request.done()) return true;
+    Waiting waiting(*this, request, true);
+    return wait_slice(waiting, slice, mpi_policy());
   } catch (...) {
     failed_ = true;
     channel_->mark_failed();

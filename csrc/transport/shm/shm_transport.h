@@ -46,6 +46,7 @@
 #include "transport/shm/shm_segment.h"
 #include "transport/transport.h"
 #include "transport/view_pool.h"
+#include "transport/waiter.h"
 
 namespace rr {
 
@@ -155,6 +156,8 @@ class ShmTransport : public Transport, public Bulletin {
   std::string in_segment_of(const Peer& p) const;
   void pause() const;
   std::chrono::microseconds spin() const;
+  // How wait() and wait_for() drive the waiter (shm_wait.cc).
+  WaitPolicy wait_policy() const;
   // Throws PeerError when `p` died, gave up or closed while `op` waits on it
   // (after taking what it published before, which may complete op).
   void check_peer(Peer& p, const Op& op);

@@ -62,30 +62,6 @@ void ShmTransport::wake() {
   if (header_ != nullptr) header_->doorbell.ring();
 }
 
-bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
-  auto& op = static_cast<Op&>(request);
-  Peer& awaited = peer(op.peer_);
-  const Clock::time_point until = Clock::now() + slice;
-  const Clock::time_point spin_until = Clock::now() + std::min(spin(), slice);
-  const uint64_t wakes = wakes_.load();
-  while (true) {
-    const uint32_t seen = header_->doorbell.read();
-    progress();
-    if (op.done_) return true;
-    const Clock::time_point now = Clock::now();
-    if (now >= until || wakes_.load() != wakes) return false;
-    if (now < spin_until) {
-      pause();
-      continue;
-    }
-    check_peer(awaited, op);
-    if (op.done_) return true;
-    header_->doorbell.sleep(
-        seen,
-        std::min(kSleepSlice, std::chrono::duration_cast<std::chrono::microseconds>(until - now)));
-  }
-}
-
 uint64_t ShmTransport::moved(int peer, bool) const {
   if (peer < 0 || static_cast<size_t>(peer) >= peers_.size() || !peers_[peer]) return 0;
   return peers_[static_cast<size_t>(peer)]->moved;
@@ -148,22 +124,35 @@ struct ShmTransport::Waiting final : Waitable {
     t.header_->doorbell.sleep(armed, bound);
   }
   void timed_out(const Deadline& window) override { t.fail_timeout(op, window); }
+  bool woken() const override { return t.wakes_.load() != wakes; }
 
   ShmTransport& t;
   Op& op;
   Peer& awaited;
+  const uint64_t wakes = t.wakes_.load();
 };
 
-void ShmTransport::wait(Request& request, const Deadline& deadline) {
-  auto& op = static_cast<Op&>(request);
-  if (op.done_) return;
-  Waiting waiting(*this, op);
+WaitPolicy ShmTransport::wait_policy() const {
   WaitPolicy policy;
   policy.spin = spin();
   policy.rounds_per_look = kRoundsPerLook;
   policy.looks_per_check = kSpinsPerLivenessCheck / kRoundsPerLook;
   policy.max_sleep = kSleepSlice;
-  wait_until_done(waiting, deadline, policy);
+  return policy;
+}
+
+void ShmTransport::wait(Request& request, const Deadline& deadline) {
+  auto& op = static_cast<Op&>(request);
+  if (op.done_) return;
+  Waiting waiting(*this, op);
+  wait_until_done(waiting, deadline, wait_policy());
+}
+
+bool ShmTransport::wait_for(Request& request, std::chrono::microseconds slice) {
+  auto& op = static_cast<Op&>(request);
+  if (op.done_) return true;
+  Waiting waiting(*this, op);
+  return wait_slice(waiting, slice, wait_policy());
 }
 
 void ShmTransport::fail_timeout(const Op& op, const Deadline& deadline) {

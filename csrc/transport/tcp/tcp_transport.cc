@@ -256,20 +256,24 @@ void TcpTransport::read_notice(const Link& link, Stream& stream) {
 // yields the CPU between rounds: the peer we wait for may need it (on an
 // oversubscribed host it is often runnable on our core).
 struct TcpTransport::Waiting final : Waitable {
-  Waiting(TcpTransport& t, Request& request, Link& link) : t(t), request(request), link(link) {}
+  // `link`: the awaited request's, or null while its peer has not connected.
+  Waiting(TcpTransport& t, Request& request, const Link* link)
+      : t(t), request(request), link(link) {}
   bool done() const override { return request.done(); }
   void progress() override { t.progress(); }
-  uint64_t moved() const override { return link.moved; }
+  uint64_t moved() const override { return link != nullptr ? link->moved : 0; }
   void pause() override { sched_yield(); }
   void block(uint32_t, std::chrono::microseconds bound) override {
     t.poll_links(Deadline::after(std::chrono::duration<double>(bound).count()));
   }
   void check_peer() override { t.check_gone(request); }
   void timed_out(const Deadline& window) override { t.fail_timeout(request, window); }
+  bool woken() const override { return t.wakes_.load() != wakes; }
 
   TcpTransport& t;
   Request& request;
-  Link& link;
+  const Link* link;
+  const uint64_t wakes = t.wakes_.load();
 };
 
 uint64_t TcpTransport::moved(int peer, bool sending) const {
@@ -282,7 +286,7 @@ uint64_t TcpTransport::moved(int peer, bool sending) const {
 void TcpTransport::wait(Request& request, const Deadline& deadline) {
   if (request.done()) return;
   const auto& awaited = static_cast<const Op&>(request);
-  Waiting waiting(*this, request, link_to(awaited.peer_, awaited.sending_));
+  Waiting waiting(*this, request, &link_to(awaited.peer_, awaited.sending_));
   WaitPolicy policy;
   // Small messages complete within microseconds, far less than a sleep in
   // poll() and the wake-up after it: retry for a short while first.
@@ -305,15 +309,13 @@ bool TcpTransport::progress() {
 }
 
 bool TcpTransport::wait_for(Request& request, std::chrono::microseconds slice) {
-  const Deadline until = Deadline::after(static_cast<double>(slice.count()) * 1e-6);
-  const uint64_t wakes = wakes_.load();
-  while (!request.done()) {
-    progress();
-    if (request.done() || until.expired() || wakes_.load() != wakes) break;
-    check_gone(request);
-    poll_links(until);
-  }
-  return request.done();
+  if (request.done()) return true;
+  const auto& awaited = static_cast<const Op&>(request);
+  // No spinning: the caller serves other requests or transports between slices.
+  Waiting waiting(*this, request, find_link(awaited.peer_, awaited.sending_));
+  WaitPolicy policy;
+  policy.looks_per_check = 1u << 30;  // liveness is the sockets' (see wait())
+  return wait_slice(waiting, slice, policy);
 }
 
 // Both ways, now: we only send to the right neighbour and receive from the

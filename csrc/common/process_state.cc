@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "security/auth.h"
+#include "common/sha256.h"
 
 namespace rr {
 namespace {

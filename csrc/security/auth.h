@@ -1,5 +1,5 @@
-// Proof of a shared job secret without sending it: SHA-256, HMAC-SHA256
-// (FIPS 180-4, RFC 2104), fresh random nonces, and the proofs that store
+// Proof of a shared job secret without sending it: HMAC-SHA256 (RFC 2104,
+// on common/sha256.h), fresh random nonces, and the proofs that store
 // connections and data links exchange when a job token is configured
 // (RINGREDUCE_TOKEN, or init(token=...)).
 //
@@ -14,12 +14,12 @@
 #include <string>
 #include <string_view>
 
+#include "common/sha256.h"
+
 namespace rr {
 
-using Digest = std::array<uint8_t, 32>;
 using Nonce = std::array<uint8_t, 16>;
 
-Digest sha256(std::string_view data);
 Digest hmac_sha256(std::string_view key, std::string_view message);
 
 // Equality that takes the same time wherever the first difference is.

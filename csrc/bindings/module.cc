@@ -23,6 +23,7 @@
 #include "rendezvous/store.h"
 #include "security/auth.h"
 #include "testing/fuzz.h"
+#include "testing/stalled_wait.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -133,6 +134,20 @@ void register_enums(py::module_& m) {
 // Hooks into the engine's pure parts for tests and benchmarks, kept out of
 // the package's API in the _core.testing submodule.
 void register_testing(py::module_& t) {
+  t.def(
+      "stalled_wait",
+      [](int awaited, int busy, double busy_seconds, double timeout) {
+        rr::testing::StalledWait w;
+        {
+          py::gil_scoped_release release;
+          w = rr::testing::stalled_wait(awaited, busy, busy_seconds, timeout);
+        }
+        return py::make_tuple(w.seconds, w.kind, w.peer, w.message);
+      },
+      py::arg("awaited"), py::arg("busy"), py::arg("busy_seconds"), py::arg("timeout"),
+      "A routed wait on `awaited` (of 4 ranks; parts 'near': rank 1, 'far': 2 and 3) "
+      "that never completes while `busy` moves messages for busy_seconds: (seconds, "
+      "kind, blamed peer, message).");
   t.def(
       "reduce_scatter_step",
       [](int rank, int size, int step) {

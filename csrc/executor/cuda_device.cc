@@ -24,6 +24,7 @@
 #include "executor/devices.h"
 #include "kernels/codec_cuda.h"
 #include "reduce/cuda_kernels.h"
+#include "transport/waiter.h"
 
 namespace rr {
 namespace {
@@ -230,33 +231,51 @@ class CudaDevice final : public Device {
   }
 
   // Polls instead of blocking in cudaEventSynchronize, which has no timeout:
-  // a hung kernel must end as a TimeoutError. A copy or kernel of a batch
-  // takes tens to hundreds of microseconds, so the first kSpin of a wait
-  // yields between queries (a sleep would add the timer's slack, 50 us by
-  // default, to every wait); after that it sleeps in growing slices of at
-  // most kMaxSleep.
-  void wait_for(cudaEvent_t event, const Deadline& deadline) {
-    constexpr auto kSpin = std::chrono::microseconds(200);
-    constexpr auto kMaxSleep = std::chrono::microseconds(200);
-    const auto start = std::chrono::steady_clock::now();
-    auto sleep = std::chrono::microseconds(10);
-    while (true) {
+  // a hung kernel must end as a TimeoutError. The waiter's loop
+  // (transport/waiter.h) with the event as its Waitable: a copy or kernel of
+  // a batch takes tens to hundreds of microseconds, so the first 200 us of a
+  // wait yields between queries (a sleep would add the timer's slack, 50 us
+  // by default, to every wait); after that it sleeps in growing slices of at
+  // most kMaxSleep. Nothing counts as progress short of the event itself, so
+  // the deadline bounds the whole wait.
+  struct EventWaiting final : Waitable {
+    EventWaiting(cudaEvent_t event, int device) : event(event), device(device) {}
+    bool done() const override { return finished; }
+    void progress() override {
       const cudaError_t err = cudaEventQuery(event);
-      if (err == cudaSuccess) return;
-      if (err != cudaErrorNotReady) check(err, "copy or kernel of a collective", device_);
-      if (deadline.expired()) {
-        throw TimeoutError("CUDA device " + std::to_string(device_) +
-                               " did not finish the copies and kernels of the collective within " +
-                               format_seconds(deadline.seconds()) + " s",
-                           -1);
-      }
-      if (std::chrono::steady_clock::now() - start < kSpin) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(sleep);
-        sleep = std::min(2 * sleep, kMaxSleep);
+      if (err == cudaSuccess) {
+        finished = true;
+      } else if (err != cudaErrorNotReady) {
+        check(err, "copy or kernel of a collective", device);
       }
     }
+    uint64_t moved() const override { return 0; }
+    void pause() override { std::this_thread::yield(); }
+    void block(uint32_t, std::chrono::microseconds bound) override {
+      std::this_thread::sleep_for(std::min(sleep, bound));
+      sleep = std::min(2 * sleep, kMaxSleep);
+    }
+    void timed_out(const Deadline& window) override {
+      throw TimeoutError("CUDA device " + std::to_string(device) +
+                             " did not finish the copies and kernels of the collective within " +
+                             format_seconds(window.seconds()) + " s",
+                         -1);
+    }
+
+    static constexpr std::chrono::microseconds kMaxSleep{200};
+    cudaEvent_t event;
+    int device;
+    bool finished = false;
+    std::chrono::microseconds sleep{10};
+  };
+
+  void wait_for(cudaEvent_t event, const Deadline& deadline) {
+    EventWaiting waiting(event, device_);
+    WaitPolicy policy;
+    policy.spin = std::chrono::microseconds(200);
+    policy.looks_per_check = 1u << 30;  // no peer to look at
+    policy.max_sleep = EventWaiting::kMaxSleep;
+    wait_until_done(waiting, deadline, policy);
   }
 
   // With the device current. Errors are ignored: at interpreter exit the CUDA

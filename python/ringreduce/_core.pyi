@@ -334,6 +334,10 @@ class _Testing:
     @staticmethod
     def fuzz_parsers(frames: int, seed: int) -> Dict[str, Dict[str, Any]]: ...
     @staticmethod
+    def stalled_wait(
+        awaited: int, busy: int, busy_seconds: float, timeout: float
+    ) -> Tuple[float, str, int, str]: ...
+    @staticmethod
     def cuda_reduce(
         dtype: int, op: int, out: int, a: int, b: int, n: int, stream: int = 0
     ) -> None: ...

@@ -31,7 +31,6 @@ bool drive(Waitable& w, const Deadline* deadline, Clock::time_point until,
       w.pause();
       continue;
     }
-    std::chrono::microseconds left;
     if (deadline != nullptr) {
       const uint64_t now_moved = w.moved();
       if (now_moved != moved) {
@@ -43,11 +42,8 @@ bool drive(Waitable& w, const Deadline* deadline, Clock::time_point until,
         if (w.done()) return true;
         throw Error("internal: a wait timed out without an error naming its peer");
       }
-      left = std::chrono::milliseconds(std::max(1, window.poll_ms(1 << 30)));
-    } else {
-      const Clock::time_point now = Clock::now();
-      if (now >= until || w.woken()) return false;
-      left = std::chrono::duration_cast<std::chrono::microseconds>(until - now);
+    } else if (Clock::now() >= until || w.woken()) {
+      return false;
     }
     if (spinning) {
       spinning = Clock::now() < spin_until;
@@ -60,6 +56,12 @@ bool drive(Waitable& w, const Deadline* deadline, Clock::time_point until,
     }
     w.check_peer();
     if (w.done()) return true;
+    // How long the sleep may last: read only here, not on every spinning look.
+    const std::chrono::microseconds left =
+        deadline != nullptr
+            ? std::chrono::milliseconds(std::max(1, window.poll_ms(1 << 30)))
+            : std::chrono::duration_cast<std::chrono::microseconds>(
+                  std::max(Clock::duration::zero(), until - Clock::now()));
     w.block(armed, std::min(policy.max_sleep, left));
   }
 }

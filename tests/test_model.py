@@ -326,3 +326,37 @@ def test_probe_at_two_ranks_fits_every_sample():
     assert all(s.ranks == 2 and s.link == "shm" and s.seconds > 0 for s in samples)
     links, _ = fit(samples)
     assert links["shm"].beta > 0 and math.isfinite(links["shm"].gbs)
+
+
+def _job(seconds_by_size):
+    """A probe job's samples at 2 ranks over shm: all_gather and all_reduce, these times."""
+    return [
+        Sample(c, n, 2, "shm", t) for c in ("all_gather", "all_reduce") for n, t in seconds_by_size
+    ]
+
+
+def test_probe_runs_a_disturbed_job_again(monkeypatch):
+    """A job whose 8 MB calls took no longer than its 4 KB ones (every call descheduled on
+    a busy machine) is measured again, and only the undisturbed job's samples are kept."""
+    from ringreduce.model import probe as probe_module
+
+    flat = _job([(4 << 10, 2e-3), (8 << 20, 2e-3)])
+    good = _job([(4 << 10, 8e-6), (8 << 20, 2e-3)])
+    jobs = [flat, good]
+    monkeypatch.setattr(probe_module, "_run_job", lambda *a: jobs.pop(0))
+    samples = probe_module.probe(2, ("shm",), rounds=1)
+    assert samples == good and not jobs
+    assert fit(samples)[0]["shm"].beta > 0
+
+
+def test_probe_says_the_machine_is_too_busy_instead_of_fitting_no_bandwidth(monkeypatch):
+    from ringreduce.model import probe as probe_module
+
+    runs = []
+    flat = _job([(4 << 10, 2e-3), (8 << 20, 1.9e-3)])
+    monkeypatch.setattr(probe_module, "_run_job", lambda *a: runs.append(a) or flat)
+    with pytest.raises(RuntimeError) as err:
+        probe_module.probe(2, ("shm",), attempts=3)
+    assert len(runs) == 3
+    text = str(err.value)
+    assert "probe over shm" in text and "too busy" in text and "8388608 bytes" in text

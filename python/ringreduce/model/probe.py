@@ -4,6 +4,13 @@
 The driver (:func:`probe`) launches the ranks with ``ringreduce.launch``, once per
 transport; each rank runs :func:`main` (``python -m ringreduce.model.probe``), and rank 0
 writes the times, the maximum over ranks, as JSON.
+
+Load on the machine only adds time, so each rank keeps its fastest round. A job whose
+largest message of a collective was not slower than its smallest was disturbed past
+what that keeps (every call paying for being descheduled, whatever its size): its
+samples say nothing about bandwidth, so the job runs again, and after ``attempts``
+such jobs the probe says the machine is too busy instead of fitting an infinite
+bandwidth.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .fitting import Sample
+from .fitting import Sample, fit
 
 __all__ = ["DEFAULT_SIZES", "main", "probe"]
 
@@ -37,38 +44,74 @@ def probe(
     transports: Sequence[str] = ("shm", "tcp"),
     sizes: dict[str, Sequence[int]] | None = None,
     rounds: int = 3,
+    attempts: int = 3,
 ) -> list[Sample]:
     """Runs the probe on ``nprocs`` local ranks once per transport; returns the samples.
 
-    Raises RuntimeError when a probe job fails.
+    Raises RuntimeError when a probe job fails, or when ``attempts`` jobs in a row over
+    one transport timed some collective's largest size no slower than its smallest.
     """
-    from ..launch import launch
-
     if nprocs < 2:
         raise ValueError("the probe needs at least 2 ranks (-n 2)")
     plan = {k: tuple(int(s) for s in v) for k, v in (sizes or DEFAULT_SIZES).items()}
     samples: list[Sample] = []
     for transport in transports:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "probe.json")
-            cmd = [sys.executable, "-m", "ringreduce.model.probe", "--out", out]
-            cmd += ["--plan", json.dumps(plan), "--rounds", str(rounds)]
-            rc = launch(nprocs, cmd, transport=transport)
-            if rc != 0 or not os.path.exists(out):
-                raise RuntimeError(f"probe on {nprocs} ranks over {transport} failed (exit {rc})")
-            with open(out) as f:
-                data = json.load(f)
-        samples.extend(
-            Sample(
-                s["collective"],
-                s["nbytes"],
-                data["ranks"],
-                data["transport"],
-                s["seconds"],
-            )
-            for s in data["samples"]
-        )
+        for attempt in range(1, attempts + 1):
+            got = _run_job(nprocs, transport, plan, rounds)
+            flat = _flat(got)
+            if flat is None:
+                break
+            if attempt == attempts:
+                raise RuntimeError(
+                    f"probe over {transport}: {flat} in {attempts} jobs in a row; the machine "
+                    "is too busy to measure bandwidth (try again when it is idle)"
+                )
+        samples.extend(got)
     return samples
+
+
+def _run_job(nprocs: int, transport: str, plan: dict, rounds: int) -> list[Sample]:
+    """One probe job on ``nprocs`` ranks over ``transport``: its samples, in plan order."""
+    from ..launch import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "probe.json")
+        cmd = [sys.executable, "-m", "ringreduce.model.probe", "--out", out]
+        cmd += ["--plan", json.dumps(plan), "--rounds", str(rounds)]
+        rc = launch(nprocs, cmd, transport=transport)
+        if rc != 0 or not os.path.exists(out):
+            raise RuntimeError(f"probe on {nprocs} ranks over {transport} failed (exit {rc})")
+        with open(out) as f:
+            data = json.load(f)
+    return [
+        Sample(s["collective"], s["nbytes"], data["ranks"], data["transport"], s["seconds"])
+        for s in data["samples"]
+    ]
+
+
+def _flat(samples: Sequence[Sample]) -> str | None:
+    """What makes a job's samples useless for a fit, or None: a collective whose largest
+    size took no longer than its smallest (the time did not grow with the bytes), or a
+    fit that put every size's time in the latency term (beta = 0)."""
+    by_collective: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_collective.setdefault(s.collective, []).append(s)
+    for collective, group in by_collective.items():
+        small = min(group, key=lambda s: s.nbytes)
+        large = max(group, key=lambda s: s.nbytes)
+        if large.nbytes > small.nbytes and large.seconds <= small.seconds:
+            return (
+                f"{collective} of {large.nbytes:.0f} bytes took {large.seconds * 1e6:.0f} us, "
+                f"no longer than {small.nbytes:.0f} bytes ({small.seconds * 1e6:.0f} us)"
+            )
+    links, _ = fit(samples)
+    for kind, link in links.items():
+        if link.beta <= 0:
+            times = ", ".join(
+                f"{s.collective} {s.nbytes:.0f} B {s.seconds * 1e6:.0f} us" for s in samples
+            )
+            return f"the fit found no bandwidth term for {kind} (beta = 0; {times})"
+    return None
 
 
 def _timed(comm: Any, fn: Callable[[], Any], iters: int) -> float:
@@ -116,8 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fn()  # warm: links connected, pages touched
                 once = comm.all_reduce(np.array([_timed(comm, fn, 1)]), "max")[0]
                 iters = int(min(200, max(3, _TARGET_S / max(once, 1e-7))))
-                times = [_timed(comm, fn, iters) for _ in range(args.rounds)]
-                worst = comm.all_reduce(np.array([float(np.median(times))]), "max")[0]
+                # Load only adds time: the fastest round is the least disturbed one.
+                best = min(_timed(comm, fn, iters) for _ in range(args.rounds))
+                worst = comm.all_reduce(np.array([best]), "max")[0]
                 samples.append(
                     {"collective": collective, "nbytes": x.nbytes, "seconds": float(worst)}
                 )

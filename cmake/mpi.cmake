@@ -31,7 +31,7 @@ if(MPI_C_FOUND)
   python_add_library(_core_mpi MODULE WITH_SOABI
     csrc/bindings/mpi_bindings.cc
     csrc/engine/mpi_communicator.cc
-    csrc/rendezvous/mpi_store.cc
+    csrc/transport/mpi/mpi_store.cc
     csrc/transport/mpi/mpi_channel.cc
     csrc/transport/mpi/mpi_transport.cc
   )

@@ -24,6 +24,8 @@
 #include <cstddef>
 #include <utility>
 
+#include "executor/segments.h"  // segment_size, segments_in, segment_length
+
 namespace rr {
 
 // [begin, end) of chunk `index` when `count` elements are split over `parts`.
@@ -54,21 +56,6 @@ inline RingStep reduce_scatter_step(int rank, int size, int step) {
 // chunk r-s-1. After size-1 steps every rank holds every chunk.
 inline RingStep all_gather_step(int rank, int size, int step) {
   return {ring_mod(rank - step, size), ring_mod(rank - step - 1, size)};
-}
-
-// The segment size for elements of `elem` bytes: a whole number of elements,
-// at least one, so a reduction never splits an element across messages.
-inline size_t segment_size(size_t segment_bytes, size_t elem) {
-  return std::max<size_t>(1, segment_bytes / elem) * elem;
-}
-
-// Number of messages `bytes` are sent as. An empty region is not sent at all
-// (zero messages), by either side.
-inline size_t segments_in(size_t bytes, size_t segment) { return (bytes + segment - 1) / segment; }
-
-// Length of segment j of a region of `bytes`.
-inline size_t segment_length(size_t bytes, size_t segment, size_t j) {
-  return std::min(segment, bytes - j * segment);
 }
 
 // Number of rounds reduce_scatter runs with pieces of `piece_elems` elements:

@@ -42,7 +42,10 @@ void small_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args)
 void direct_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args) {
   const size_t bytes = args.count * dtype_size(args.dtype);
   if (bytes == 0) return;
-  if (x.direct_reduce(ring, args)) {
+  // The executor's direct route addresses transport ranks: only for a ring of
+  // every rank (a sub-ring's positions are other ranks).
+  if (ring.members == nullptr &&
+      x.direct_reduce(ring.rank, ring.size, args.send, args.recv, args.count)) {
     if (args.op == ReduceOp::kAvg) x.divide(args.recv, args.count, ring.size);
     return;
   }

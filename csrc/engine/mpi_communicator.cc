@@ -3,7 +3,7 @@
 #include "common/error.h"
 #include "engine/bootstrap.h"
 #include "engine/identity.h"
-#include "rendezvous/mpi_store.h"
+#include "transport/mpi/mpi_store.h"
 #include "transport/mpi/mpi_transport.h"
 
 namespace rr {

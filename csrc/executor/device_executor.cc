@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "algorithms/ring_schedule.h"
 #include "common/error.h"
+#include "executor/segments.h"
 
 namespace rr {
 namespace {

@@ -12,8 +12,8 @@
 // Adding a collective means writing its schedule once; adding a kind of
 // memory means writing one executor.
 //
-// Both executors cut a step into the same segments (segment_length in
-// algorithms/ring_schedule.h) and send each as one message, so ranks whose
+// Both executors cut a step into the same segments (executor/segments.h)
+// and send each as one message, so ranks whose
 // buffers live in different kinds of memory can run one collective together.
 //
 // Ordering: an executor's steps and local operations take effect in the order
@@ -32,9 +32,6 @@
 #include "transport/transport.h"
 
 namespace rr {
-
-struct CollectiveArgs;  // algorithms/collective.h
-struct Ring;            // algorithms/schedule.h
 
 // What every executor is made with: one collective's link to its peers and
 // the shape of its data.
@@ -97,14 +94,18 @@ class Executor {
   }
 
   // The direct all_reduce's data movement and reduction in one (small
-  // messages, algorithms/small_all_reduce.cc): every rank's whole vector to
-  // every other at once, then args.recv = the vectors reduced in rank order
-  // (ours at ring position ring.rank; avg not yet divided). Returns false
-  // where this executor has no such route for these buffers: the schedule
-  // then gathers the vectors into scratch() and reduces there.
-  virtual bool direct_reduce(const Ring& ring, const CollectiveArgs& args) {
-    (void)ring;
-    (void)args;
+  // messages, algorithms/small_all_reduce.cc), over the transport's ranks
+  // 0..size-1 with this one at `rank`: `send`'s `count` elements to every
+  // other rank at once, then recv = every rank's vector reduced in rank order
+  // (avg not yet divided). Returns false where this executor has no such
+  // route for these buffers: the schedule then gathers the vectors into
+  // scratch() and reduces there.
+  virtual bool direct_reduce(int rank, int size, const void* send, void* recv, size_t count) {
+    (void)rank;
+    (void)size;
+    (void)send;
+    (void)recv;
+    (void)count;
     return false;
   }
 

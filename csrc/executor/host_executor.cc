@@ -3,10 +3,8 @@
 #include <cstring>
 #include <deque>
 
-#include "algorithms/collective.h"
-#include "algorithms/ring_schedule.h"
-#include "algorithms/schedule.h"
 #include "common/error.h"
+#include "executor/segments.h"
 
 namespace rr {
 namespace {
@@ -114,32 +112,28 @@ void HostExecutor::exchange(const std::vector<StepPlan>& plans) {
   recvs_.clear();
 }
 
-bool HostExecutor::direct_reduce(const Ring& ring, const CollectiveArgs& args) {
-  const size_t bytes = args.count * elem_;
+bool HostExecutor::direct_reduce(int rank, int size, const void* send_data, void* recv,
+                                 size_t count) {
+  const size_t bytes = count * elem_;
   // In place, the sends would read what the reduction writes; a vector longer
   // than a message would need several views per peer.
-  if (args.send == args.recv || ring.members != nullptr || ring.size < 2 || bytes == 0 ||
-      bytes > segment_) {
-    return false;
-  }
-  const int n = ring.size;
-  const char* send = static_cast<const char*>(args.send);
-  char* out = static_cast<char*>(args.recv);
+  if (send_data == recv || size < 2 || bytes == 0 || bytes > segment_) return false;
+  const int n = size;
+  const char* send = static_cast<const char*>(send_data);
+  char* out = static_cast<char*>(recv);
   sends_.clear();
   recvs_.assign(static_cast<size_t>(n), nullptr);  // by rank
-  for (int i = 1; i < n; ++i) sends_.push_back(transport_.isend((ring.rank + i) % n, send, bytes));
+  for (int i = 1; i < n; ++i) sends_.push_back(transport_.isend((rank + i) % n, send, bytes));
   for (int i = 1; i < n; ++i) {
-    const int from = (ring.rank + n - i) % n;
+    const int from = (rank + n - i) % n;
     recvs_[static_cast<size_t>(from)] = transport_.irecv_view(from, bytes);
   }
   for (int i = 1; i < n; ++i) {
-    transport_.wait(*recvs_[static_cast<size_t>((ring.rank + n - i) % n)], setup_.deadline());
+    transport_.wait(*recvs_[static_cast<size_t>((rank + n - i) % n)], setup_.deadline());
   }
-  auto vector_of = [&](int r) {
-    return r == ring.rank ? send : recvs_[static_cast<size_t>(r)]->view();
-  };
-  reduce_(out, vector_of(0), vector_of(1), args.count);
-  for (int r = 2; r < n; ++r) reduce_(out, out, vector_of(r), args.count);
+  auto vector_of = [&](int r) { return r == rank ? send : recvs_[static_cast<size_t>(r)]->view(); };
+  reduce_(out, vector_of(0), vector_of(1), count);
+  for (int r = 2; r < n; ++r) reduce_(out, out, vector_of(r), count);
   for (RequestPtr& view : recvs_) {
     if (view) transport_.release(*view);
   }

@@ -23,9 +23,9 @@ class HostExecutor final : public Executor {
   char* scratch() override { return scratch_; }
   void step(const StepPlan& plan) override;
   void exchange(const std::vector<StepPlan>& plans) override;
-  // Out of place: sends straight from args.send and reduces straight out of
+  // Out of place: sends straight from `send` and reduces straight out of
   // the transport's views of the peers' vectors, with no copy into scratch.
-  bool direct_reduce(const Ring& ring, const CollectiveArgs& args) override;
+  bool direct_reduce(int rank, int size, const void* send, void* recv, size_t count) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void reduce(void* out, const void* a, const void* b, size_t n) override;
   void divide(void* data, size_t n, int divisor) override;

@@ -1,4 +1,4 @@
-#include "rendezvous/mpi_store.h"
+#include "transport/mpi/mpi_store.h"
 
 namespace rr {
 namespace {

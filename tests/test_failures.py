@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import numpy as np
@@ -274,6 +275,11 @@ def test_a_rank_that_never_publishes_a_tiny_call_is_named(tmp_path):
     _absent_named(3, 2, str(tmp_path), 2, "shm")
 
 
+_OVER = r"over (shared memory|tcp|MPI)"
+_WAITING = re.compile(r"while rank \d+ was (receiving|sending|waiting for|posting) .+ " + _OVER)
+_TWICE = re.compile(_OVER + r" while rank")
+
+
 @pytest.mark.parametrize("links,n", links_and_sizes([2, 3, 4], contract=(3,)))
 def test_killed_rank_gives_peer_error_on_every_survivor(n, links):
     victim = 1
@@ -289,6 +295,10 @@ def test_killed_rank_gives_peer_error_on_every_survivor(n, links):
         assert peer == victim, message
         # Detected from the socket, or the process ending, not at the 60 s timeout.
         assert elapsed < 30
+        # Worded by the waiter, once: what was learned of the victim, then what the rank
+        # that learned it was waiting for, and over what.
+        assert _WAITING.search(message), message
+        assert not _TWICE.search(message), message
 
 
 def test_peer_that_closes_gives_error_naming_it(links):

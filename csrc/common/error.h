@@ -32,16 +32,24 @@ class TimeoutError : public Error {
 // (TCP keepalive probes or a request's retransmissions went unacknowledged:
 // a network partition, a frozen or powered-off host, never a slow process),
 // "" when nothing more is known.
+//
+// A transport says what it learned of the peer ("rank 2 exited, crashed or
+// was killed"); the waiter (transport/waiter.h) then says, once, what this
+// rank was waiting for when it learned it, and marks the error `framed` so
+// that a wait inside another wait (a routed transport's part) does not say
+// it twice.
 class PeerError : public Error {
  public:
-  PeerError(const std::string& what, int peer, std::string reason = {})
-      : Error(what), peer_(peer), reason_(std::move(reason)) {}
+  PeerError(const std::string& what, int peer, std::string reason = {}, bool framed = false)
+      : Error(what), peer_(peer), reason_(std::move(reason)), framed_(framed) {}
   int peer() const { return peer_; }
   const std::string& reason() const { return reason_; }
+  bool framed() const { return framed_; }
 
  private:
   int peer_;
   std::string reason_;
+  bool framed_;
 };
 
 // PeerError's reasons (see above).

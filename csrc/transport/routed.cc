@@ -104,6 +104,7 @@ struct PartWaiting final : Waitable {
   void timed_out(const Deadline& window) override {
     throw_no_progress(window, request.what(), owner.name(), request.peer());
   }
+  WaitContext context() const override { return {routed.rank(), request.what(), owner.name()}; }
 
   RoutedTransport& routed;
   Transport& owner;

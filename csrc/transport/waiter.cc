@@ -68,21 +68,38 @@ bool drive(Waitable& w, const Deadline* deadline, Clock::time_point until,
 
 }  // namespace
 
+void throw_in_context(const PeerError& e, const WaitContext& c) {
+  if (e.framed() || c.rank < 0) throw e;
+  throw PeerError(std::string(e.what()) + " while rank " + std::to_string(c.rank) + " was " +
+                      c.doing + " over " + transport_words(c.transport),
+                  e.peer(), e.reason(), true);
+}
+
 void wait_until_done(Waitable& w, const Deadline& deadline, const WaitPolicy& policy) {
-  drive(w, &deadline, Clock::time_point::max(), policy);
+  try {
+    drive(w, &deadline, Clock::time_point::max(), policy);
+  } catch (const PeerError& e) {
+    throw_in_context(e, w.context());
+  }
 }
 
 bool wait_slice(Waitable& w, std::chrono::microseconds slice, const WaitPolicy& policy) {
-  return drive(w, nullptr, Clock::now() + slice, policy);
+  try {
+    return drive(w, nullptr, Clock::now() + slice, policy);
+  } catch (const PeerError& e) {
+    throw_in_context(e, w.context());
+  }
+}
+
+std::string transport_words(const std::string& transport) {
+  return transport == "shm" ? "shared memory" : transport == "mpi" ? "MPI" : transport;
 }
 
 void throw_no_progress(const Deadline& window, const std::string& doing, const char* transport,
                        int peer, const std::string& detail) {
-  const std::string name = transport;
-  const std::string over = name == "shm" ? "shared memory" : name == "mpi" ? "MPI" : name;
-  throw TimeoutError(
-      "no progress for " + format_seconds(window.seconds()) + " s " + doing + " over " + over + detail,
-      peer);
+  throw TimeoutError("no progress for " + format_seconds(window.seconds()) + " s " + doing +
+                         " over " + transport_words(transport) + detail,
+                     peer);
 }
 
 }  // namespace rr

@@ -17,7 +17,15 @@
 // communicator or gave up on it; check_peer, or an error from progress), and
 // TimeoutError when it merely made no progress for a whole window
 // (timed_out). Whatever the peer published before it went is taken first:
-// a request it completed still completes.
+// a request it completed still completes. Another rank is blamed only where
+// the transport has proof that it is gone (its connection ended, a liveness
+// signal), never for a mere silence.
+//
+// Both errors are worded here, once, for every transport: the transport says
+// what it learned ("rank 2 exited, crashed or was killed"), and the waiter
+// adds what this rank was waiting for then (Waitable::context: "while rank 0
+// was receiving 4096 bytes from rank 2 over tcp"); a timeout says how long
+// nothing moved, which way, how many bytes, with whom, over what.
 //
 // How: rounds of progress() and a pause() (a CPU pause, or a yield when the
 // host has more ranks than cores) for up to `spin` (a neighbour's message is
@@ -35,6 +43,15 @@
 #include "common/deadline.h"
 
 namespace rr {
+
+// What a wait is, for the errors it raises: this rank, what it waits for
+// (Request::what(): "receiving 4096 bytes from rank 1") and the transport's
+// name(). A rank of -1: nothing to add (the wait words its own errors).
+struct WaitContext {
+  int rank = -1;
+  std::string doing;
+  std::string transport;
+};
 
 // One awaited request, as its transport lets the waiter drive it.
 class Waitable {
@@ -62,6 +79,8 @@ class Waitable {
   // For wait_slice: another thread asked the transport to let its waits
   // return (Transport::wake) since this wait began.
   virtual bool woken() const { return false; }
+  // What this wait is, for a PeerError raised while it runs.
+  virtual WaitContext context() const { return {}; }
 };
 
 // A sleeping wait wakes this often to look whether its peer is alive (a rank that
@@ -99,5 +118,15 @@ bool wait_slice(Waitable& w, std::chrono::microseconds slice, const WaitPolicy& 
 [[noreturn]] void throw_no_progress(const Deadline& window, const std::string& doing,
                                     const char* transport, int peer,
                                     const std::string& detail = "");
+
+// A peer's failure, as its transport worded it, with what this rank was
+// doing when it learned of it: "<e> while rank 0 was receiving 4096 bytes
+// from rank 2 over tcp". Once: an error already framed by an inner wait
+// passes as it is. The waits do this themselves; a transport calls it for
+// what it learns outside a wait (moving bytes as it posts a request).
+[[noreturn]] void throw_in_context(const PeerError& e, const WaitContext& c);
+
+// A transport's name() as errors say it: "shared memory", "tcp", "MPI".
+std::string transport_words(const std::string& transport);
 
 }  // namespace rr

@@ -301,6 +301,7 @@ struct MpiTransport::Waiting final : Waitable {
   void block(uint32_t, std::chrono::microseconds) override { backoff.pause(moved_now); }
   void timed_out(const Deadline& window) override { t.last_call(request, window); }
   bool woken() const override { return t.wakes_.load() != wakes; }
+  WaitContext context() const override { return {t.rank(), request.what(), t.name()}; }
 
   MpiTransport& t;
   Request& request;
@@ -354,11 +355,7 @@ void MpiTransport::check_liveness(const Request& request, Clock::time_point move
     state = Liveness::State::kDied;
   }
   if (gone < 0) return;
-  const bool sending = static_cast<const Op&>(request).sending_;
-  throw PeerError(Liveness::describe(gone, state) + " while rank " + std::to_string(rank()) +
-                      " was " + (sending ? "sending to" : "waiting for data from") + " rank " +
-                      std::to_string(request.peer()) + " over MPI",
-                  gone);
+  throw PeerError(Liveness::describe(gone, state), gone);
 }
 
 void MpiTransport::last_call(Request& request, const Deadline& deadline) {
@@ -398,12 +395,9 @@ void MpiTransport::fail_timeout(const Request& request, const Deadline& deadline
 }
 
 void MpiTransport::fail_peer_aborted(const Request& request) {
-  const bool sending = static_cast<const Op&>(request).sending_;
-  throw PeerError("rank " + std::to_string(request.peer()) +
-                      " gave up on the communicator (it failed or aborted) while rank " +
-                      std::to_string(rank()) + " was " +
-                      (sending ? "sending to it" : "waiting for data from it"),
-                  request.peer());
+  throw PeerError(
+      "rank " + std::to_string(request.peer()) + " gave up on the communicator (it failed or aborted)",
+      request.peer());
 }
 
 bool MpiTransport::idle() const {

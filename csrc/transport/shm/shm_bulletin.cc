@@ -37,11 +37,13 @@ struct BulletinWaiting final : Waitable {
     home.doorbell.sleep_unless(armed, bound, ready);
   }
   void timed_out(const Deadline&) override { expire_fn(); }
+  WaitContext context() const override { return waiting; }
 
   shm::Header& home;
   const uint64_t& moved_count;
   const Ready& ready;
   std::function<void()> progress_fn, check_fn, pause_fn, expire_fn;
+  WaitContext waiting;
 };
 
 }  // namespace
@@ -50,16 +52,16 @@ template <class Ready>
 void ShmTransport::bulletin_wait(Peer& awaited, const Ready& ready, const std::string& what,
                              const Deadline& deadline) {
   if (header_ == nullptr) throw Error("shared memory: " + rank_name(rank_) + " is closed");
-  const std::string doing = "waiting for " + what + " over shared memory";
   BulletinWaiting<Ready> w(*header_, awaited.moved, ready);
+  w.waiting = {rank_, "waiting for " + what, name()};
   w.progress_fn = [this] { progress(); };
   w.pause_fn = [this] { pause(); };
-  w.check_fn = [this, &awaited, &ready, &doing] {
+  w.check_fn = [this, &awaited, &ready] {
     const Gone gone = peer_gone(awaited);
     if (gone == Gone::kNo) return;
     progress();  // what it did before it went still counts
     if (ready()) return;
-    blame(awaited, gone, doing);
+    blame(awaited, gone);
   };
   w.expire_fn = [this, &awaited, &what, &deadline] {
     throw_no_progress(deadline, "waiting for " + what, name(), awaited.rank);

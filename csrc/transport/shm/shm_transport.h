@@ -166,9 +166,9 @@ class ShmTransport : public Transport, public Bulletin {
   // Whether `p` gave up, died or closed (in that order of precedence).
   enum class Gone { kNo, kAborted, kDead, kClosed };
   Gone peer_gone(Peer& p) const;
-  // Throws the PeerError naming `p` for `gone`; `doing`: what this rank was
-  // doing meanwhile.
-  [[noreturn]] void blame(Peer& p, Gone gone, const std::string& doing) const;
+  // Throws the PeerError naming `p` for `gone`: what we learned of it (the
+  // waiter adds what this rank was waiting for).
+  [[noreturn]] void blame(Peer& p, Gone gone) const;
   // Waits, as wait() does, until ready() holds, blaming `awaited`; `what`
   // names what we wait for ("entry 7 of its bulletin").
   template <class Ready>

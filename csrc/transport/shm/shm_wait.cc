@@ -73,9 +73,7 @@ void ShmTransport::check_peer(Peer& p, const Op& op) {
   // What it published before it went is in our memory: take it first.
   progress();
   if (op.done_) return;
-  blame(p, gone,
-        std::string(op.sending_ ? "sending to" : "waiting for data from") +
-            " it over shared memory");
+  blame(p, gone);
 }
 
 ShmTransport::Gone ShmTransport::peer_gone(Peer& p) const {
@@ -92,21 +90,17 @@ ShmTransport::Gone ShmTransport::peer_gone(Peer& p) const {
   return Gone::kNo;
 }
 
-void ShmTransport::blame(Peer& p, Gone gone, const std::string& doing) const {
+// What we learned of the peer; the waiter adds what we were waiting for.
+void ShmTransport::blame(Peer& p, Gone gone) const {
   if (gone == Gone::kAborted) {
-    throw PeerError(rank_name(p.rank) + " gave up on the communicator (it failed) while " +
-                        rank_name(rank_) + " was " + doing,
-                    p.rank);
+    throw PeerError(rank_name(p.rank) + " gave up on the communicator (it failed)", p.rank);
   }
   if (gone == Gone::kDead) {
     throw PeerError(rank_name(p.rank) + " (pid " + std::to_string(p.pid) +
-                        " on this host) exited, crashed or was killed while " + rank_name(rank_) +
-                        " was " + doing,
+                        " on this host) exited, crashed or was killed",
                     p.rank);
   }
-  throw PeerError(
-      rank_name(p.rank) + " closed its communicator while " + rank_name(rank_) + " was " + doing,
-      p.rank);
+  throw PeerError(rank_name(p.rank) + " closed its communicator", p.rank);
 }
 
 // The waiter's view of one wait: progress is a message moved to or from the
@@ -125,6 +119,7 @@ struct ShmTransport::Waiting final : Waitable {
   }
   void timed_out(const Deadline& window) override { t.fail_timeout(op, window); }
   bool woken() const override { return t.wakes_.load() != wakes; }
+  WaitContext context() const override { return {t.rank_, op.what(), t.name()}; }
 
   ShmTransport& t;
   Op& op;

@@ -48,7 +48,11 @@ RequestPtr TcpTransport::post(std::shared_ptr<Op> op) {
     }
     distribute(link, op);
     // Start moving bytes now: small messages often complete right here.
-    progress(link);
+    try {
+      progress(link);
+    } catch (const PeerError& e) {
+      throw_in_context(e, {rank_, "posting " + op->what(), name()});
+    }
   }
   return op;
 }
@@ -138,9 +142,8 @@ void TcpTransport::progress(Link& link) {
       note(link, k == 0 ? 0 : errno);
       if (k == 0 && !link.sending) {
         throw PeerError("rank " + std::to_string(link.peer) +
-                            " closed its connection (it exited, crashed or aborted) while rank " +
-                            std::to_string(rank_) + " expected " + std::to_string(p.op->left) +
-                            " more bytes from it",
+                            " closed its connection (it exited, crashed or aborted) " +
+                            std::to_string(p.op->left) + " bytes before the end of a message",
                         link.peer);
       }
       fail_link(link.peer, errno, keepalive_seconds_);
@@ -269,6 +272,7 @@ struct TcpTransport::Waiting final : Waitable {
   void check_peer() override { t.check_gone(request); }
   void timed_out(const Deadline& window) override { t.fail_timeout(request, window); }
   bool woken() const override { return t.wakes_.load() != wakes; }
+  WaitContext context() const override { return {t.rank_, request.what(), t.name()}; }
 
   TcpTransport& t;
   Request& request;
@@ -376,8 +380,7 @@ void TcpTransport::check_gone(const Request& request) {
   if (notice) {
     throw PeerError("rank " + std::to_string(op.peer_) +
                         " gave up on the communicator (it failed or was interrupted) before it "
-                        "connected to rank " +
-                        std::to_string(rank_),
+                        "connected",
                     op.peer_);
   }
 }

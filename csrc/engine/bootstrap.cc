@@ -205,9 +205,22 @@ std::unique_ptr<Communicator> connect_communicator(std::unique_ptr<Store>& store
   std::optional<TcpReuse> tcp_reuse;
   std::optional<ShmReuse> shm_reuse;
   if (reuse != nullptr) {
-    Transport* parent = reuse->parent;
-    tcp_reuse = TcpReuse{parent != nullptr ? parent->tcp_part() : nullptr, reuse->old_ranks};
-    shm_reuse = ShmReuse{parent != nullptr ? parent->shm_part() : nullptr, reuse->old_ranks};
+    // The revoked communicator's TCP and shared-memory transports, wherever
+    // they are among its parts.
+    TcpTransport* tcp_parent = nullptr;
+    ShmTransport* shm_parent = nullptr;
+    std::vector<Transport*> parts;
+    if (reuse->parent != nullptr) reuse->parent->parts(parts);
+    for (Transport* part : parts) {
+      if (auto* t = dynamic_cast<TcpTransport*>(part); t != nullptr && tcp_parent == nullptr) {
+        tcp_parent = t;
+      }
+      if (auto* s = dynamic_cast<ShmTransport*>(part); s != nullptr && shm_parent == nullptr) {
+        shm_parent = s;
+      }
+    }
+    tcp_reuse = TcpReuse{tcp_parent, reuse->old_ranks};
+    shm_reuse = ShmReuse{shm_parent, reuse->old_ranks};
   }
   const NetworkFactory tcp = [&] {
     return TcpTransport::connect_ring(rendezvous, prefix, rank, size, advertise,

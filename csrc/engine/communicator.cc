@@ -9,8 +9,6 @@
 #include "engine/dispatch.h"
 #include "engine/failure_report.h"
 #include "executor/devices.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace rr {
 Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transport> transport,
@@ -28,13 +26,10 @@ Communicator::Communicator(std::unique_ptr<Store> store, std::unique_ptr<Transpo
   // A segment is one message: at least a byte, and at most the 1 GiB that
   // every transport can carry (MPI counts are ints).
   options_.segment_bytes = std::clamp<size_t>(options_.segment_bytes, 1, size_t{1} << 30);
-  if (const TcpTransport* tcp = transport_->tcp_part()) {
-    stats_.tcp_links_reused = tcp->links_reused();
-    stats_.tcp_links_connected = tcp->links_connected();
-  }
-  if (const ShmTransport* shm = transport_->shm_part()) {
-    stats_.shm_peers_reused = shm->peers_reused();
-  }
+  const TransportStats set_up = transport_->stats();
+  stats_.tcp_links_reused = set_up.tcp_links_reused;
+  stats_.tcp_links_connected = set_up.tcp_links_connected;
+  stats_.shm_peers_reused = set_up.shm_peers_reused;
   reaches_all_ = true;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_ && !transport_->reaches(peer)) reaches_all_ = false;

@@ -41,8 +41,7 @@ class CountingTransport : public Transport {
   void close() noexcept override { inner_->close(); }
   TransportStats stats() const override { return inner_->stats(); }
   uint64_t moved(int peer, bool sending) const override { return inner_->moved(peer, sending); }
-  TcpTransport* tcp_part() override { return inner_->tcp_part(); }
-  ShmTransport* shm_part() override { return inner_->shm_part(); }
+  void parts(std::vector<Transport*>& out) override { inner_->parts(out); }
 
   // Bytes posted to and from ranks on other hosts.
   TransportStats between_hosts() const;

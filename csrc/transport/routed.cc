@@ -146,22 +146,11 @@ TransportStats RoutedTransport::stats() const {
     const TransportStats s = part->stats();
     total.bytes_sent += s.bytes_sent;
     total.bytes_received += s.bytes_received;
+    total.tcp_links_reused += s.tcp_links_reused;
+    total.tcp_links_connected += s.tcp_links_connected;
+    total.shm_peers_reused += s.shm_peers_reused;
   }
   return total;
-}
-
-TcpTransport* RoutedTransport::tcp_part() {
-  for (auto& part : parts_) {
-    if (TcpTransport* tcp = part->tcp_part()) return tcp;
-  }
-  return nullptr;
-}
-
-ShmTransport* RoutedTransport::shm_part() {
-  for (auto& part : parts_) {
-    if (ShmTransport* shm = part->shm_part()) return shm;
-  }
-  return nullptr;
 }
 
 }  // namespace rr

@@ -47,8 +47,9 @@ class RoutedTransport : public Transport {
   TransportStats stats() const override;
   // The part that reaches `peer` says.
   uint64_t moved(int peer, bool sending) const override;
-  TcpTransport* tcp_part() override;
-  ShmTransport* shm_part() override;
+  void parts(std::vector<Transport*>& out) override {
+    for (auto& part : parts_) part->parts(out);
+  }
 
  private:
   Transport& part_for(int peer);

@@ -24,14 +24,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/deadline.h"
 
 namespace rr {
 
-class Bulletin;      // transport/bulletin.h
-class ShmTransport;  // transport/shm/shm_transport.h
-class TcpTransport;  // transport/tcp/tcp_transport.h
+class Bulletin;  // transport/bulletin.h
 
 // "sending 4000 bytes to rank 2", "receiving 64 bytes from rank 0": a message
 // as waits and their errors name it.
@@ -59,6 +58,11 @@ using RequestPtr = std::shared_ptr<Request>;
 struct TransportStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  // Set up, once: what a shrink let this transport take over from the one it
+  // replaced (engine/bootstrap.cc), and what it connected anew.
+  int tcp_links_reused = 0;     // TCP ring links taken over
+  int tcp_links_connected = 0;  // TCP ring links connected anew
+  int shm_peers_reused = 0;     // local peers whose shared memory was taken over
 };
 
 class Transport {
@@ -147,11 +151,10 @@ class Transport {
   // The bulletin (transport/bulletin.h) over every rank of the communicator, or null
   // where this transport has none.
   virtual Bulletin* bulletin() { return nullptr; }
-  // The TCP transport among this one's parts (itself, or one it routes
-  // through), or null: where a shrink finds the links it can take over.
-  virtual TcpTransport* tcp_part() { return nullptr; }
-  // The same for the shared-memory transport.
-  virtual ShmTransport* shm_part() { return nullptr; }
+  // The transports that carry this one's messages: itself, or those it routes
+  // through or wraps. Where a shrink finds the links and the memory it can
+  // take over (engine/bootstrap.cc).
+  virtual void parts(std::vector<Transport*>& out) { out.push_back(this); }
 };
 
 }  // namespace rr

@@ -50,6 +50,8 @@
 
 namespace rr {
 
+class ShmTransport;
+
 struct ShmSettings {
   size_t slots = 8;                    // slots per inbox
   size_t slot_bytes = 256 << 10;       // data bytes per slot
@@ -106,12 +108,14 @@ class ShmTransport : public Transport, public Bulletin {
   // a shrink to take over, until close().
   void abort() noexcept override;
   void close() noexcept override;
-  TransportStats stats() const override { return stats_; }
+  // With the local peers whose shared memory it took over (a shrink).
+  TransportStats stats() const override {
+    TransportStats s = stats_;
+    s.shm_peers_reused = peers_reused_;
+    return s;
+  }
   // Messages moved with `peer`, either way (shm counts them per peer).
   uint64_t moved(int peer, bool sending) const override;
-  ShmTransport* shm_part() override { return this; }
-  // Local peers whose shared memory this transport took over (a shrink).
-  int peers_reused() const { return peers_reused_; }
 
   // True when large messages to `peer` go by address (cross-memory attach).
   bool single_copy_to(int peer) const;

@@ -55,6 +55,8 @@
 
 namespace rr {
 
+class TcpTransport;
+
 // What a shrink's new ring may take over: the revoked communicator's TCP
 // transport (its links parked; null: none here) and, for each new rank, its
 // rank there.
@@ -111,13 +113,16 @@ class TcpTransport : public Transport {
   void note_silent() noexcept override {
     if (cause_ == Cause::kNone) cause_ = Cause::kSilent;
   }
-  TransportStats stats() const override { return stats_; }
+  // With the ring links this transport took over from a parked one, and
+  // connected anew.
+  TransportStats stats() const override {
+    TransportStats s = stats_;
+    s.tcp_links_reused = links_reused_;
+    s.tcp_links_connected = ring_right_ >= 0 ? 2 - links_reused_ : 0;
+    return s;
+  }
   // Bytes moved on the link to (sending) or from `peer`.
   uint64_t moved(int peer, bool sending) const override;
-  TcpTransport* tcp_part() override { return this; }
-  // Ring links this transport took over from a parked one, and connected anew.
-  int links_reused() const { return links_reused_; }
-  int links_connected() const { return ring_right_ >= 0 ? 2 - links_reused_ : 0; }
 
  private:
   struct Op;

@@ -395,9 +395,9 @@ void MpiTransport::fail_timeout(const Request& request, const Deadline& deadline
 }
 
 void MpiTransport::fail_peer_aborted(const Request& request) {
-  throw PeerError(
-      "rank " + std::to_string(request.peer()) + " gave up on the communicator (it failed or aborted)",
-      request.peer());
+  throw PeerError("rank " + std::to_string(request.peer()) +
+                      " gave up on the communicator (it failed or aborted)",
+                  request.peer());
 }
 
 bool MpiTransport::idle() const {

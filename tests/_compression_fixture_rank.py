@@ -28,9 +28,11 @@ def _record(out: list, label: str, result) -> None:
     )
 
 
-def fixed_sequence(comm) -> list:
+def fixed_sequence(comm, pieces: str = "always") -> list:
     """Every codec x dtype: all_reduce (sum; avg queued), reduce_scatter; error feedback
-    over three calls and the residual it leaves; then calls cut into pieces."""
+    over three calls and the residual it leaves; then calls cut into pieces of 512
+    values per chunk (``pieces="never"``: the same calls whole), with the number of
+    engine collectives each all_reduce took ("ops")."""
     out: list = []
     for codec in CODECS:
         for dtype in DTYPES:
@@ -49,11 +51,13 @@ def fixed_sequence(comm) -> list:
             _record(out, f"{codec} feedback call {i}", y)
         _record(out, f"{codec} feedback residual", ef.residual(FEEDBACK_N))
     old = settings().piece_values, settings().pieces
-    configure(piece_values=1024, pieces="always")
+    configure(piece_values=512, pieces=pieces)
     try:
         for codec in CODECS:
             x = contribution(comm.rank, PIECES_N, "float32")
+            ops = comm.stats()["ops"]
             _record(out, f"{codec} pieces all_reduce", comm.all_reduce(x, compression=codec))
+            _record(out, f"{codec} pieces ops", np.array([comm.stats()["ops"] - ops]))
             _record(
                 out, f"{codec} pieces reduce_scatter", comm.reduce_scatter(x, compression=codec)
             )

@@ -22,7 +22,7 @@ namespace {
 using rr::data_of;
 
 void encode(const std::string& name, const py::array& x, uint64_t key, const py::array& payload,
-            const py::object& residual) {
+            const py::object& residual, uint64_t first) {
   const rr::codec::CodecKind kind = rr::codec::codec_kind(name.c_str());
   const size_t n = static_cast<size_t>(x.size());
   const float* values = data_of<float>(x, n, "x", false);
@@ -36,7 +36,7 @@ void encode(const std::string& name, const py::array& x, uint64_t key, const py:
     owed = data_of<float>(r, n, "residual", true);
   }
   py::gil_scoped_release nogil;
-  rr::codec::encode(kind, values, owed, n, key, out);
+  rr::codec::encode(kind, values, owed, n, key, out, first);
 }
 
 void decode(const std::string& name, const py::array& payload, size_t n, const py::array& out) {
@@ -74,10 +74,11 @@ void register_codecs(py::module_& m) {
       },
       py::arg("codec"), py::arg("n"), "The payload size of n values (codecs.py's payload_bytes).");
   m.def("codec_encode", &encode, py::arg("codec"), py::arg("x"), py::arg("key"), py::arg("payload"),
-        py::arg("residual") = py::none(),
+        py::arg("residual") = py::none(), py::arg("first") = 0,
         "Encodes the float32 array x into the uint8 array payload with stochastic-rounding "
         "key `key` (64 bits). With a residual (float32, x's length): encodes x + residual "
-        "and leaves in residual what the encode dropped.");
+        "and leaves in residual what the encode dropped. `first`: x[0]'s index in the array "
+        "x is a piece of (the dither is a function of it).");
   m.def("codec_decode", &decode, py::arg("codec"), py::arg("payload"), py::arg("n"), py::arg("out"),
         "out[:n] = the n float32 values the uint8 array payload stands for.");
   m.def("codec_decode_add", &decode_add, py::arg("codec"), py::arg("payloads"), py::arg("n"),

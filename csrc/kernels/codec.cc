@@ -96,8 +96,8 @@ size_t payload_bytes(CodecKind kind, size_t n) {
 }
 
 void encode(CodecKind kind, const float* x, float* residual, size_t n, uint64_t key,
-            uint8_t* payload) {
-  if (n > 0) fns(kind).encode(x, residual, n, key, payload);
+            uint8_t* payload, uint64_t first) {
+  if (n > 0) fns(kind).encode(x, residual, n, key, first, payload);
 }
 
 void decode(CodecKind kind, const uint8_t* payload, size_t n, float* out) {

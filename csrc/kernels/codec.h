@@ -36,8 +36,12 @@ size_t payload_bytes(CodecKind kind, size_t n);
 // Encodes x[0, n) into payload (payload_bytes(n) bytes). With a residual
 // (error feedback), encodes v = x + residual instead and leaves in residual
 // what the encode dropped: v - decode(payload), in one pass over the values.
+// `first`: the index of x[0] in the array x is a piece of, which the dither
+// of stochastic rounding is a function of (dither.h), so that a piece that
+// starts at a block boundary encodes to the bytes the whole array's blocks
+// there would (a call in pieces gives the bits of the call whole).
 void encode(CodecKind kind, const float* x, float* residual, size_t n, uint64_t key,
-            uint8_t* payload);
+            uint8_t* payload, uint64_t first = 0);
 
 // out[0, n) = the values payload stands for.
 void decode(CodecKind kind, const uint8_t* payload, size_t n, float* out);

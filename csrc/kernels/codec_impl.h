@@ -225,7 +225,8 @@ size_t codes_offset(size_t nb, size_t b) {
 }
 
 template <typename C>
-void encode_loop(const float* x, float* residual, size_t n, uint64_t key, uint8_t* payload) {
+void encode_loop(const float* x, float* residual, size_t n, uint64_t key, uint64_t first,
+                 uint8_t* payload) {
   const size_t nb = blocks_of(n);
   alignas(32) float v[kBlock];
   alignas(32) float back[kBlock];
@@ -237,7 +238,7 @@ void encode_loop(const float* x, float* residual, size_t n, uint64_t key, uint8_
       for (size_t i = 0; i < m; ++i) v[i] = src[i] + residual[lo + i];
       src = v;
     }
-    const float scale = C::encode(src, m, key, lo, codes);
+    const float scale = C::encode(src, m, key, first + lo, codes);
     if (C::kScaled) std::memcpy(payload + 4 * b, &scale, 4);
     C::store(codes, m, payload + codes_offset<C>(nb, b));
     if (residual != nullptr) {

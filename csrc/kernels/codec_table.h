@@ -9,7 +9,7 @@ namespace rr {
 namespace codec {
 
 using EncodeFn = void (*)(const float* x, float* residual, size_t n, uint64_t key,
-                          uint8_t* payload);
+                          uint64_t first, uint8_t* payload);
 using DecodeFn = void (*)(const uint8_t* payload, size_t n, float* out);
 using DecodeAddFn = void (*)(const uint8_t* const* payloads, size_t count, size_t n, float* acc);
 

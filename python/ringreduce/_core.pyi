@@ -253,10 +253,11 @@ def codec_payload_bytes(codec: str, n: int) -> int:
     """The payload size of n values ("bf16", "fp16", "int8" or "int4")."""
 
 def codec_encode(
-    codec: str, x: Any, key: int, payload: Any, residual: Optional[Any] = None
+    codec: str, x: Any, key: int, payload: Any, residual: Optional[Any] = None, first: int = 0
 ) -> None:
     """Encodes float32 x into the uint8 payload (stochastic-rounding key: 64 bits); with
-    a residual, encodes x + residual and leaves what the encode dropped in residual."""
+    a residual, encodes x + residual and leaves what the encode dropped in residual.
+    ``first``: x[0]'s index in the array x is a piece of (the dither's index)."""
 
 def codec_decode(codec: str, payload: Any, n: int, out: Any) -> None:
     """out[:n] = the n float32 values the uint8 payload stands for."""

@@ -139,27 +139,37 @@ def _f32(x: np.ndarray) -> np.ndarray:
 
 class _Kernel:
     """A built-in codec's C++ kernels (``_core.codec_*``), by kernel name, with the
-    numpy methods ``_encode_np(x, key)`` and ``_decode_np(payload, n)`` as the
-    reference. Mixed into the built-in codecs after Codec."""
+    numpy methods ``_encode_np(x, key, first)`` and ``_decode_np(payload, n)`` as the
+    reference. Mixed into the built-in codecs after Codec.
+
+    Their encodes take ``first``, the index of ``x[0]`` in the array ``x`` is a piece
+    of: the dither of stochastic rounding is a function of (key, that index), so a piece
+    that starts at a block boundary encodes to the bytes the whole array's blocks there
+    would, and a call cut into pieces gives the bits of the same call whole."""
 
     kernel: str = ""
 
     def payload_bytes(self, n: int) -> int:  # pragma: no cover - the codecs define it
         raise NotImplementedError
 
-    def _encode_np(self, x: np.ndarray, key: int) -> np.ndarray:  # pragma: no cover
+    def _encode_np(  # pragma: no cover
+        self, x: np.ndarray, key: int, first: int = 0
+    ) -> np.ndarray:
         raise NotImplementedError
 
     def _decode_np(self, payload: np.ndarray, n: int) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
-    def encode(self, x: np.ndarray, seed: int = 0, *, use_numpy: bool = False) -> np.ndarray:
-        """See `Codec.encode`; ``use_numpy``: the numpy reference for this call."""
+    def encode(
+        self, x: np.ndarray, seed: int = 0, *, first: int = 0, use_numpy: bool = False
+    ) -> np.ndarray:
+        """See `Codec.encode`; ``first``: x[0]'s index in the array x is a piece of (the
+        class's docstring); ``use_numpy``: the numpy reference for this call."""
         x = _f32(x)
         if use_numpy or not _KERNELS:
-            return self._encode_np(x, seed_key(seed))
+            return self._encode_np(x, seed_key(seed), first)
         payload = np.empty(self.payload_bytes(x.size), np.uint8)
-        _core.codec_encode(self.kernel, x, seed_key(seed), payload)
+        _core.codec_encode(self.kernel, x, seed_key(seed), payload, first=first)
         return payload
 
     def decode(self, payload: np.ndarray, n: int, *, use_numpy: bool = False) -> np.ndarray:
@@ -185,9 +195,16 @@ class _Kernel:
         )
 
     def encode_feedback(
-        self, x: np.ndarray, residual: np.ndarray, seed: int = 0, *, use_numpy: bool = False
+        self,
+        x: np.ndarray,
+        residual: np.ndarray,
+        seed: int = 0,
+        *,
+        first: int = 0,
+        use_numpy: bool = False,
     ) -> np.ndarray:
-        """See `Codec.encode_feedback`; ``use_numpy``: the numpy reference for this call."""
+        """See `Codec.encode_feedback`; ``first`` as in `encode`; ``use_numpy``: the
+        numpy reference for this call."""
         x = _f32(x)
         fits = (
             residual.dtype == _F32
@@ -197,11 +214,13 @@ class _Kernel:
         )
         if use_numpy or not _KERNELS or not fits:
             v = x + residual
-            payload = self.encode(v, seed, use_numpy=use_numpy)
+            payload = self.encode(v, seed, first=first, use_numpy=use_numpy)
             residual[:] = v - self.decode(payload, v.size, use_numpy=use_numpy)
             return payload
         payload = np.empty(self.payload_bytes(x.size), np.uint8)
-        _core.codec_encode(self.kernel, x, seed_key(seed), payload, residual.reshape(-1))
+        _core.codec_encode(
+            self.kernel, x, seed_key(seed), payload, residual.reshape(-1), first=first
+        )
         return payload
 
 
@@ -225,7 +244,7 @@ class BFloat16Codec(_Kernel, Codec):
     def payload_bytes(self, n: int) -> int:
         return 2 * n
 
-    def _encode_np(self, x: np.ndarray, key: int) -> np.ndarray:
+    def _encode_np(self, x: np.ndarray, key: int, first: int = 0) -> np.ndarray:
         with np.errstate(invalid="ignore"):  # a signalling nan's cast warns
             return x.astype(bfloat16("the bf16 codec's numpy path")).view(np.uint8)
 
@@ -252,7 +271,7 @@ class Float16Codec(_Kernel, Codec):
     def payload_bytes(self, n: int) -> int:
         return 4 * blocks_of(n) + 2 * n
 
-    def _encode_np(self, x: np.ndarray, key: int) -> np.ndarray:
+    def _encode_np(self, x: np.ndarray, key: int, first: int = 0) -> np.ndarray:
         n = x.size
         xb = _as_blocks(x)
         amax, _ = _max_abs(xb)
@@ -314,7 +333,7 @@ class BlockIntCodec(_Kernel, Codec):
     def payload_bytes(self, n: int) -> int:
         return 4 * blocks_of(n) + (n * self.bits + 7) // 8
 
-    def _encode_np(self, x: np.ndarray, key: int) -> np.ndarray:
+    def _encode_np(self, x: np.ndarray, key: int, first: int = 0) -> np.ndarray:
         n = x.size
         xb = _as_blocks(x)
         nb = xb.shape[0]
@@ -333,7 +352,7 @@ class BlockIntCodec(_Kernel, Codec):
                 top = amax * lift
             np.divide(levels, top, out=inverse, where=top > 0)
             v = xb * inverse[:, None]
-            v += dither(key, 0, v.size).reshape(v.shape)
+            v += dither(key, first, v.size).reshape(v.shape)
             np.floor(v, out=v)
             np.clip(v, -levels[:, None], levels[:, None], out=v)
         if bad.any():

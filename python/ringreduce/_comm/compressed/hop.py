@@ -109,6 +109,19 @@ def _kernel(codec: Codec) -> Optional[str]:
     return codec.kernel
 
 
+def _indexed(codec: Codec) -> bool:
+    """Whether codec's encodes are the built-ins' own, which take ``first`` (x[0]'s index
+    in the array x is a piece of; codecs.py's ``_Kernel``). A piece of such a codec is
+    encoded at its index in the chunk with the chunk's seed, so a call in pieces gives
+    the bits of the call whole. Other codecs' pieces get seeds of their own."""
+    t = type(codec)
+    return (
+        isinstance(codec, _Kernel)
+        and t.encode is _Kernel.encode
+        and t.encode_feedback is _Kernel.encode_feedback
+    )
+
+
 def _own(codec: Codec, method: str) -> bool:
     """Whether codec's class has its own ``method`` (fused decode_add, encode_feedback),
     rather than the generic one of Codec or the built-ins' (which would call encode and
@@ -123,19 +136,23 @@ def _encode(
     key_seed: int,
     into: np.ndarray,
     residual: Optional[np.ndarray],
+    first: int = 0,
 ) -> None:
     """The payload of x (float32, contiguous) into ``into``'s first bytes. With a
-    residual: of ``x + residual``, leaving in it what the encode dropped."""
+    residual: of ``x + residual``, leaving in it what the encode dropped. ``first``:
+    x[0]'s index in its chunk, for codecs whose encodes take it (`_indexed`; 0
+    otherwise)."""
     if kernel is not None:
-        _core.codec_encode(kernel, x, seed_key(key_seed), into, residual)
+        _core.codec_encode(kernel, x, seed_key(key_seed), into, residual, first=first)
         return
+    at = {"first": first} if first else {}
     v = x
     if residual is not None and _own(codec, "encode_feedback"):
         payload = codec.encode_feedback(x, residual, key_seed)
     else:
         if residual is not None:
             v = x + residual
-        payload = codec.encode(v, key_seed)
+        payload = codec.encode(v, key_seed, **at)
     want = codec.payload_bytes(x.size)
     if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.size != want:
         raise ValueError(
@@ -219,8 +236,10 @@ def one_hop(
     widened input, not x itself).
 
     Large calls may run in pieces (`compressed_pieces`, ``piece_values``), so that the
-    codec's work overlaps the exchanges. Each piece has seeds of its own, so the bits
-    differ from a call in one piece, but are the same on every rank."""
+    codec's work overlaps the exchanges. Pieces start at block boundaries, and the
+    built-in codecs encode a piece at its index in the chunk with the chunk's seed, so
+    a call in pieces gives the bits of the same call whole; other codecs' pieces have
+    seeds of their own (the same on every rank)."""
     n, size, rank = x.size, comm.world_size, comm.rank
     bounds = [_core.chunk_bounds(n, size, k) for k in range(size)]
     parts = pieces(bounds, piece_values)
@@ -229,7 +248,14 @@ def one_hop(
     header = _rows.header(n, codec, call_no)
     what = "reduce_scatter" if scatter else "all_reduce"
     kernel = _kernel(codec)
+    indexed = _indexed(codec)
     clock = [0.0]  # codec seconds
+
+    def key(phase: int, chunk: int, p: int) -> int:  # the seed of chunk's piece p
+        return seed(call_no, phase, rank, chunk, 0 if indexed else p)
+
+    def at(chunk: int, a: int) -> int:  # where a piece starting at a lies in its chunk
+        return a - bounds[chunk][0] if indexed else 0
 
     send = scratch.get("send", (count, size, row))
     send[:, :, :HEADER] = header
@@ -254,9 +280,10 @@ def one_hop(
                     codec,
                     kernel,
                     x[a:b],
-                    seed(call_no, WORKER, rank, k, p),
+                    key(WORKER, k, p),
                     send[p, k, HEADER:],
                     None if residual is None else residual[a:b],
+                    at(k, a),
                 )
         clock[0] += time.perf_counter() - t0
 
@@ -278,7 +305,7 @@ def one_hop(
                     owed = residual[a:b]
                     owed.fill(-0.0)  # mine + -0.0 is mine, bit for bit (signed zeros too)
                 _encode(
-                    codec, kernel, mine, seed(call_no, OWNER, rank, rank, p), row_out[HEADER:], owed
+                    codec, kernel, mine, key(OWNER, rank, p), row_out[HEADER:], owed, at(rank, a)
                 )
         clock[0] += time.perf_counter() - t0
 

@@ -51,7 +51,7 @@ RequestPtr TcpTransport::post(std::shared_ptr<Op> op) {
     try {
       progress(link);
     } catch (const PeerError& e) {
-      throw_in_context(e, {rank_, "posting " + op->what(), name()});
+      throw_in_context(e, {rank_, op->what(), name()});  // as it starts
     }
   }
   return op;

@@ -93,17 +93,18 @@ class Scratch:
 # ---- codec calls: the kernels where they apply, the codec's methods otherwise ------------
 
 
+def _builtin(codec: Codec, *methods: str) -> bool:
+    """Whether ``codec`` is a built-in one whose ``methods`` are the built-ins' own."""
+    return isinstance(codec, _Kernel) and all(
+        getattr(type(codec), m) is getattr(_Kernel, m) for m in methods
+    )
+
+
 def _kernel(codec: Codec) -> Optional[str]:
     """The C++ kernel's name when ``codec`` is a built-in one whose methods are the
     built-in ones and the kernels are on; None: call the codec's methods."""
-    if not isinstance(codec, _Kernel) or not use_kernels():
-        return None
-    t = type(codec)
-    if (
-        t.encode is not _Kernel.encode
-        or t.decode is not _Kernel.decode
-        or t.decode_add is not _Kernel.decode_add
-        or t.encode_feedback is not _Kernel.encode_feedback
+    if not use_kernels() or not _builtin(
+        codec, "encode", "decode", "decode_add", "encode_feedback"
     ):
         return None
     return codec.kernel
@@ -114,12 +115,7 @@ def _indexed(codec: Codec) -> bool:
     in the array x is a piece of; codecs.py's ``_Kernel``). A piece of such a codec is
     encoded at its index in the chunk with the chunk's seed, so a call in pieces gives
     the bits of the call whole. Other codecs' pieces get seeds of their own."""
-    t = type(codec)
-    return (
-        isinstance(codec, _Kernel)
-        and t.encode is _Kernel.encode
-        and t.encode_feedback is _Kernel.encode_feedback
-    )
+    return _builtin(codec, "encode", "encode_feedback")
 
 
 def _own(codec: Codec, method: str) -> bool:

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "algorithms/one_hop.h"
 #include "common/error.h"
 
 namespace rr {
@@ -24,7 +25,13 @@ CallHeader make_call_header(const RingContext& ctx, const CollectiveArgs& args,
   h.seq = ctx.seq;
   // all_to_all's blocks may differ by pair: exchange_block_sizes checks them.
   h.count = args.kind == CollectiveKind::kAllToAll && !args.send_counts.empty() ? 0 : args.count;
-  h.root = args.root;
+  // Compressed calls have no root: the field carries the codec, and the
+  // number of pieces the call is cut into (ranks that cut differently would
+  // misread each other's rows).
+  h.root = compressed_kind(args.kind)
+               ? static_cast<int32_t>(args.compression.codec |
+                                      one_hop_pieces(args, ctx.transport.size()) << 8)
+               : args.root;
   h.segment_bytes = static_cast<uint32_t>(ctx.segment_bytes);
   h.issuer = ctx.issuer;
   return h;
@@ -43,6 +50,13 @@ std::string describe_header(const CallHeader& h) {
   args.dtype = static_cast<DataType>(h.dtype);
   args.op = static_cast<ReduceOp>(h.op);
   args.root = h.root;
+  std::string pieces;
+  if (compressed_kind(args.kind)) {
+    args.root = 0;
+    args.compression.codec = static_cast<uint8_t>(h.root & 0xff);
+    const int cut = h.root >> 8;
+    if (cut > 1) pieces = " in " + std::to_string(cut) + " pieces";
+  }
   const char* path =
       h.algorithm == static_cast<uint8_t>(Algorithm::kSmall)    ? " (small-message path)"
       : h.algorithm == static_cast<uint8_t>(Algorithm::kDirect) ? " (direct small-message path)"
@@ -50,7 +64,7 @@ std::string describe_header(const CallHeader& h) {
       : h.algorithm == static_cast<uint8_t>(Algorithm::kWindow)
           ? " (window path: every buffer from comm.empty)"
           : "";
-  return describe_call(args) + path + " as call #" + std::to_string(h.seq);
+  return describe_call(args) + pieces + path + " as call #" + std::to_string(h.seq);
 }
 
 std::string issuer_tag(uint64_t tag) {

@@ -1,6 +1,6 @@
 #include "algorithms/collective.h"
 
-
+#include "algorithms/one_hop.h"
 #include "algorithms/ring_schedule.h"
 #include "algorithms/schedule.h"
 #include "common/error.h"
@@ -27,6 +27,10 @@ const char* collective_name(CollectiveKind kind) {
       return "scatter";
     case CollectiveKind::kAllToAll:
       return "all_to_all";
+    case CollectiveKind::kCompressedAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kCompressedReduceScatter:
+      return "reduce_scatter";
   }
   return "?";
 }
@@ -52,6 +56,15 @@ std::string describe_arguments(const CollectiveArgs& args) {
     case CollectiveKind::kReduce:
       return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ", " +
              op_name(args.op) + ", root=" + std::to_string(args.root) + ")";
+    case CollectiveKind::kCompressedAllReduce:
+    case CollectiveKind::kCompressedReduceScatter: {
+      const uint8_t codec = args.compression.codec;
+      const std::string name = codec >= 1 && codec <= 4
+                                   ? codec::codec_name(static_cast<codec::CodecKind>(codec - 1))
+                                   : "codec #" + std::to_string(codec);
+      return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ", " +
+             op_name(args.op) + ", compression=" + name + ")";
+    }
     default:
       return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ", " +
              op_name(args.op) + ")";
@@ -117,13 +130,16 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
              chunk_bounds(args.count, ring.size, 0).second * elem;
     case CollectiveKind::kBarrier:
       return 2;  // the token sent and the token received
+    case CollectiveKind::kCompressedAllReduce:
+    case CollectiveKind::kCompressedReduceScatter:
+      return one_hop_scratch_bytes(args, ring.size);
     default:
       return 0;
   }
 }
 
 void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
-                  size_t segment_bytes, const Hierarchy* hierarchy) {
+                  size_t segment_bytes, const Hierarchy* hierarchy, CompressedReport* report) {
   switch (args.kind) {
     case CollectiveKind::kAllReduce:
       switch (algorithm) {
@@ -165,6 +181,12 @@ void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Alg
     case CollectiveKind::kAllToAll:
       direct_all_to_all(x, ring, args);
       break;
+    case CollectiveKind::kCompressedAllReduce:
+    case CollectiveKind::kCompressedReduceScatter: {
+      CompressedReport unused;
+      one_hop(x, ring, args, report != nullptr ? report : &unused);
+      break;
+    }
   }
 }
 

@@ -27,9 +27,63 @@ enum class CollectiveKind : uint8_t {
   kGather = 7,
   kScatter = 8,
   kAllToAll = 9,
+  // all_reduce and reduce_scatter with a codec (args.compression): the
+  // one-hop schedule of algorithms/one_hop.cc, fewer bytes on the wire, sums
+  // in float32.
+  kCompressedAllReduce = 10,
+  kCompressedReduceScatter = 11,
 };
-constexpr uint8_t kLastCollectiveKind = 9;
+constexpr uint8_t kLastCollectiveKind = 11;
 const char* collective_name(CollectiveKind kind);
+inline bool compressed_kind(CollectiveKind kind) {
+  return kind == CollectiveKind::kCompressedAllReduce ||
+         kind == CollectiveKind::kCompressedReduceScatter;
+}
+
+// What a compressed call adds to its arguments (algorithms/one_hop.h).
+struct Compression {
+  // The codec: codec::CodecKind + 1 (bf16 1, fp16 2, int8 3, int4 4). Part of
+  // the call header, so ranks calling with different codecs get MismatchError.
+  uint8_t codec = 0;
+  // Error feedback: `count` float32 values added to the input before it is
+  // encoded, left holding what the encodes dropped (null: none).
+  float* residual = nullptr;
+  // The call's number among the communicator's compressed calls, the same on
+  // every rank: the seed of its stochastic rounding.
+  uint64_t call = 0;
+  // Chunks of at least twice this many values run in pieces of at least this
+  // many, each piece's codec work overlapping another's exchange (0: whole).
+  // The bits do not depend on it.
+  size_t piece_values = 0;
+  // The quality canary (compression/canary.py): `sample_count` indices into
+  // the input, and `rows`: 2 x sample_count float32, this rank's input at
+  // them, then zeros. The call writes its float32 sums (before avg) into the
+  // second row where its own chunk holds them, gathers every rank's rows, and
+  // measures the error of the sums against the exact ones (one_hop.h).
+  const int64_t* sample = nullptr;
+  size_t sample_count = 0;
+  float* rows = nullptr;
+  // The relative error past which the codec falls back: every later call of
+  // this name on the communicator runs exact.
+  double max_error = 0;
+  // Set by the communicator, never by the caller: the codec fell back after a
+  // canary, and the call runs exact (float32 rows, one-hop, no canary).
+  bool exact = false;
+  // The name the communicator counts the call's bytes and codec time under
+  // (the codec's registry name: several may share one kernel).
+  std::string name;
+};
+
+// What a compressed call reports of itself: the seconds of its codec work,
+// and what its canary measured, if it ran one (compression/canary.py's
+// measure: the relative L2 error of the sample's sums, and their bias
+// relative to the RMS).
+struct CompressedReport {
+  double codec_seconds = 0;
+  bool canary_ran = false;
+  double canary_error = 0;
+  double canary_bias = 0;
+};
 
 // One call. `count` is the number of elements of `send`: the whole vector for
 // all_reduce/reduce_scatter/broadcast/reduce, one rank's block for
@@ -55,6 +109,8 @@ struct CollectiveArgs {
   // and offsets by rank, into send and recv. Empty: every block is `count`
   // elements, block p at p x count.
   std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;
+  // kCompressedAllReduce and kCompressedReduceScatter only.
+  Compression compression;
 };
 
 // "all_reduce(count=10, float32, sum)": how errors name a call.
@@ -106,6 +162,8 @@ struct RingContext {
   uint64_t issuer = 0;
   // The communicator's windows (comm.empty); null where it makes none.
   const WindowRegistry* windows = nullptr;
+  // What a compressed call reports (one_hop.h).
+  CompressedReport compressed;
 
   Deadline deadline() const { return Deadline::after(timeout_seconds, interrupt); }
 };

@@ -44,8 +44,10 @@ size_t scratch_bytes(const Ring& ring, const CollectiveArgs& args, Algorithm alg
 // Issues every step and operation of the collective; the caller then calls
 // x.finish().
 // `hierarchy`: the groups of Algorithm::kHierarchical (null for the others).
+// `report`: what a compressed call reports of itself (one_hop.h).
 void run_schedule(Executor& x, const Ring& ring, const CollectiveArgs& args, Algorithm algorithm,
-                  size_t segment_bytes, const Hierarchy* hierarchy = nullptr);
+                  size_t segment_bytes, const Hierarchy* hierarchy = nullptr,
+                  CompressedReport* report = nullptr);
 
 // The schedules, one per collective (and algorithm).
 void ring_all_reduce(Executor& x, const Ring& ring, const CollectiveArgs& args);

@@ -15,10 +15,12 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "common/error.h"
 #include "engine/bootstrap.h"
 #include "engine/communicator.h"
+#include "kernels/codec.h"
 #include "python_interrupt.h"
 #include "python_store.h"
 #include "rendezvous/store.h"
@@ -36,6 +38,57 @@ void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 // Block sizes and offsets of an uneven all_to_all, in elements, by rank:
 // [send_counts, send_offsets, recv_counts, recv_offsets], or empty.
 using Blocks = std::vector<std::vector<size_t>>;
+
+// A compressed call's additions (rr::Compression), as the Python package hands
+// them over: (kernel name, residual address or 0, call number, piece_values,
+// sample address or 0, sample count, the canary's rows' address or 0, the
+// name to count the call under, the canary's max_error).
+using CompressionArgs =
+    std::optional<std::tuple<std::string, uintptr_t, uint64_t, size_t, uintptr_t, size_t, uintptr_t,
+                             std::string, double>>;
+
+void add_compression(rr::CollectiveArgs& args, const CompressionArgs& given) {
+  if (!given) {
+    if (rr::compressed_kind(args.kind)) {
+      throw rr::InvalidArgument("a compressed collective needs its codec (compression=)");
+    }
+    return;
+  }
+  if (!rr::compressed_kind(args.kind)) {
+    throw rr::InvalidArgument(std::string("compression= is for the compressed collectives, not ") +
+                              rr::collective_name(args.kind));
+  }
+  const auto& [codec, residual, call, piece_values, sample, sample_count, rows, name, max_error] =
+      *given;
+  rr::Compression& c = args.compression;
+  c.codec = static_cast<uint8_t>(static_cast<int>(rr::codec::codec_kind(codec.c_str())) + 1);
+  c.residual = static_cast<float*>(as_ptr(residual));
+  c.call = call;
+  c.piece_values = piece_values;
+  c.sample = static_cast<const int64_t*>(as_ptr(sample));
+  c.sample_count = sample ? sample_count : 0;
+  c.rows = static_cast<float*>(as_ptr(rows));
+  c.name = name.empty() ? codec : name;
+  c.max_error = max_error;
+  if (c.sample_count > 0 && c.rows == nullptr) {
+    throw rr::InvalidArgument("compression: a canary sample needs its rows");
+  }
+  if (args.dtype != rr::DataType::kFloat32 && args.dtype != rr::DataType::kFloat16 &&
+      args.dtype != rr::DataType::kBFloat16) {
+    throw rr::InvalidArgument(
+        std::string("compression is for float32, float16 and bfloat16, not ") +
+        rr::dtype_name(args.dtype));
+  }
+  if (args.op != rr::ReduceOp::kSum && args.op != rr::ReduceOp::kAvg) {
+    throw rr::InvalidArgument(std::string("compression supports sum and avg only, not ") +
+                              rr::op_name(args.op));
+  }
+  if (args.device >= 0) {
+    throw rr::InvalidArgument(
+        "compressed collectives run on host memory here; device arrays "
+        "take the Python package's device path");
+  }
+}
 
 rr::CollectiveArgs make_args(rr::CollectiveKind kind, uintptr_t send, uintptr_t recv, size_t count,
                              rr::DataType dtype, rr::ReduceOp op, int root, int device,
@@ -79,6 +132,23 @@ py::dict stats(const rr::Communicator& self) {
   d["tcp_links_connected"] = s.tcp_links_connected;
   // Local peers whose shared memory was taken over the same way.
   d["shm_peers_reused"] = s.shm_peers_reused;
+  // Compressed collectives by codec name: their counters and the canary's (CodecCounters).
+  py::dict codecs;
+  for (const auto& [name, c] : s.codecs) {
+    py::dict one;
+    one["calls"] = c.calls;
+    one["wire_bytes"] = c.wire_bytes;
+    one["codec_seconds"] = c.seconds;
+    one["pieces"] = c.pieces;
+    one["canary_checks"] = c.canary_checks;
+    one["compression_error"] = c.compression_error;
+    one["worst_error"] = c.worst_error;
+    one["bias"] = c.bias;
+    one["fell_back"] = c.fell_back;
+    one["fallbacks"] = c.fallbacks;
+    codecs[py::str(name)] = one;
+  }
+  d["engine_codecs"] = codecs;
   // all_reduce calls that skipped the ring (either latency path).
   d["small_message_ops"] = s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kSmall)] +
                            s.all_reduce_by_algorithm[static_cast<int>(rr::Algorithm::kDirect)];
@@ -197,13 +267,15 @@ void register_communicator(py::module_& m) {
           "submit",
           [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
              size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
-             uintptr_t stream, const Blocks& blocks) {
-            return self.submit(
-                make_args(kind, send, recv, count, dtype, op, root, device, stream, blocks));
+             uintptr_t stream, const Blocks& blocks, const CompressionArgs& compression) {
+            rr::CollectiveArgs args =
+                make_args(kind, send, recv, count, dtype, op, root, device, stream, blocks);
+            add_compression(args, compression);
+            return self.submit(args);
           },
           py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
-          py::arg("blocks") = Blocks{},
+          py::arg("blocks") = Blocks{}, py::arg("compression") = py::none(),
           "Queues a collective on raw addresses for the worker thread. device >= 0: they are "
           "memory of that CUDA device, and the collective starts after the work queued so far "
           "on `stream` (a cudaStream_t; 0 is the legacy default stream).")
@@ -211,16 +283,17 @@ void register_communicator(py::module_& m) {
           "run",
           [](rr::Communicator& self, rr::CollectiveKind kind, uintptr_t send, uintptr_t recv,
              size_t count, rr::DataType dtype, rr::ReduceOp op, int root, int device,
-             uintptr_t stream, const Blocks& blocks) {
-            const rr::CollectiveArgs args =
+             uintptr_t stream, const Blocks& blocks, const CompressionArgs& compression) {
+            rr::CollectiveArgs args =
                 make_args(kind, send, recv, count, dtype, op, root, device, stream, blocks);
+            add_compression(args, compression);
             PythonInterrupt interrupt;
             py::gil_scoped_release release;
             self.run(args, &interrupt);
           },
           py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
           py::arg("op"), py::arg("root"), py::arg("device") = -1, py::arg("stream") = 0,
-          py::arg("blocks") = Blocks{},
+          py::arg("blocks") = Blocks{}, py::arg("compression") = py::none(),
           "Runs a collective on raw addresses to completion: on this thread when nothing is "
           "queued. Ctrl-C abandons it (KeyboardInterrupt) and breaks the communicator.")
       .def(

@@ -519,8 +519,9 @@ PyObject* bound_issue(PyObject* bound, PyObject* const* args, Py_ssize_t nargs) 
   }
   const int async_op = PyObject_IsTrue(args[9]);
   if (async_op < 0) return nullptr;
-  if (kind < 1 || kind > rr::kLastCollectiveKind || dtype < 0 || dtype >= rr::kNumDataTypes ||
-      op < 0 || op >= rr::kNumReduceOps) {
+  if (kind < 1 || kind > rr::kLastCollectiveKind ||
+      rr::compressed_kind(static_cast<rr::CollectiveKind>(kind)) || dtype < 0 ||
+      dtype >= rr::kNumDataTypes || op < 0 || op >= rr::kNumReduceOps) {
     PyErr_Format(PyExc_ValueError, "issue: no such call (kind %lld, dtype %lld, op %lld)", kind,
                  dtype, op);
     return nullptr;

@@ -128,7 +128,9 @@ void register_enums(py::module_& m) {
       .value("REDUCE", rr::CollectiveKind::kReduce)
       .value("GATHER", rr::CollectiveKind::kGather)
       .value("SCATTER", rr::CollectiveKind::kScatter)
-      .value("ALL_TO_ALL", rr::CollectiveKind::kAllToAll);
+      .value("ALL_TO_ALL", rr::CollectiveKind::kAllToAll)
+      .value("COMPRESSED_ALL_REDUCE", rr::CollectiveKind::kCompressedAllReduce)
+      .value("COMPRESSED_REDUCE_SCATTER", rr::CollectiveKind::kCompressedReduceScatter);
 }
 
 // Hooks into the engine's pure parts for tests and benchmarks, kept out of

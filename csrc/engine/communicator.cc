@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "algorithms/one_hop.h"
 #include "common/error.h"
 #include "engine/choice.h"
 #include "engine/dispatch.h"
@@ -244,24 +245,56 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
   ctx.issuer = issuer;
   ctx.stream_store_bytes = options_.stream_store_bytes;
   ctx.windows = &windows_;
+  // A compressed call whose codec fell back after a canary runs exact. Every
+  // rank judged the same numbers at the same call, so all run it alike.
+  CollectiveArgs fallen;
+  const CollectiveArgs* call = &args;
+  if (compressed_kind(args.kind)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = stats_.codecs.find(args.compression.name);
+    if (found != stats_.codecs.end() && found->second.fell_back) {
+      fallen = args;
+      fallen.compression.exact = true;
+      call = &fallen;
+    }
+  }
   // How the call runs, decided once: the dispatch, the log line and the stats read it.
-  const Choice choice = choose(ctx, args);
+  const Choice choice = choose(ctx, *call);
   if (options_.log_algorithm) {
     const std::string line = "ringreduce rank " + std::to_string(rank_) + ": " +
-                             describe(args, seq) + ": " + explain(choice, ctx, args) + "\n";
+                             describe(*call, seq) + ": " + explain(choice, ctx, *call) + "\n";
     std::fputs(line.c_str(), stderr);
   }
   // When the caller waits for it latency counts; a queued collective overlaps
   // the caller's computation, which spinning would slow down.
   transport_->set_eager(eager);
-  if (args.device >= 0) {
-    ctx.device = &device(args.device);
+  if (call->device >= 0) {
+    ctx.device = &device(call->device);
     ctx.device_mark = mark;
     ctx.device_staging_bytes = options_.device_staging_bytes;
   }
-  dispatch(ctx, args, choice);
+  const uint64_t sent_before = transport_->stats().bytes_sent;
+  dispatch(ctx, *call, choice);
   const TransportStats ts = transport_->stats();
   std::lock_guard<std::mutex> lock(mu_);
+  if (compressed_kind(args.kind)) {
+    CodecCounters& codec = stats_.codecs[args.compression.name];
+    ++codec.calls;
+    codec.wire_bytes += ts.bytes_sent - sent_before;
+    codec.seconds += ctx.compressed.codec_seconds;
+    codec.pieces += one_hop_pieces(*call, size_);
+    if (call->compression.exact) ++codec.fallbacks;
+    const CompressedReport& report = ctx.compressed;
+    if (report.canary_ran) {
+      ++codec.canary_checks;
+      codec.compression_error = report.canary_error;
+      codec.bias = report.canary_bias;
+      codec.worst_error = codec.canary_checks == 1
+                              ? report.canary_error
+                              : std::max(codec.worst_error, report.canary_error);
+      if (report.canary_error > args.compression.max_error) codec.fell_back = true;
+    }
+  }
   stats_.bytes_sent = ts.bytes_sent;
   stats_.bytes_received = ts.bytes_received;
   if (counting_ != nullptr) {

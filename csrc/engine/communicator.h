@@ -37,6 +37,23 @@
 
 namespace rr {
 
+// A codec's compressed collectives on one communicator.
+struct CodecCounters {
+  uint64_t calls = 0;
+  uint64_t wire_bytes = 0;  // sent by this rank, call headers included
+  double seconds = 0;       // of codec work: encodes, decodes, conversions
+  uint64_t pieces = 0;      // the calls' pieces (algorithms/one_hop.h), added up
+  // The quality canary (compression/canary.py's CodecStats): checks made,
+  // the last one's error and bias, the worst error, whether the codec fell
+  // back (its later calls run exact), and the calls run exact since.
+  uint64_t canary_checks = 0;
+  double compression_error = 0;
+  double worst_error = 0;
+  double bias = 0;
+  bool fell_back = false;
+  uint64_t fallbacks = 0;
+};
+
 struct CommStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -52,6 +69,8 @@ struct CommStats {
   int tcp_links_connected = 0;
   // Local peers whose shared memory it took over (a shrink).
   int shm_peers_reused = 0;
+  // Compressed collectives, by codec name (Compression::name).
+  std::map<std::string, CodecCounters> codecs;
 };
 
 // Where this rank sits among the ranks of its host.

@@ -74,11 +74,11 @@ void dispatch(RingContext& ctx, const CollectiveArgs& args, const Choice& choice
   if (args.device >= 0) {
     setup.staging_bytes = staging_bytes(ring, args, ctx.device_staging_bytes);
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
-    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
+    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy, &ctx.compressed);
     x.finish();
   } else {
     HostExecutor x(setup, ctx.scratch);
-    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy);
+    run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy, &ctx.compressed);
     x.finish();
   }
   if (header) {

@@ -25,10 +25,12 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "common/deadline.h"
 #include "common/dtype.h"
+#include "kernels/codec.h"
 #include "transport/transport.h"
 
 namespace rr {
@@ -77,6 +79,30 @@ struct StepPlan {
   bool forward = false;
 };
 
+// The local operations of compressed collectives (algorithms/one_hop.cc), on
+// float32 values and codec payloads in the collective's kind of memory, with
+// the bits of the CPU codec loops (kernels/codec.h) wherever they run.
+class CodecOps {
+ public:
+  virtual ~CodecOps() = default;
+  // payload = encode(x + residual) (codec::encode; residual may be null).
+  virtual void encode(codec::CodecKind kind, const float* x, float* residual, size_t n,
+                      uint64_t key, uint8_t* payload, uint64_t first) = 0;
+  virtual void decode(codec::CodecKind kind, const uint8_t* payload, size_t n, float* out) = 0;
+  // acc += the values of payloads[0], then payloads[1], ... (codec::decode_add).
+  virtual void decode_add(codec::CodecKind kind, const uint8_t* const* payloads, size_t count,
+                          size_t n, float* acc) = 0;
+  // dst = src, between float32 and float16 or bfloat16 (numpy's and
+  // ml_dtypes' rounding) or float32 and itself.
+  virtual void convert(DataType to, void* dst, DataType from, const void* src, size_t n) = 0;
+  // out = a + b, float32 (out may be a).
+  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
+  // data /= divisor, float32.
+  virtual void divide(float* data, size_t n, int divisor) = 0;
+  // data = value (every float32 of it).
+  virtual void fill(float* data, size_t n, float value) = 0;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -118,6 +144,23 @@ class Executor {
   // Waits until every step and operation has completed: the caller's memory
   // is then final. Throws the transport's and the device's errors.
   virtual void finish() = 0;
+
+  // The codec operations of this kind of memory, or null where compressed
+  // collectives do not run on it.
+  virtual CodecOps* codec_ops() { return nullptr; }
+
+  // exchange(plans), with `meanwhile` run while its messages travel: local
+  // operations on memory the plans neither send nor receive. `meanwhile` may
+  // call poke() between pieces of its work, so that the messages keep moving
+  // where progress is driven by the waiting thread (TCP). By default it runs
+  // first, then the exchange: the same result, without the overlap.
+  virtual void exchange_while(const std::vector<StepPlan>& plans,
+                              const std::function<void()>& meanwhile) {
+    meanwhile();
+    exchange(plans);
+  }
+  // Moves whatever messages can move now, without blocking.
+  virtual void poke() {}
 };
 
 }  // namespace rr

@@ -90,7 +90,7 @@ void HostExecutor::step(const StepPlan& plan) {
 
 // Every segment of every plan is posted before any is waited for, so all
 // peers' messages travel at once: one dependent step instead of several.
-void HostExecutor::exchange(const std::vector<StepPlan>& plans) {
+void HostExecutor::post(const std::vector<StepPlan>& plans) {
   sends_.clear();
   recvs_.clear();
   for (const StepPlan& plan : plans) {
@@ -106,10 +106,65 @@ void HostExecutor::exchange(const std::vector<StepPlan>& plans) {
                                         segment_length(plan.recv_bytes, segment_, j)));
     }
   }
+}
+
+void HostExecutor::wait_posted() {
   for (RequestPtr& recv : recvs_) transport_.wait(*recv, setup_.deadline());
   for (RequestPtr& send : sends_) transport_.wait(*send, setup_.deadline());
   sends_.clear();
   recvs_.clear();
+}
+
+void HostExecutor::exchange(const std::vector<StepPlan>& plans) {
+  post(plans);
+  wait_posted();
+}
+
+void HostExecutor::exchange_while(const std::vector<StepPlan>& plans,
+                                  const std::function<void()>& meanwhile) {
+  post(plans);
+  meanwhile();
+  wait_posted();
+}
+
+void HostExecutor::poke() { transport_.progress(); }
+
+namespace {
+
+// The CPU's codec loops and float32 arithmetic.
+class HostCodecOps final : public CodecOps {
+ public:
+  void encode(codec::CodecKind kind, const float* x, float* residual, size_t n, uint64_t key,
+              uint8_t* payload, uint64_t first) override {
+    codec::encode(kind, x, residual, n, key, payload, first);
+  }
+  void decode(codec::CodecKind kind, const uint8_t* payload, size_t n, float* out) override {
+    codec::decode(kind, payload, n, out);
+  }
+  void decode_add(codec::CodecKind kind, const uint8_t* const* payloads, size_t count, size_t n,
+                  float* acc) override {
+    codec::decode_add(kind, payloads, count, n, acc);
+  }
+  void convert(DataType to, void* dst, DataType from, const void* src, size_t n) override {
+    codec::convert(to, dst, from, src, n);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) override {
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+  void divide(float* data, size_t n, int divisor) override {
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < n; ++i) data[i] /= d;
+  }
+  void fill(float* data, size_t n, float value) override {
+    for (size_t i = 0; i < n; ++i) data[i] = value;
+  }
+};
+
+}  // namespace
+
+CodecOps* HostExecutor::codec_ops() {
+  static HostCodecOps ops;  // stateless
+  return &ops;
 }
 
 bool HostExecutor::direct_reduce(int rank, int size, const void* send_data, void* recv,

@@ -30,6 +30,10 @@ class HostExecutor final : public Executor {
   void reduce(void* out, const void* a, const void* b, size_t n) override;
   void divide(void* data, size_t n, int divisor) override;
   void finish() override {}
+  CodecOps* codec_ops() override;
+  void exchange_while(const std::vector<StepPlan>& plans,
+                      const std::function<void()>& meanwhile) override;
+  void poke() override;
 
  private:
   ExecutorSetup setup_;
@@ -41,6 +45,10 @@ class HostExecutor final : public Executor {
   char* scratch_;
   std::vector<RequestPtr> sends_;  // reused between steps
   std::vector<RequestPtr> recvs_;
+
+  // Posts every segment of every plan (exchange); wait_posted() waits for them.
+  void post(const std::vector<StepPlan>& plans);
+  void wait_posted();
 };
 
 }  // namespace rr

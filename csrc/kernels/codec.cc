@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/codec_scalar.h"
 #include "kernels/codec_table.h"
 
 namespace rr {
@@ -78,6 +79,52 @@ CodecKind codec_kind(const char* name) {
   if (std::strcmp(name, "int4") == 0) return CodecKind::kInt4;
   throw InvalidArgument(std::string("codec kernels: no kernel for codec '") + name +
                         "'; they exist for 'bf16', 'fp16', 'int8' and 'int4'");
+}
+
+void convert(DataType to, void* dst, DataType from, const void* src, size_t n) {
+  if (to == from && to == DataType::kFloat32) {
+    if (dst != src) std::memmove(dst, src, n * sizeof(float));
+    return;
+  }
+  if (from == DataType::kFloat32) {
+    const float* in = static_cast<const float*>(src);
+    uint16_t* out = static_cast<uint16_t*>(dst);
+    if (to == DataType::kFloat16) {
+      for (size_t i = 0; i < n; ++i) out[i] = to_half_as_numpy(in[i]);
+      return;
+    }
+    if (to == DataType::kBFloat16) {
+      for (size_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]);
+      return;
+    }
+  } else if (to == DataType::kFloat32) {
+    const uint16_t* in = static_cast<const uint16_t*>(src);
+    float* out = static_cast<float*>(dst);
+    if (from == DataType::kFloat16) {
+      for (size_t i = 0; i < n; ++i) out[i] = half_to_float(in[i]);
+      return;
+    }
+    if (from == DataType::kBFloat16) {
+      for (size_t i = 0; i < n; ++i) out[i] = bfloat16_to_float(in[i]);
+      return;
+    }
+  }
+  throw InvalidArgument(std::string("codec convert: no conversion from ") + dtype_name(from) +
+                        " to " + dtype_name(to));
+}
+
+const char* codec_name(CodecKind kind) {
+  switch (kind) {
+    case CodecKind::kBFloat16:
+      return "bf16";
+    case CodecKind::kFloat16:
+      return "fp16";
+    case CodecKind::kInt8:
+      return "int8";
+    case CodecKind::kInt4:
+      return "int4";
+  }
+  return "?";
 }
 
 size_t payload_bytes(CodecKind kind, size_t n) {

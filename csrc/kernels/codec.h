@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace rr {
 namespace codec {
 
@@ -30,6 +32,9 @@ enum class CodecKind { kBFloat16, kFloat16, kInt8, kInt4 };
 // The codec of a registry name ("bf16", "fp16", "int8", "int4"); throws
 // InvalidArgument for another name.
 CodecKind codec_kind(const char* name);
+
+// The registry name of a codec ("bf16", "fp16", "int8", "int4").
+const char* codec_name(CodecKind kind);
 
 size_t payload_bytes(CodecKind kind, size_t n);
 
@@ -50,6 +55,12 @@ void decode(CodecKind kind, const uint8_t* payload, size_t n, float* out);
 // float32: the owner's sum of its peers' contributions, block by block so
 // that acc stays in cache while every payload is added.
 void decode_add(CodecKind kind, const uint8_t* const* payloads, size_t count, size_t n, float* acc);
+
+// dst[0, n) = src[0, n) converted, between float32 and float16 or bfloat16
+// (numpy's and ml_dtypes' rounding, nan payloads included) or float32 and
+// itself: a compressed call's input widened, its result narrowed. Throws
+// InvalidArgument for other pairs.
+void convert(DataType to, void* dst, DataType from, const void* src, size_t n);
 
 // Which instruction set the codec loops run with ("avx512", "avx2" or
 // "generic"): the best this CPU runs, unless use_kernel_isa() chose another.

@@ -51,6 +51,8 @@ class Collective:
     GATHER: Collective
     SCATTER: Collective
     ALL_TO_ALL: Collective
+    COMPRESSED_ALL_REDUCE: Collective
+    COMPRESSED_REDUCE_SCATTER: Collective
     __members__: Dict[str, Collective]
     def __init__(self, value: int) -> None: ...
     def __int__(self) -> int: ...
@@ -187,6 +189,7 @@ class Communicator:
         device: int = -1,
         stream: int = 0,
         blocks: List[List[int]] = ...,
+        compression: Optional[Tuple[str, int, int, int, int, int, int, str, float]] = None,
     ) -> Work: ...
     def run(
         self,
@@ -200,6 +203,7 @@ class Communicator:
         device: int = -1,
         stream: int = 0,
         blocks: List[List[int]] = ...,
+        compression: Optional[Tuple[str, int, int, int, int, int, int, str, float]] = None,
     ) -> None: ...
     def wait(self, work: Work, seconds: float) -> bool: ...
     def send(self, data: int, bytes: int, dst: int, tag: int) -> Work: ...

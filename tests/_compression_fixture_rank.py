@@ -28,11 +28,17 @@ def _record(out: list, label: str, result) -> None:
     )
 
 
+def _pieces(comm, codec: str) -> int:
+    """The pieces the engine's compressed calls of ``codec`` ran in so far."""
+    return int(comm._core.stats()["engine_codecs"].get(codec, {}).get("pieces", 0))
+
+
 def fixed_sequence(comm, pieces: str = "always") -> list:
     """Every codec x dtype: all_reduce (sum; avg queued), reduce_scatter; error feedback
     over three calls and the residual it leaves; then calls cut into pieces of 512
     values per chunk (``pieces="never"``: the same calls whole), with the number of
-    engine collectives each all_reduce took ("ops")."""
+    engine collectives each all_reduce took ("ops": one) and the pieces it ran in
+    ("cut")."""
     out: list = []
     for codec in CODECS:
         for dtype in DTYPES:
@@ -55,9 +61,10 @@ def fixed_sequence(comm, pieces: str = "always") -> list:
     try:
         for codec in CODECS:
             x = contribution(comm.rank, PIECES_N, "float32")
-            ops = comm.stats()["ops"]
+            ops, cut = comm.stats()["ops"], _pieces(comm, codec)
             _record(out, f"{codec} pieces all_reduce", comm.all_reduce(x, compression=codec))
             _record(out, f"{codec} pieces ops", np.array([comm.stats()["ops"] - ops]))
+            _record(out, f"{codec} pieces cut", np.array([_pieces(comm, codec) - cut]))
             _record(
                 out, f"{codec} pieces reduce_scatter", comm.reduce_scatter(x, compression=codec)
             )

@@ -17,6 +17,7 @@ from ringreduce.compression import (
     configure,
     settings,
 )
+from ringreduce.compression.codecs import use_kernels
 
 CODECS = ("bf16", "fp16", "int8", "int4")
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -133,26 +134,28 @@ def feedback_round_trip(comm):
     return straight[2], resumed, straight[0]
 
 
-def canary(comm, name):
+def canary(comm, name, async_op=False, kernels=True):
     """Contributions that cancel (rank 1 sends minus rank 0's, plus a little): a codec
     error proportional to the parts is large against their small sum. Returns the
-    warnings, the results and the stats."""
-    old = settings().canary_every
+    warnings, the results and the stats. ``async_op``: the three calls queued, then
+    waited for; ``kernels``: False runs the codec's numpy methods (the Python path)."""
+    old = settings().canary_every, use_kernels()
     configure(canary_every=1)
+    use_kernels(kernels)
     codec = BlockIntCodec(8, name, max_error=0.1)
     try:
         a = contribution(0, 5000, "float32")
         x = a if comm.rank == 0 else -a + 1e-3 * contribution(1, 5000, "float32")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            first = comm.all_reduce(x, compression=codec)
-            second = comm.all_reduce(x, compression=codec)
-            third = comm.all_reduce(x, compression=codec)
+            calls = [comm.all_reduce(x, compression=codec, async_op=async_op) for _ in range(3)]
+            first, second, third = (c.wait() if async_op else c for c in calls)
         exact = comm.all_reduce(x)
         ours = [str(w.message) for w in caught if issubclass(w.category, CompressionWarning)]
         return ours, first, second, third, exact, comm.stats()["compression"][name]
     finally:
-        configure(canary_every=old)
+        configure(canary_every=old[0])
+        use_kernels(old[1])
 
 
 def wire(comm, n):
@@ -185,15 +188,18 @@ def non_finite(comm, codec):
 
 
 def mismatch(comm, counts=(100, 101), after=8):
-    """Ranks reduce different counts (``counts``, by rank) whose rows are the same size:
-    both must raise; then a call of ``after`` values on every rank."""
+    """Ranks reduce different counts (``counts``, by rank): both must raise; then a call
+    of ``after`` values on every rank, which the broken communicator refuses (as after
+    any collective whose ranks disagree): (the first error, the second's)."""
     x = np.ones(counts[comm.rank], np.float32)
-    try:
-        comm.all_reduce(x, compression="int8")
-        outcome = ("none", "")
-    except Exception as exc:  # noqa: BLE001
-        outcome = (type(exc).__name__, str(exc))
-    return outcome, comm.all_reduce(np.ones(after, np.float32), compression="int8")
+    outcomes = []
+    for n in (None, after):
+        try:
+            comm.all_reduce(x if n is None else np.ones(n, np.float32), compression="int8")
+            outcomes.append(("none", ""))
+        except Exception as exc:  # noqa: BLE001
+            outcomes.append((type(exc).__name__, str(exc)))
+    return outcomes
 
 
 def auto(comm, n, calls):
@@ -289,10 +295,16 @@ def reuse(comm, n=5003):
     }
 
 
+def engine_pieces(comm, codec: str) -> int:
+    """The pieces the engine's compressed calls of ``codec`` ran in so far."""
+    return int(comm._core.stats()["engine_codecs"].get(codec, {}).get("pieces", 0))
+
+
 def in_pieces(comm, piece_values, sizes, feedback_calls):
     """Every codec x (float32, bfloat16) x size with calls cut into pieces of
     ``piece_values`` values per chunk: (all_reduce result, reduce_scatter block, the same
-    all_reduce in place, the engine collectives one all_reduce took) per case; and the
+    all_reduce in place, (the engine collectives one all_reduce took, the pieces it ran
+    in)) per case; and the
     running sums of ``feedback_calls`` float32 int4 calls with error feedback and without
     it. Pieces always
     (where the transport allows), and the canary off, so that an all_reduce's collectives
@@ -305,9 +317,9 @@ def in_pieces(comm, piece_values, sizes, feedback_calls):
             for dtype in ("float32", "bfloat16"):
                 for n in sizes:
                     x = contribution(comm.rank, n, dtype)
-                    ops = comm.stats()["ops"]
+                    ops, cut = comm.stats()["ops"], engine_pieces(comm, codec)
                     y = comm.all_reduce(x, compression=codec)
-                    ops = comm.stats()["ops"] - ops
+                    ops = (comm.stats()["ops"] - ops, engine_pieces(comm, codec) - cut)
                     block = comm.reduce_scatter(x, compression=codec)
                     inplace = x.copy()
                     comm.all_reduce(inplace, compression=codec, out=inplace)
@@ -327,9 +339,8 @@ def in_pieces(comm, piece_values, sizes, feedback_calls):
 
 
 def mismatch_in_pieces(comm):
-    """Ranks reduce counts cut into different numbers of pieces of the same row size
-    (1 and 4 pieces of 512 values): all must raise at the first piece, leaving nothing
-    queued, so the next call works."""
+    """Ranks reduce counts cut into different numbers of pieces (1 and 4 pieces of 512
+    values): all must raise before any row travels."""
     old = settings().piece_values, settings().pieces
     configure(piece_values=512, pieces="always")
     try:
@@ -339,14 +350,16 @@ def mismatch_in_pieces(comm):
 
 
 def pieces_chosen(comm, sizes, calls):
-    """pieces="auto" with pieces of 512 values: per size, the engine collectives of each
+    """pieces="auto" with pieces of 512 values, on the Python path (the codecs' numpy
+    methods, `use_kernels(False)`): per size, the engine collectives of each
     of ``calls`` int8 all_reduce calls, the size class's agreed ratio, the results, and
     the collectives of two bf16 calls run on the lane (async_op)."""
     from ringreduce._comm.compressed.pieces import PieceChoice
     from ringreduce._comm.compressed.route import _state
 
-    old = settings().piece_values, settings().canary_every
+    old = settings().piece_values, settings().canary_every, use_kernels()
     configure(piece_values=512, canary_every=0)
+    use_kernels(False)  # the Python path's choice: the engine's calls cut where they can
     _state(comm).pieces = PieceChoice()  # measured afresh, also when the test runs again
     try:
         got = {}
@@ -367,3 +380,4 @@ def pieces_chosen(comm, sizes, calls):
         return got
     finally:
         configure(piece_values=old[0], canary_every=old[1])
+        use_kernels(old[2])

@@ -30,13 +30,23 @@ def sequence(comm, codec, asynchronous):
     return [_value(w) for w in (a, b, exact, c, blocking, exact_async, d)]
 
 
-def in_both_orders(comm, codec):
+def in_both_orders(comm, codec, kernels=True):
     """The sequence with async compressed calls, then blocking; the lane's thread name
-    while it ran (None once empty)."""
-    lanes = []
-    got = sequence(comm, codec, True)
-    lanes.append(sorted(t.name for t in threading.enumerate() if t.name.startswith("ringreduce-")))
-    return {"async": got, "blocking": sequence(comm, codec, False), "lanes": lanes}
+    while it ran (None once empty). ``kernels``: False runs the codecs' numpy methods,
+    so that the calls take the Python path (the lane), not the engine's collective."""
+    from ringreduce.compression.codecs import use_kernels
+
+    old = use_kernels()
+    use_kernels(kernels)
+    try:
+        lanes = []
+        got = sequence(comm, codec, True)
+        lanes.append(
+            sorted(t.name for t in threading.enumerate() if t.name.startswith("ringreduce-"))
+        )
+        return {"async": got, "blocking": sequence(comm, codec, False), "lanes": lanes}
+    finally:
+        use_kernels(old)
 
 
 def overlaps(comm, codec):

@@ -220,10 +220,17 @@ def test_inf_and_nan_propagate_like_the_exact_sum(group_factory, codec):
     assert np.abs(got[finite] - exact[finite]).max() < limit
 
 
-def test_ranks_that_disagree_all_raise_and_the_communicator_goes_on(group_factory):
-    for (kind, text), after in group_factory(2).run(cr.mismatch):
-        assert kind == "MismatchError" and "100" in text and "101" in text
-        np.testing.assert_allclose(after, 2.0, rtol=0.02)
+def test_ranks_that_disagree_all_raise_naming_both_calls():
+    # One engine collective per compressed call: its header carries the count and the
+    # codec, so both ranks raise before any row travels, naming both calls; the
+    # communicator is then broken, as after any collective whose ranks disagree (so a
+    # fresh one, not a kept group).
+    outcomes = run_ranks(2, cr.mismatch)
+    assert all(status == "ok" for status, _, _ in outcomes), outcomes
+    for (kind, text), (later, why) in (value for _, value, _ in outcomes):
+        assert kind == "MismatchError" and "count=100" in text and "count=101" in text, text
+        assert text.count("compression=int8") == 3, text  # this rank's call and both named
+        assert later != "none" and "collective mismatch" in why, (later, why)
 
 
 def test_custom_gather_codec_sums_exactly_in_rank_order(group_factory):

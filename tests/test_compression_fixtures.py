@@ -59,14 +59,20 @@ def test_calls_in_pieces_give_the_bits_of_the_calls_whole():
     calls in pieces and whole, on fresh communicators, give the same bits."""
     cut, whole = _record(3, "always"), _record(3, "never")
     for rank, (mine, theirs) in enumerate(zip(cut, whole)):
-        ops = {c["call"]: c["head"][0] for c in mine if c["call"].endswith(" ops")}
-        whole_ops = {c["call"]: c["head"][0] for c in theirs if c["call"].endswith(" ops")}
-        # Really cut: 2 pieces of each 1668-value chunk, a scatter and a gather each.
-        assert set(ops.values()) == {4.0} and set(whole_ops.values()) == {2.0}, (ops, whole_ops)
+        counts = {c["call"]: c["head"][0] for c in mine if c["call"].endswith((" ops", " cut"))}
+        whole_counts = {
+            c["call"]: c["head"][0] for c in theirs if c["call"].endswith((" ops", " cut"))
+        }
+        # One engine collective per call, cut or whole; really cut: 2 pieces of each
+        # 1668-value chunk.
+        for codec in ("bf16", "fp16", "int8", "int4"):
+            assert counts[f"{codec} pieces ops"] == whole_counts[f"{codec} pieces ops"] == 1.0
+            assert counts[f"{codec} pieces cut"] == 2.0, counts
+            assert whole_counts[f"{codec} pieces cut"] == 1.0, whole_counts
         changed = [
             new["call"]
             for new, old in zip(mine, theirs)
-            if new["sha256"] != old["sha256"] and not new["call"].endswith(" ops")
+            if new["sha256"] != old["sha256"] and not new["call"].endswith((" ops", " cut"))
         ]
         assert not changed, f"rank {rank}: in pieces, the bits differ: {changed}"
 

@@ -1,8 +1,9 @@
 """Compressed calls run in pieces (`compressed_pieces`): each piece encoded while the
-one before travels. The cut itself; the choice, measured per codec and size class and
-the same on every rank; results within each codec's bound, bitwise the same on every
-rank, in place or not, blocking or on the lane; error feedback still makes averages
-converge; ranks that disagree raise at the first piece."""
+one before travels, in the engine's one-hop schedule (csrc/algorithms/one_hop.h) and on
+the Python path. The cut itself; the Python path's choice, measured per codec and size
+class and the same on every rank; results within each codec's bound, bitwise the same on
+every rank, in place or not, blocking or queued; error feedback still makes averages
+converge; ranks that disagree raise before any row travels."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from ringreduce._comm.compressed.pieces import (
 )
 from ringreduce.compression import BLOCK, configure, settings
 from ringreduce.compression.policy import Settings
+
+from _ranks import run_ranks
 
 
 @pytest.mark.parametrize("n, size", [(1, 1), (4099, 3), (12297, 3), (1 << 20, 4), (5 * BLOCK, 7)])
@@ -107,15 +110,15 @@ def test_calls_in_pieces_are_within_bound_and_identical(group_factory):
         if codec in ("bf16", "fp16"):
             assert inplace.tobytes() == y.tobytes(), (codec, dtype, n)
         chunk = -(-n // n_ranks)
-        expect = len(pieces([(0, chunk)], BLOCK))
-        assert ops == 2 * expect, (codec, dtype, n, ops)  # a scatter and a gather per piece
+        expect = len(pieces([(0, chunk)], BLOCK))  # the engine cuts as the Python path
+        assert ops == (1, expect), (codec, dtype, n, ops)  # one engine collective, in pieces
         for r in range(1, n_ranks):
             mine = results[r][0][codec, dtype, n]
             assert mine[0].tobytes() == y.tobytes(), (codec, dtype, n, r)
             assert mine[2].tobytes() == inplace.tobytes(), (codec, dtype, n, r)
             assert mine[4].tobytes() == later.tobytes(), (codec, dtype, n, r)
     # Chunks of 4099 values: 5 pieces of 1024 (2 BLOCKs; 512 would make more than 8).
-    assert got0["int8", "float32", 3 * 4099][3] == 10
+    assert got0["int8", "float32", 3 * 4099][3] == (1, 5)
     # Error feedback over pieces: the average of 32 int4 calls errs as the last residuals
     # / 32, where without feedback stochastic rounding shrinks only as 1/sqrt(32).
     _, exact = _reference(n_ranks, sizes[-1], "float32")
@@ -134,13 +137,20 @@ def test_calls_over_shared_memory_run_whole(group_factory):
     run whole (measured slower in pieces, docs/compression.md)."""
     results = group_factory(2, transport="shm").run(cr.in_pieces, BLOCK, (2 * 4099,), 1)
     for got, _ in results:
-        assert {ops for (_, _, _, ops, _) in got.values()} == {2}
+        assert {ops for (_, _, _, ops, _) in got.values()} == {(1, 1)}
 
 
-def test_ranks_whose_counts_cut_differently_all_raise_and_go_on(group_factory):
-    for (kind, text), after in group_factory(2).run(cr.mismatch_in_pieces):
+def test_ranks_whose_counts_cut_differently_all_raise_naming_both_calls():
+    """The engine's call header carries the count and the pieces: every rank raises
+    before any row travels, naming both calls, as an exact call's ranks do; the
+    communicator is then broken, as after any collective whose ranks disagree (so a
+    fresh one, not a kept group)."""
+    outcomes = run_ranks(2, cr.mismatch_in_pieces)
+    assert all(status == "ok" for status, _, _ in outcomes), outcomes
+    for (kind, text), (later, why) in (value for _, value, _ in outcomes):
         assert kind == "MismatchError" and "1024" in text and "4096" in text, (kind, text)
-        np.testing.assert_allclose(after, 2.0, rtol=0.02)
+        assert "compression=int8" in text and "in 4 pieces" in text, text
+        assert later != "none" and "collective mismatch" in why, (later, why)
 
 
 def test_auto_measures_each_size_class_once_and_every_rank_follows_one_choice(group_factory):

@@ -180,7 +180,9 @@ class Communicator:
         """Runs a shaped call: here and now, or queued (``async_op``) as a Work."""
         code = dtype_code(c.send.dtype)
         count = c.send.size if c.count is None else c.count
-        extra = {} if c.blocks is None else {"blocks": c.blocks}
+        extra: dict = {} if c.blocks is None else {"blocks": c.blocks}
+        if c.compression is not None:
+            extra["compression"] = c.compression
         args = (c.kind, c.send.ptr, c.recv.ptr, count, code, c.op, c.root, c.send.device)
         if not async_op and self._lane.here():
             # The lane's calls go through the engine's worker, whose waits are polite:

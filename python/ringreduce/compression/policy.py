@@ -59,9 +59,10 @@ class Settings:
     this many values may run in pieces of this many values per chunk or more (up to 16;
     the last may be shorter), each encoded while the one before travels; 0 runs every
     call whole.
-    ``pieces``: "auto" (in pieces where the first call of a codec and size class showed
-    spare CPU for at least half the codec's time on every rank: `compressed_pieces`),
-    "always" or "never".
+    ``pieces``: "auto" (the engine's collective: in pieces where the ranks span hosts;
+    the Python path: where the first call of a codec and size class showed spare CPU
+    for at least half the codec's time on every rank, `compressed/pieces.py`), "always"
+    or "never". Calls over shared memory always run whole.
     """
 
     canary_every: int = 50

@@ -1,24 +1,28 @@
-"""The lane: compressed collectives in the background, in the order they were issued.
+"""The lane: the compressed calls the engine does not take, in the background, in the
+order they were issued.
 
-A compressed call is a chain: encode, an all_to_all, decode-sum-encode, an all_gather,
-decode (compressed_hop.py). Each step's buffers are made by the one before, so the
-engine's queue cannot hold the chain as it holds an exact call. With ``async_op=True`` a
-compressed call goes to its communicator's lane instead: one thread, named alike on
-every rank, that runs such calls one after the other, so that a bucket's compression
-and exchange overlap the computation that goes on meanwhile (a backward pass).
+A compressed call with a built-in codec on host arrays is one engine collective
+(csrc/algorithms/one_hop.h), queued on the engine's worker like any other. The calls
+the engine does not take run hop.py's chain in Python (encode, an all_to_all,
+decode-sum-encode, an all_gather, decode): codecs with methods of their own, "gather"
+codecs, device arrays (device.py), exact calls that carry a residual, auto's timed
+calibration. Each step's buffers are made by the one before, so the engine's queue
+cannot hold the chain. With ``async_op=True`` such a call goes to its communicator's
+lane: one thread, named alike on every rank, that runs them one after the other, so
+that their codec work and exchanges overlap the computation that goes on meanwhile.
 
 Ranks pair calls in the order each issues them, and the program's order must stay the
 one the engine sees:
 
-- every async compressed call goes to the lane, and every other call (a blocking
-  compressed one, any other collective) waits until the lane is empty before it goes
-  in (`Communicator._issue`, `compressed._call`; the fast path of all_reduce declines
-  while the lane holds work, through the gate's ``divert``). So call numbers, auto's
-  decisions and the canary's schedule are made in the program's order on every rank;
-- which thread issues a call depends on the call alone (async compressed: the lane;
-  anything else: the caller), never on how far a rank's lane has got: call headers
-  carry the issuing thread's tag, and one call issued from two different threads on
-  two ranks is refused as concurrent use.
+- every call (compressed or not) issued while the lane holds work waits until it is
+  empty before it goes in (`Communicator._issue`, `route._call`; the fast path of
+  all_reduce declines while the lane holds work, through the gate's ``divert``). So
+  call numbers, auto's decisions and the canary's schedule are made in the program's
+  order on every rank;
+- which thread issues a call depends on the call alone (an async call the engine does
+  not take: the lane; anything else: the caller), never on how far a rank's lane has
+  got: call headers carry the issuing thread's tag, and one call issued from two
+  different threads on two ranks is refused as concurrent use.
 
 The thread exits when the lane is empty, and is started again by the next call; it is
 not a daemon, so a program that ends without waiting still finishes its calls (each is

@@ -25,14 +25,17 @@ owner's re-encode error with the owner, so error feedback returns every dropped 
 "gather" codecs (payloads that cannot be summed piecewise) take one all_gather of every
 rank's whole payload instead, decoded and summed in rank order on every rank.
 
-CUDA arrays take compressed_device.py's route: the same exchanges and bits, the codec
-run on the device by its CUDA kernels.
+With a built-in codec on host arrays the call is one engine collective: the same scheme
+in C++ (csrc/algorithms/one_hop.h), with one call header, queued on the engine's worker
+like any other call when async, its canary judged inside it. Codecs with methods of
+their own, "gather" codecs and CUDA arrays (device.py: the same exchanges and bits, the
+codec run on the device by its CUDA kernels) take this module's Python path (hop.py),
+on the communicator's lane when async (lane.py).
 
-``async_op=True`` queues the call on the communicator's lane (lane.py): a thread that
-runs compressed calls in issue order while the caller goes on. A blocking call runs on
-the caller's thread once the lane is empty. So call numbers (the dither's seeds), auto's
-decisions and the canary's schedule follow the program's order on every rank, and each
-call is issued from the same thread on every rank.
+Every decision (the call's number, which seeds the dither; auto's choice; whether the
+canary samples it) is made when the call is issued, on the caller's thread, in the
+program's order (after the lane's calls), so it is the same on every rank, and so is the
+thread each call is issued from.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ from ..._env import debug_topics
 from ...compression import canary as _canary
 from ...compression import policy as _policy
 from ...compression.codecs import AUTO, Codec, get_codec
-from ..core.ops import ReduceOp, _op_member
+from ..core.ops import ReduceOp, _op_member, op_code
+from ..core.shaping import Call
 from . import auto as _auto
 from . import device as _device
 from . import hop as _hop
@@ -93,6 +97,10 @@ class _State:
         self.scratch = _hop.Scratch()
         self.pieces = PieceChoice()  # which size classes run in pieces (compressed_pieces)
         self.timing = False  # auto's calibration is timing tiny calls through the codecs
+        # Engine calls the canary sampled, by codec name, whose verdict has not been
+        # seen yet (`_notice`), and the codecs warned of.
+        self.canaries: Dict[str, Any] = {}  # name: (calls sampled, the codec)
+        self.warned: set = set()
 
     def of(self, name: str) -> _canary.CodecStats:
         found = self.codecs.get(name)
@@ -125,6 +133,13 @@ def stats(comm: Any) -> dict:
     (the last canary's relative error, None before one ran) as {codec: value}."""
     st = _STATES.get(comm)
     per = {} if st is None else {k: v.as_dict() for k, v in st.codecs.items()}
+    if per:
+        _notice(comm, st)
+        # The engine counts what its compressed collectives sent, spent on codecs, and
+        # what their canaries found.
+        for name, engine in comm._core.stats().get("engine_codecs", {}).items():
+            if name in per:
+                _merge(per[name], engine)
     out: dict = {
         "compression": dict(per),
         "wire_bytes": {k: v["wire_bytes"] for k, v in per.items()},
@@ -142,6 +157,20 @@ def stats(comm: Any) -> dict:
             "call_seconds": None if last is None else {"exact": last.alpha_exact, **last.alphas},
         }
     return out
+
+
+def _merge(mine: dict, engine: dict) -> None:
+    """A codec's counters from the Python path (``mine``) and the engine's, as one."""
+    mine["wire_bytes"] += int(engine["wire_bytes"])
+    mine["codec_seconds"] += float(engine["codec_seconds"])
+    mine["fallbacks"] += int(engine["fallbacks"])
+    mine["fell_back"] = bool(mine["fell_back"] or engine["fell_back"])
+    if engine["canary_checks"]:
+        mine["canary_checks"] += int(engine["canary_checks"])
+        mine["compression_error"] = float(engine["compression_error"])
+        mine["bias"] = float(engine["bias"])
+        worst = mine["worst_error"]
+        mine["worst_error"] = max(float(engine["worst_error"]), worst or 0.0)
 
 
 # ---- the calls ---------------------------------------------------------------------
@@ -276,14 +305,15 @@ def _checked(comm: Any, x: Any, op: Any, compression: Any, error_feedback: Any) 
 
 
 def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: bool) -> Any:
-    # Which thread issues a call depends on the call alone, never on how far this rank's
-    # lane has got: call headers carry the issuing thread's tag, and ranks that issued
-    # one call from two threads would raise ConcurrentUseError. An async call goes to
-    # the lane; a blocking one runs here, once the lane's calls before it are done.
+    # Every decision (call numbers, the dither's seeds, auto's choices, the canary's
+    # schedule and verdicts) is made here, on the caller's thread, in the program's
+    # order, after the lane's calls: the same on every rank. Then the call runs where
+    # the decision says, which is therefore the same thread on every rank (call headers
+    # carry the issuing thread's tag): the engine's queue for the built-in codecs on
+    # host arrays and for exact calls, this thread for other blocking calls, the lane
+    # for other async ones.
     lane = comm._lane
     if not lane.here():
-        if async_op:
-            return _queued(comm, x, op, out, compression, error_feedback, scatter)
         lane.drain()
     buf, member, codec, residual = _checked(comm, x, op, compression, error_feedback)
     n, size, rank = buf.size, comm.world_size, comm.rank
@@ -292,6 +322,8 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
     result, out_buf = output_buffer(out, buf, shape)
     what = "reduce_scatter" if scatter else "all_reduce"
     st = _state(comm)
+    if st.canaries:
+        _notice(comm, st)  # warns of a codec the engine's canary switched off
     call_no = st.calls
     st.calls += 1
 
@@ -318,13 +350,21 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
         )
 
     if codec is None:
-        if not calibrating:
-            return _exact(comm, buf, member, result, residual, scatter)
-        # Timed to the end of the transfer (a blocking call, here or on the lane).
-        t0 = time.perf_counter()
-        got = _exact(comm, buf, member, result, residual, scatter)
-        _auto.calibrate(comm, st, time.perf_counter() - t0, buf.nbytes)
-        return got
+        if async_op and not calibrating and residual is None:
+            # Exact, with nothing owed: the engine's own queued call.
+            call = comm.reduce_scatter if scatter else comm.all_reduce
+            return call(buf.obj, member.name.lower(), out=result, async_op=True)
+
+        def exact() -> Any:
+            if not calibrating:
+                return _exact(comm, buf, member, result, residual, scatter)
+            # Timed to the end of the transfer (a blocking call, here or on the lane).
+            t0 = time.perf_counter()
+            got = _exact(comm, buf, member, result, residual, scatter)
+            _auto.calibrate(comm, st, time.perf_counter() - t0, buf.nbytes)
+            return got
+
+        return _run_here_or_on_lane(comm, exact, async_op, f"{what} of {n} {buf.dtype}")
 
     idx = None
     every = _policy.settings().canary_every
@@ -334,6 +374,133 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
         )
     stat = st.of(codec.name)
     stat.calls += 1
+    if buf.host is not None and codec.algebra != "gather" and _hop._kernel(codec) is not None:
+        return _engine(
+            comm, st, codec, buf, member, residual, result, out_buf, call_no, scatter, idx, async_op
+        )
+
+    def compressed() -> Any:
+        _python_path(comm, st, codec, buf, member, residual, out_buf, call_no, stat, scatter, idx)
+        return result
+
+    return _run_here_or_on_lane(comm, compressed, async_op, f"{what} of {n} {buf.dtype}")
+
+
+def _run_here_or_on_lane(comm: Any, job: Any, async_op: bool, what: str) -> Any:
+    """A call decided already: run now on this thread, or (async) on the lane."""
+    if not async_op:
+        return job()
+    return comm._lane.submit(job, LaneWork(comm, what))
+
+
+def _engine_pieces(comm: Any) -> int:
+    """The piece_values of an engine call (0: whole). In pieces, its codec work overlaps
+    its exchanges, on the same thread: that pays where the rows cross a network, and not
+    where every rank shares one host (shared memory, or TCP over loopback), whose
+    exchanges are copies the same cores make, so that pieces only add waits (measured:
+    docs/compression.md). Over shared memory calls always run whole; elsewhere
+    ``pieces="always"`` and ``"never"`` decide. Only chunks of at least twice
+    ``piece_values`` values are cut."""
+    settings = _policy.settings()
+    if comm.world_size == 1 or comm.transport == "shm" or settings.pieces == "never":
+        return 0
+    if settings.pieces == "auto" and int(comm.local_world_size) == comm.world_size:
+        return 0
+    return max(0, int(settings.piece_values))
+
+
+def _engine(
+    comm, st, codec, buf, member, residual, result, out_buf, call_no, scatter, idx, async_op
+) -> Any:
+    """A built-in codec on host arrays: one engine collective (the one-hop schedule in
+    C++, csrc/algorithms/one_hop.h), queued like any other when async. On the calls it
+    samples, the canary runs inside that collective: the engine gathers the sample's
+    inputs and sums, judges them, and a codec that fails runs exact from the next call
+    on, decided where the calls run, in their order, the same on every rank."""
+    flat = buf.host.reshape(-1)
+    sample = rows = None
+    canary = (0, 0, 0)
+    if idx is not None:
+        sample = np.ascontiguousarray(idx, dtype=np.int64)
+        rows = np.zeros((2, sample.size), _F32)  # the inputs there, then the sums held
+        rows[0] = flat[sample]
+        canary = (sample.ctypes.data, sample.size, rows.ctypes.data)
+        st.canaries[codec.name] = (st.canaries.get(codec.name, (0, codec))[0] + 1, codec)
+    owed = 0 if residual is None else residual.ctypes.data
+    kind = (
+        _core.Collective.COMPRESSED_REDUCE_SCATTER
+        if scatter
+        else _core.Collective.COMPRESSED_ALL_REDUCE
+    )
+    limit = _policy.settings().threshold(codec)
+    call = Call(
+        kind,
+        buf,
+        out_buf,
+        op_code(member, buf.dtype),
+        0,
+        result,
+        (buf.obj, result, residual, sample, rows),
+        compression=(codec.kernel, owed, call_no, _engine_pieces(comm), *canary, codec.name, limit),
+    )
+    got = comm._run(call, async_op)
+    if rows is None:
+        return got
+    if not async_op:
+        _notice(comm, st)
+        return got
+    return _CanaryWork(comm, st, got)
+
+
+class _CanaryWork:
+    """The Work of an async engine call the canary samples: waiting for it also reports
+    the canary's verdict (`_notice`)."""
+
+    def __init__(self, comm: Any, st: Any, work: Any):
+        self._comm, self._st, self._work = comm, st, work
+
+    def wait(self, timeout: Any = None) -> Any:
+        got = self._work.wait(timeout)
+        _notice(self._comm, self._st)
+        return got
+
+    def __getattr__(self, name: str) -> Any:  # done(), is_completed(), ... of the Work
+        return getattr(self._work, name)
+
+
+def _notice(comm: Any, st: Any) -> None:
+    """Warns once for each codec the engine's canary switched off (CompressionWarning),
+    among those whose sampled calls have not all been seen judged yet. Reads, never
+    waits: the verdict itself was taken by the engine."""
+    if not st.canaries:
+        return
+    engine = comm._core.stats().get("engine_codecs", {})
+    for name, (issued, codec) in list(st.canaries.items()):
+        counters = engine.get(name)
+        if counters is None:
+            continue
+        if counters["fell_back"] and name not in st.warned:
+            st.warned.add(name)
+            limit = _policy.settings().threshold(codec)
+            warnings.warn(
+                _canary.CompressionWarning(
+                    f"ringreduce rank {comm.rank}: {name} compression gave a relative "
+                    f"error of {counters['compression_error']:.3g} (bias "
+                    f"{counters['bias']:.3g}) on its canary, past its threshold "
+                    f"{limit:.3g}; this communicator reduces exactly wherever {name} is "
+                    "asked for from now on"
+                ),
+                stacklevel=4,
+            )
+        if counters["canary_checks"] + counters["fallbacks"] >= issued:
+            del st.canaries[name]
+
+
+def _python_path(comm, st, codec, buf, member, residual, out_buf, call_no, stat, scatter, idx):
+    """The compressed call in Python (hop.py): codecs with methods of their own, "gather"
+    codecs, and device arrays (device.py)."""
+    n, size, rank = buf.size, comm.world_size, comm.rank
+    lo, hi = _core.chunk_bounds(n, size, rank)
     # One call at a time in the communicator's buffers (see Scratch); x is read before
     # dst is written, so out=x is fine.
     scratch = st.scratch if st.scratch.lock.acquire(blocking=False) else _hop.Scratch(False)
@@ -363,7 +530,7 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
                 scatter,
                 check,
             )
-            return result
+            return
         flat = buf.host.reshape(-1)
         sample = None if idx is None else (idx, flat[idx].astype(_F32))
         dst = out_buf.host.reshape(-1)
@@ -415,23 +582,6 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
     finally:
         if scratch is st.scratch:
             scratch.lock.release()
-    return result
-
-
-def _queued(comm, x, op, out, compression, error_feedback, scatter) -> Any:
-    """The call, queued on the lane: its arguments checked here first (a bad one raises
-    in the caller, before any rank talks), its result allocated here (the Work returns
-    it)."""
-    buf = _checked(comm, x, op, compression, error_feedback)[0]
-    lo, hi = _core.chunk_bounds(buf.size, comm.world_size, comm.rank)
-    result = output_buffer(out, buf, (hi - lo,) if scatter else buf.shape)[0]
-    what = "reduce_scatter" if scatter else "all_reduce"
-    work = LaneWork(comm, f"{what} of {buf.size} {buf.dtype}")
-    comm._lane.submit(
-        lambda: _call(comm, x, op, result, False, compression, error_feedback, scatter=scatter),
-        work,
-    )
-    return work
 
 
 def _exact(comm, buf, member, result, residual, scatter) -> Any:
@@ -465,7 +615,12 @@ def _check_canary(comm, st, codec, call_no, sample, reduced, bounds, scatter) ->
     held = np.zeros(idx.size, _F32)
     mask = (idx >= lo) & (idx < hi)  # each rank reports its own chunk: each value once
     held[mask] = reduced[idx[mask] - lo] if scatter else reduced[idx[mask]]
-    rows = comm.all_gather(np.stack([inputs, held]))
+    _judge(comm, st, codec, call_no, comm.all_gather(np.stack([inputs, held])))
+
+
+def _judge(comm, st, codec, call_no, rows) -> None:
+    """The canary's verdict from the gathered rows (rank, [input, sum held], sample):
+    the same numbers, so the same verdict, on every rank."""
     stat = st.of(codec.name)
     limit = _policy.settings().threshold(codec)
     if stat.judge(rows, limit):

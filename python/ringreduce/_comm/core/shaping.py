@@ -38,6 +38,8 @@ class Call:
     finalize: Optional[Callable[[], None]] = None
     count: Optional[int] = None
     blocks: Optional[list] = None
+    # A compressed collective's codec and state (``_core`` submit/run's compression=).
+    compression: Optional[tuple] = None
 
 
 def chunk_bounds(n: int, world_size: int, rank: int) -> Tuple[int, int]:

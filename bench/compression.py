@@ -208,11 +208,15 @@ def rank_collective(comm: Any, opts: dict) -> dict:
     for size in [parse_size(s) for s in opts["sizes"].split(",")]:
         x = np.random.default_rng(comm.rank).standard_normal(size // 4, dtype=np.float32)
         for codec in opts["codecs"].split(","):
-            # "int8/never": int8 with calls run whole (the pieces setting after "/").
+            # "int8/never": int8 with calls run whole (the pieces setting after "/");
+            # "int8/131072": in pieces of that many values per chunk.
             name, _, how = codec.partition("/")
             compression = None if name == "fp32" else name
-            default = settings().pieces
-            configure(pieces=how or default)
+            default, default_values = settings().pieces, settings().piece_values
+            if how.isdigit():
+                configure(pieces="always", piece_values=int(how))
+            else:
+                configure(pieces=how or default)
             try:
                 for _ in range(2):  # warm-up; auto's calibration
                     comm.all_reduce(x, compression=compression)
@@ -225,7 +229,7 @@ def rank_collective(comm: Any, opts: dict) -> dict:
                     times.append(time.perf_counter() - t0)
                     wire += tx_bytes() - before
             finally:
-                configure(pieces=default)
+                configure(pieces=default, piece_values=default_values)
             worst = comm.all_reduce(np.array([min(times), wire / opts["reps"]]), "max")
             rows.append(
                 {"size": size, "codec": codec, "seconds": float(worst[0]), "wire": float(worst[1])}
@@ -464,7 +468,8 @@ def main() -> None:
         "--codecs",
         default=",".join(CODECS),
         help="codecs, fp32 and auto; NAME/always and NAME/never run NAME's large calls in "
-        "pieces or whole (the pieces setting; NAME alone: its default, auto)",
+        "pieces or whole (the pieces setting; NAME alone: its default, auto); NAME/K in "
+        "pieces of K values per chunk",
     )
     p.add_argument(
         "--rates",

@@ -54,7 +54,7 @@ def test_piece_settings_are_checked():
         configure(piece_values=-1)
     with pytest.raises(ValueError, match="pieces must be 'auto', 'always' or 'never'"):
         configure(pieces="sometimes")
-    assert settings().piece_values == 1 << 18 and settings().pieces == "auto"
+    assert settings().piece_values == 1 << 16 and settings().pieces == "auto"
 
 
 class _Comm:

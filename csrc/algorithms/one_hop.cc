@@ -13,7 +13,7 @@ namespace rr {
 namespace {
 
 constexpr uint64_t kSeedBase = 0x52494E47;  // "RING": the top word of every seed
-constexpr size_t kMaxPieces = 16;
+constexpr size_t kMaxPieces = 64;
 // Codec work done while rows travel is cut into runs of this many values,
 // with a poke() of the transport between them, so the link never idles long.
 constexpr size_t kPokeValues = 64 * codec::kBlock;
@@ -334,9 +334,10 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
     }
   };
 
-  // Piece p's gather and piece p+1's scatter travel together, while piece
-  // p+2 is encoded and piece p-1 decoded. Every rank posts each link's
-  // messages in the same order (gathers, then scatters).
+  // While piece p-1's gather and piece p+1's scatter travel, the owner sums
+  // piece p, piece p+2 is encoded and piece p-2 decoded: the link has work
+  // whenever there is any to send. Every rank posts each link's messages in
+  // the same order (gathers, then scatters).
   const size_t pieces = l.pieces;
   const bool overlap = pieces > 1;
   std::vector<StepPlan> plans;
@@ -346,16 +347,24 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
     if (pieces > 1) encode_scatter(1, true);
   });
   for (size_t p = 0; p < pieces; ++p) {
-    owner_sum(p);
     plans.clear();
-    if (!scatter) gather_plans(p, plans);
+    if (!scatter && p >= 1) gather_plans(p - 1, plans);
     if (p + 1 < pieces) scatter_plans(p + 1, plans);
     x.exchange_while(plans, [&] {
+      owner_sum(p);
+      if (overlap) x.poke();
       if (p + 2 < pieces) encode_scatter(p + 2, true);
-      if (!scatter && p >= 1) decode_all(p - 1, overlap);
+      if (!scatter && p >= 2) decode_all(p - 2, overlap);
     });
   }
-  if (!scatter) decode_all(pieces - 1, false);
+  if (!scatter) {
+    plans.clear();
+    gather_plans(pieces - 1, plans);
+    x.exchange_while(plans, [&] {
+      if (pieces >= 2) decode_all(pieces - 2, true);
+    });
+    decode_all(pieces - 1, false);
+  }
   if (scatter && residual != nullptr) {
     clock.time([&] { ops->fill(residual + lo, mine, 0.0f); });  // sent whole: nothing owed
   }

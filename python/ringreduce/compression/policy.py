@@ -56,9 +56,9 @@ class Settings:
     coordinates it compares. ``max_error``: relative error past which a codec falls
     back to the exact path, by codec name (a codec not named uses its ``max_error``).
     ``piece_values``: a call whose chunks (its count / the world size) hold at least twice
-    this many values may run in pieces of this many values per chunk or more (up to 16;
-    the last may be shorter), each encoded while the one before travels; 0 runs every
-    call whole.
+    this many values may run in pieces of this many values per chunk or more (up to 64
+    in the engine's collective, 16 on the Python path; the last may be shorter), each
+    encoded while the one before travels; 0 runs every call whole.
     ``pieces``: "auto" (the engine's collective: in pieces where the ranks span hosts;
     the Python path: where the first call of a codec and size class showed spare CPU
     for at least half the codec's time on every rank, `compressed/pieces.py`), "always"
@@ -67,7 +67,7 @@ class Settings:
 
     canary_every: int = 50
     canary_sample: int = 1024
-    piece_values: int = 1 << 18
+    piece_values: int = 1 << 16
     pieces: str = "auto"
     max_error: Dict[str, float] = field(default_factory=dict)
 

@@ -4,7 +4,8 @@
 # that drive the C++'s parsers and failure handling hardest (the store under
 # hostile connections and wrong tokens, the parsers' fuzzer, the rendezvous,
 # shared memory with its failure paths, segments that lie, windows read in place by
-# their peers, communicators made and closed hundreds of times in a row) against it,
+# their peers, communicators made and closed hundreds of times in a row, the compressed
+# collective's schedule against the Python path's bits) against it,
 # with the sanitizer's runtime preloaded into Python. Any report fails the run.
 #
 #   bash .ci/sanitizers.sh                     # ASan + UBSan
@@ -17,7 +18,8 @@ shift || true
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py
-         tests/test_shm_segments.py tests/test_churn.py tests/test_windows.py)
+         tests/test_shm_segments.py tests/test_churn.py tests/test_windows.py
+         tests/test_compression_engine.py)
 fi
 name="$(echo "$sanitize" | tr ',' '-')"
 # Inside this checkout's (ignored) build/ unless told otherwise, so that a

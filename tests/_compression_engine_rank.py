@@ -92,3 +92,19 @@ def engine_and_python_paths(comm, codec, dtype, op, scatter, feedback):
         finally:
             use_kernels(old)
     return out, residuals
+
+
+def exact_with_residual(comm):
+    """An "auto" call too small to compress, with a residual owed (error feedback):
+    queued on the engine as an exact one-hop call with float32 rows, the residual sent
+    along and cleared. (Work's class, whether the lane ever started, the result, the
+    exact sum of x + residual, the residual after.)"""
+    import threading
+
+    x = contribution(comm.rank, 1000, "float32")
+    residual = np.full(x.size, 0.125, np.float32)
+    want = comm.all_reduce(x + residual)
+    work = comm.all_reduce(x, compression="auto", error_feedback=residual, async_op=True)
+    got = work.wait()
+    lane = any(t.name == "ringreduce-lane" for t in threading.enumerate())
+    return type(work).__name__, lane, got, want, residual.copy()

@@ -102,3 +102,13 @@ def test_the_engine_gives_the_python_paths_bits(group_factory, codec, dtype, op,
         if feedback:
             assert residuals[0].tobytes() == residuals[1].tobytes()
             assert np.any(residuals[0] != 0)
+
+
+def test_an_exact_call_that_owes_a_residual_is_queued_on_the_engine(group_factory):
+    """auto keeps a small call exact; with error feedback its residual is sent along.
+    That too is one engine collective (float32 rows), queued, not run on the lane, so
+    a GradSync step mixing such buckets with compressed ones never waits at issue."""
+    for kind, lane, got, want, residual in group_factory(2).run(er.exact_with_residual):
+        assert kind == "Work" and not lane, (kind, lane)
+        assert got.tobytes() == want.tobytes()  # 2 ranks: one float32 sum, in any order
+        assert not residual.any()

@@ -59,7 +59,8 @@ std::string describe_arguments(const CollectiveArgs& args) {
     case CollectiveKind::kCompressedAllReduce:
     case CollectiveKind::kCompressedReduceScatter: {
       const uint8_t codec = args.compression.codec;
-      const std::string name = codec >= 1 && codec <= 4
+      const std::string name = codec == 0 ? "exact"
+                               : codec <= 4
                                    ? codec::codec_name(static_cast<codec::CodecKind>(codec - 1))
                                    : "codec #" + std::to_string(codec);
       return s + "(count=" + std::to_string(args.count) + ", " + dtype_name(args.dtype) + ", " +

@@ -42,8 +42,10 @@ inline bool compressed_kind(CollectiveKind kind) {
 
 // What a compressed call adds to its arguments (algorithms/one_hop.h).
 struct Compression {
-  // The codec: codec::CodecKind + 1 (bf16 1, fp16 2, int8 3, int4 4). Part of
-  // the call header, so ranks calling with different codecs get MismatchError.
+  // The codec: codec::CodecKind + 1 (bf16 1, fp16 2, int8 3, int4 4), or 0:
+  // none, the call is exact (float32 rows; for a caller that sends an error-
+  // feedback residual along with an exact sum). Part of the call header, so
+  // ranks calling with different codecs get MismatchError.
   uint8_t codec = 0;
   // Error feedback: `count` float32 values added to the input before it is
   // encoded, left holding what the encodes dropped (null: none).

@@ -49,7 +49,7 @@ struct Layout {
 // The bytes of n values in a row: the codec's payload, or float32 when the
 // call runs exact (its codec fell back after a canary).
 size_t payload_size(const CollectiveArgs& args, size_t n) {
-  if (args.compression.exact) return n * sizeof(float);
+  if (args.compression.exact || args.compression.codec == 0) return n * sizeof(float);
   return codec::payload_bytes(static_cast<codec::CodecKind>(args.compression.codec - 1), n);
 }
 
@@ -182,7 +182,7 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
                           ": this memory has no codec operations");
   }
   const Compression& c = args.compression;
-  const auto kind = static_cast<codec::CodecKind>(c.codec - 1);
+  const auto kind = static_cast<codec::CodecKind>(c.codec > 0 ? c.codec - 1 : 0);
   const bool scatter = args.kind == CollectiveKind::kCompressedReduceScatter;
   const int size = ring.size;
   const int rank = ring.rank;
@@ -197,7 +197,7 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
   CodecClock clock(&report->codec_seconds);
   // The codec's operations, or their exact stand-ins: float32 rows, copied
   // and added (a residual is sent along, and cleared).
-  const bool raw = c.exact;
+  const bool raw = c.exact || c.codec == 0;
   auto encode = [&](const float* v, float* owed, size_t m, uint64_t key, uint8_t* payload,
                     uint64_t first) {
     if (!raw) {

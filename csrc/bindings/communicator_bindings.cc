@@ -40,7 +40,7 @@ void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 using Blocks = std::vector<std::vector<size_t>>;
 
 // A compressed call's additions (rr::Compression), as the Python package hands
-// them over: (kernel name, residual address or 0, call number, piece_values,
+// them over: (kernel name or "exact", residual address or 0, call number, piece_values,
 // sample address or 0, sample count, the canary's rows' address or 0, the
 // name to count the call under, the canary's max_error).
 using CompressionArgs =
@@ -61,7 +61,10 @@ void add_compression(rr::CollectiveArgs& args, const CompressionArgs& given) {
   const auto& [codec, residual, call, piece_values, sample, sample_count, rows, name, max_error] =
       *given;
   rr::Compression& c = args.compression;
-  c.codec = static_cast<uint8_t>(static_cast<int>(rr::codec::codec_kind(codec.c_str())) + 1);
+  // "exact": no codec, float32 rows (an exact sum that sends a residual along).
+  c.codec = codec == "exact"
+                ? 0
+                : static_cast<uint8_t>(static_cast<int>(rr::codec::codec_kind(codec.c_str())) + 1);
   c.residual = static_cast<float*>(as_ptr(residual));
   c.call = call;
   c.piece_values = piece_values;

@@ -104,6 +104,10 @@ std::string explain(const Choice& choice, const RingContext& ctx, const Collecti
     case Reason::kOneRank:
       return "one rank, nothing to exchange: " + name;
     case Reason::kNotAllReduce:
+      if (compressed_kind(args.kind)) {
+        return "compressed " + std::string(collective_name(args.kind)) +
+               " has one schedule, the one-hop (algorithms/one_hop.h): no choice to make";
+      }
       return std::string(collective_name(args.kind)) + " has one schedule, no choice to make";
     case Reason::kPolicyRing:
       return "RINGREDUCE_ALGORITHM=ring: " + name;

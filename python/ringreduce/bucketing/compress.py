@@ -172,7 +172,8 @@ class CompressedBuckets:
                 self._ef.key(name).residual(n)[:] = host[at : at + n]
 
     def issue(self, comm: Any, bucket: Any, views: list[Any]) -> Any:
-        """Reduces one bucket; returns its Work (a LaneWork for a codec).
+        """Reduces one bucket; returns its Work (the engine's, or a LaneWork for a call
+        the engine does not take: compressed/lane.py).
         ``views``: its parameters' places in the bucket, shaped like them."""
         if self.powersgd is not None:
             names = [name for name, _, _ in self._layout[bucket.index]]

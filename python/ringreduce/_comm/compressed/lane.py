@@ -2,14 +2,15 @@
 order they were issued.
 
 A compressed call with a built-in codec on host arrays is one engine collective
-(csrc/algorithms/one_hop.h), queued on the engine's worker like any other. The calls
-the engine does not take run hop.py's chain in Python (encode, an all_to_all,
-decode-sum-encode, an all_gather, decode): codecs with methods of their own, "gather"
-codecs, device arrays (device.py), exact calls that carry a residual, auto's timed
-calibration. Each step's buffers are made by the one before, so the engine's queue
-cannot hold the chain. With ``async_op=True`` such a call goes to its communicator's
-lane: one thread, named alike on every rank, that runs them one after the other, so
-that their codec work and exchanges overlap the computation that goes on meanwhile.
+(csrc/algorithms/one_hop.h), queued on the engine's worker like any other, and so is an
+exact call that sends a residual along. The calls the engine does not take run hop.py's
+chain in Python (encode, an all_to_all, decode-sum-encode, an all_gather, decode):
+codecs with methods of their own, "gather" codecs, device arrays (device.py); and auto's
+timed calibration. Each step's buffers are made by the one before, so the engine's
+queue cannot hold the chain. With ``async_op=True`` such a call goes to its
+communicator's lane: one thread, named alike on every rank, that runs them one after the
+other, so that their codec work and exchanges overlap the computation that goes on
+meanwhile.
 
 Ranks pair calls in the order each issues them, and the program's order must stay the
 one the engine sees:

@@ -354,6 +354,23 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
             # Exact, with nothing owed: the engine's own queued call.
             call = comm.reduce_scatter if scatter else comm.all_reduce
             return call(buf.obj, member.name.lower(), out=result, async_op=True)
+        if not calibrating and residual is not None and buf.host is not None:
+            # Exact, with a residual sent along (and cleared): the engine's one-hop
+            # collective with float32 rows, blocking or queued like any call.
+            return _engine(
+                comm,
+                st,
+                None,
+                buf,
+                member,
+                residual,
+                result,
+                out_buf,
+                call_no,
+                scatter,
+                None,
+                async_op,
+            )
 
         def exact() -> Any:
             if not calibrating:
@@ -416,7 +433,10 @@ def _engine(
     C++, csrc/algorithms/one_hop.h), queued like any other when async. On the calls it
     samples, the canary runs inside that collective: the engine gathers the sample's
     inputs and sums, judges them, and a codec that fails runs exact from the next call
-    on, decided where the calls run, in their order, the same on every rank."""
+    on, decided where the calls run, in their order, the same on every rank.
+    ``codec`` None: an exact call that sends a residual along, with float32 rows (each
+    value summed in float32 and rounded to the input's dtype once; the residual is
+    cleared)."""
     flat = buf.host.reshape(-1)
     sample = rows = None
     canary = (0, 0, 0)
@@ -432,7 +452,8 @@ def _engine(
         if scatter
         else _core.Collective.COMPRESSED_ALL_REDUCE
     )
-    limit = _policy.settings().threshold(codec)
+    kernel, name = ("exact", "exact") if codec is None else (codec.kernel, codec.name)
+    limit = 0.0 if codec is None else _policy.settings().threshold(codec)
     call = Call(
         kind,
         buf,
@@ -441,7 +462,7 @@ def _engine(
         0,
         result,
         (buf.obj, result, residual, sample, rows),
-        compression=(codec.kernel, owed, call_no, _engine_pieces(comm), *canary, codec.name, limit),
+        compression=(kernel, owed, call_no, _engine_pieces(comm), *canary, name, limit),
     )
     got = comm._run(call, async_op)
     if rows is None:

@@ -90,7 +90,8 @@ def device_feedback_converges(comm, n, calls):
 def device_other_paths(comm, n):
     """Device calls beside the codec path, each against its host counterpart: auto (exact
     on one host), an exact call that clears a residual (compression=None), an async call
-    whose result is allocated like x, and a non-finite block."""
+    whose result is allocated like x, and a non-finite block; and that an async device
+    call is one engine collective, with no lane."""
     x = contribution(comm.rank, n, "float32")
     got = {}
     host, device = _pair(
@@ -119,31 +120,16 @@ def device_other_paths(comm, n):
             lambda: comm.all_reduce(fake(x), compression="int8", async_op=True).wait(),
         )
     got["async"] = host.tobytes() == device.array.tobytes()
-    # Another thread's call holds the communicator's DeviceCodec: this one makes its own.
-    from ringreduce._comm.compressed import route as compressed
+    # One engine collective, queued like any other: the lane never starts.
+    import threading
 
-    st = compressed._STATES[comm]
-    st.calls = 1000
-    host = comm.all_reduce(x, compression="int8")
-    device = np.empty(n, np.float32)
-    with st.device_codecs[0][1]:
-        st.calls = 1000
-        comm.all_reduce(fake(x), compression="int8", out=fake(device))
-    got["held"] = host.tobytes() == device.tobytes()
-    # Device scratch kept between calls: none past KEEP_BYTES.
-    from ringreduce._comm.compressed import device as compressed_device
-
-    dc = st.device_codecs[0][0]
-    kept = [dc.kept_bytes]
-    old, compressed_device.KEEP_BYTES = compressed_device.KEEP_BYTES, 0
-    try:
-        comm.all_reduce(fake(x), compression="int8", out=fake(device))
-        kept.append(dc.kept_bytes)
-    finally:
-        compressed_device.KEEP_BYTES = old
-    comm.all_reduce(fake(x), compression="int8", out=fake(device))
-    kept.append(dc.kept_bytes)
-    got["kept"] = kept[0] > 0 and kept[1] == 0 and kept[2] == kept[0]
+    ops = comm.stats()["ops"]
+    work = comm.all_reduce(
+        fake(x), compression="int8", out=fake(np.empty(n, np.float32)), async_op=True
+    )
+    lane = any(t.name == "ringreduce-lane" for t in threading.enumerate())
+    work.wait()
+    got["one_collective"] = (comm.stats()["ops"] - ops, lane) == (1, False)
     bad = x.copy()
     bad[3] = np.inf if comm.rank == 0 else 1.0
     bad[700] = np.nan if comm.rank == 1 else 2.0

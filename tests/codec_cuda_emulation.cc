@@ -84,10 +84,10 @@ extern "C" {
 
 // The launches of codec_cuda.cu, with the same grids.
 void emulated_encode(int kind, const float* x, float* residual, int residual_out_only, size_t n,
-                     uint64_t key, uint8_t* payload) {
+                     uint64_t key, uint8_t* payload, uint64_t first) {
   if (n == 0) return;
   launch(blocks_for(n), kernels::kThreads, kernels::encode_kernel, static_cast<CodecKind>(kind), x,
-         residual, residual_out_only != 0, n, key, payload);
+         residual, residual_out_only != 0, n, key, payload, first);
 }
 
 void emulated_decode_add(int kind, const uint8_t* payloads, size_t stride, size_t count, size_t n,

@@ -54,7 +54,7 @@ def emulated(tmp_path_factory):
     assert built.returncode == 0, f"{' '.join(cmd)}\n{built.stderr}"
     so = ctypes.CDLL(lib)
     p, size, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-    so.emulated_encode.argtypes = [i, p, p, i, size, ctypes.c_uint64, p]
+    so.emulated_encode.argtypes = [i, p, p, i, size, ctypes.c_uint64, p, ctypes.c_uint64]
     so.emulated_decode_add.argtypes = [i, p, size, size, size, p, i]
     so.emulated_convert.argtypes = [i, i, p, p, size]
     return so
@@ -70,11 +70,24 @@ def _cpu_encode(codec, x, residual=None):
     return payload
 
 
-def _emulated_encode(so, codec, x, residual=None, out_only=False):
+def _emulated_encode(so, codec, x, residual=None, out_only=False, first=0):
     payload = np.zeros(_core.codec_payload_bytes(codec, x.size), np.uint8)
     res = 0 if residual is None else _addr(residual)
-    so.emulated_encode(KINDS[codec], _addr(x), res, int(out_only), x.size, KEY, _addr(payload))
+    so.emulated_encode(
+        KINDS[codec], _addr(x), res, int(out_only), x.size, KEY, _addr(payload), first
+    )
     return payload
+
+
+@pytest.mark.parametrize("codec", list(KINDS))
+def test_a_piece_encodes_to_the_cpu_loops_bytes_at_its_index(emulated, codec):
+    """``first``: a piece of an array, encoded at its index there (the dither's), gives
+    the CPU loops' bytes for the same piece and index (the engine's pieces on a GPU)."""
+    x = codec_values(4 * 512 + 77, 5)
+    for first in (512, 3 * 512, (1 << 32) - 512, (1 << 32) + 1024):
+        cpu = np.zeros(_core.codec_payload_bytes(codec, x.size), np.uint8)
+        _core.codec_encode(codec, x, KEY, cpu, first=first)
+        assert _emulated_encode(emulated, codec, x, first=first).tobytes() == cpu.tobytes(), first
 
 
 @pytest.mark.parametrize("codec", list(KINDS))

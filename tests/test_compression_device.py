@@ -1,8 +1,9 @@
-"""Compressed collectives of device arrays (python/ringreduce/_comm/compressed/device.py),
-run on the fake device: the engine's Device is the CPU emulation (tests/_fake_cuda.py),
-so every call takes the device route from the Python API down: the DeviceCodec's lanes,
-its scratch, the conversions, the payloads' copies to and from the host. The CUDA build
-runs the same route with the kernels of csrc/kernels/codec_cuda.cu.
+"""Compressed collectives of device arrays, run on the fake device: the engine's Device is
+the CPU emulation (tests/_fake_cuda.py), so every call takes the device route from the
+Python API down: the engine's one-hop collective on the device executor (its codec
+operations the Device's, csrc/executor/device_executor.h), the staging of the rows, the
+conversions. The CUDA build runs the same route with the kernels of
+csrc/kernels/codec_cuda.cu.
 
 A device call must give the bits of the same call on host arrays (same call number, so
 same seeds): every codec x dtype x size x collective x op, with and without a residual,
@@ -60,8 +61,7 @@ def test_device_paths_beside_the_codec(group_factory):
             ("exact", "float32"): (True, True),
             ("exact", "bfloat16"): (True, True),
             "async": True,
-            "held": True,
-            "kept": True,
+            "one_collective": True,
             "non_finite": True,
             "stats": True,
         }, rank

@@ -43,7 +43,7 @@ struct Layout {
   size_t pieces = 1;
   size_t step = 0;  // values per piece of a chunk (0: whole)
   size_t row = 0;   // bytes of one row
-  size_t send = 0, recv = 0, acc = 0, wide = 0, target = 0, canary = 0, end = 0;
+  size_t send = 0, recv = 0, acc = 0, wide = 0, target = 0, end = 0;
 };
 
 // The bytes of n values in a row: the codec's payload, or float32 when the
@@ -74,7 +74,6 @@ Layout layout(const CollectiveArgs& args, int size) {
   l.acc = take(scatter ? 0 : longest * sizeof(float));
   l.wide = take(f32 ? 0 : args.count * sizeof(float));
   l.target = take(f32 ? 0 : (scatter ? longest : args.count) * sizeof(float));
-  l.canary = take(2 * args.compression.sample_count * static_cast<size_t>(size) * sizeof(float));
   l.end = at;
   return l;
 }
@@ -94,12 +93,13 @@ class CodecClock {
   double* total_;
 };
 
-// The canary (compression/canary.py): this rank's sums at the sample (before
-// avg) where its own chunk holds them, every rank's rows gathered into
-// `gathered`, and the error of the sums against the exact ones, measured in
-// float64 from the same numbers in the same order on every rank, so that
-// every rank reaches the same verdict.
-void canary(Executor& x, const Ring& ring, const CollectiveArgs& args, char* gathered_bytes,
+// The canary (compression/canary.py), once the call's sums are made (before
+// avg): this rank's sums at the sample where its own chunk holds them go into
+// the second of its rows (the first holds its input there, taken when the
+// call began), every rank's rows are gathered, and the error of the sums
+// against the exact ones is measured in float64, from the same numbers in the
+// same order on every rank, so that every rank reaches the same verdict.
+void canary(Executor& x, CodecOps& ops, const Ring& ring, const CollectiveArgs& args,
             const float* acc, const float* target, CompressedReport* report) {
   const Compression& c = args.compression;
   const size_t k = c.sample_count;
@@ -109,10 +109,13 @@ void canary(Executor& x, const Ring& ring, const CollectiveArgs& args, char* gat
   for (size_t i = 0; i < k; ++i) {
     const int64_t at = c.sample[i];
     if (at < 0 || static_cast<size_t>(at) < lo || static_cast<size_t>(at) >= hi) continue;
-    held[i] = scatter ? acc[static_cast<size_t>(at) - lo] : target[at];
+    const size_t from = static_cast<size_t>(at);
+    ops.to_host(held + i, scatter ? acc + (from - lo) : target + from, sizeof(float));
   }
+  ops.settle();
   const size_t bytes = 2 * k * sizeof(float);
-  float* gathered = reinterpret_cast<float*>(gathered_bytes);
+  std::vector<float> gathered(2 * k * static_cast<size_t>(ring.size));
+  char* into = reinterpret_cast<char*>(gathered.data());
   std::vector<StepPlan> plans;
   for (int i = 1; i < ring.size; ++i) {
     StepPlan s;
@@ -120,18 +123,20 @@ void canary(Executor& x, const Ring& ring, const CollectiveArgs& args, char* gat
     s.send = reinterpret_cast<const char*>(c.rows);
     s.send_bytes = bytes;
     s.recv_from = (ring.rank + ring.size - i) % ring.size;
-    s.recv = gathered_bytes + static_cast<size_t>(s.recv_from) * bytes;
+    s.recv = into + static_cast<size_t>(s.recv_from) * bytes;
     s.recv_bytes = bytes;
     plans.push_back(s);
   }
-  x.exchange(plans);
-  std::copy(c.rows, c.rows + 2 * k, gathered + static_cast<size_t>(ring.rank) * 2 * k);
+  x.host_exchange(plans);
+  std::copy(c.rows, c.rows + 2 * k,
+            gathered.begin() +
+                static_cast<std::ptrdiff_t>(ring.rank) * 2 * static_cast<std::ptrdiff_t>(k));
   double err2 = 0, size2 = 0, drift = 0;
   size_t kept = 0;
   for (size_t i = 0; i < k; ++i) {
     double exact = 0, got = 0;
     for (int r = 0; r < ring.size; ++r) {
-      const float* rows = gathered + static_cast<size_t>(r) * 2 * k;
+      const float* rows = gathered.data() + static_cast<size_t>(r) * 2 * k;
       exact += static_cast<double>(rows[i]);
       got += static_cast<double>(rows[k + i]);  // one rank holds each value
     }
@@ -198,15 +203,18 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
   // The codec's operations, or their exact stand-ins: float32 rows, copied
   // and added (a residual is sent along, and cleared).
   const bool raw = c.exact || c.codec == 0;
-  auto encode = [&](const float* v, float* owed, size_t m, uint64_t key, uint8_t* payload,
-                    uint64_t first) {
+  // `out_only`: the owner's encode of its sum, whose error goes into `owed`
+  // without anything owed being added first.
+  auto encode = [&](const float* v, float* owed, bool out_only, size_t m, uint64_t key,
+                    uint8_t* payload, uint64_t first) {
     if (!raw) {
-      ops->encode(kind, v, owed, m, key, payload, first);
-    } else if (owed != nullptr) {
+      ops->encode(kind, v, owed, out_only, m, key, payload, first);
+    } else if (owed != nullptr && !out_only) {
       ops->add(reinterpret_cast<float*>(payload), v, owed, m);
-      ops->fill(owed, m, 0.0f);
+      ops->zero(owed, m);
     } else {
       ops->convert(DataType::kFloat32, payload, DataType::kFloat32, v, m);
+      if (owed != nullptr) ops->zero(owed, m);
     }
   };
   auto decode = [&](const uint8_t* payload, size_t m, float* out) {
@@ -243,6 +251,16 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
     clock.time([&] { ops->convert(DataType::kFloat32, wide, args.dtype, args.send, n); });
     in = wide;
   }
+  // The canary's first row: this rank's input at the sample, before any of
+  // it is overwritten (out=x).
+  if (c.sample_count > 0 && !c.exact) {
+    for (size_t i = 0; i < c.sample_count; ++i) {
+      const int64_t at = c.sample[i];
+      if (at >= 0 && static_cast<size_t>(at) < n) {
+        ops->to_host(c.rows + i, in + static_cast<size_t>(at), sizeof(float));
+      }
+    }
+  }
   float* target = f32 ? static_cast<float*>(args.recv) : reinterpret_cast<float*>(base + l.target);
   // The owner's sum of its chunk: straight into the result for reduce_scatter.
   float* acc = scatter ? target : reinterpret_cast<float*>(base + l.acc);
@@ -265,7 +283,7 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
       const auto [a, b] = piece(p, k);
       if (k == rank || b <= a) continue;
       clock.time([&] {
-        encode(in + a, residual == nullptr ? nullptr : residual + a, b - a,
+        encode(in + a, residual == nullptr ? nullptr : residual + a, false, b - a,
                one_hop_key(c.call, HopPhase::kWorker, rank, k), row(send, p, k),
                a - bounds[static_cast<size_t>(k)].first);
       });
@@ -287,13 +305,10 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
     clock.time([&] {
       decode_add(payloads, b - a, sum);
       if (scatter) return;
-      float* owed = nullptr;
-      if (residual != nullptr) {
-        owed = residual + a;
-        ops->fill(owed, b - a, -0.0f);  // sum + -0.0 is sum, bit for bit
-      }
-      encode(sum, owed, b - a, one_hop_key(c.call, HopPhase::kOwner, rank, rank),
-             row(recv, p, rank), a - lo);
+      // The owner's error stays with it, in its own chunk's residual (what
+      // that held was added into the sum at the start).
+      encode(sum, residual == nullptr ? nullptr : residual + a, true, b - a,
+             one_hop_key(c.call, HopPhase::kOwner, rank, rank), row(recv, p, rank), a - lo);
     });
   };
   // Every owner's sum of piece p into the result: the rows gathered into
@@ -366,10 +381,10 @@ void one_hop(Executor& x, const Ring& ring, const CollectiveArgs& args, Compress
     decode_all(pieces - 1, false);
   }
   if (scatter && residual != nullptr) {
-    clock.time([&] { ops->fill(residual + lo, mine, 0.0f); });  // sent whole: nothing owed
+    clock.time([&] { ops->zero(residual + lo, mine); });  // sent whole: nothing owed
   }
 
-  if (c.sample_count > 0 && !raw) canary(x, ring, args, base + l.canary, acc, target, report);
+  if (c.sample_count > 0 && !raw) canary(x, *ops, ring, args, acc, target, report);
   const size_t out_count = scatter ? mine : n;
   clock.time([&] {
     if (args.op == ReduceOp::kAvg) ops->divide(target, out_count, size);

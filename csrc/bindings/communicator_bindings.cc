@@ -86,11 +86,6 @@ void add_compression(rr::CollectiveArgs& args, const CompressionArgs& given) {
     throw rr::InvalidArgument(std::string("compression supports sum and avg only, not ") +
                               rr::op_name(args.op));
   }
-  if (args.device >= 0) {
-    throw rr::InvalidArgument(
-        "compressed collectives run on host memory here; device arrays "
-        "take the Python package's device path");
-  }
 }
 
 rr::CollectiveArgs make_args(rr::CollectiveKind kind, uintptr_t send, uintptr_t recv, size_t count,

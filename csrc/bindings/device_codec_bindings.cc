@@ -111,7 +111,7 @@ class DeviceCodec {
     uint8_t* staged = at<uint8_t>(buffer("payload", aligned(bytes)));
     run([&] {
       device_->encode(rr::Lane::kToDevice, kind, at<const float>(x), at<float>(residual),
-                      residual_out_only, n, key, staged);
+                      residual_out_only, n, key, staged, 0);
       device_->record(rr::Lane::kToDevice, 0);
       device_->lane_wait(rr::Lane::kToHost, 0);
       device_->copy(rr::Lane::kToHost, host, staged, bytes);

@@ -165,8 +165,10 @@ class CudaDevice final : public Device {
   }
 
   void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,
-              bool residual_out_only, size_t n, uint64_t key, uint8_t* payload) override {
-    check(codec::cuda_encode(kind, x, residual, residual_out_only, n, key, payload, stream(lane)),
+              bool residual_out_only, size_t n, uint64_t key, uint8_t* payload,
+              uint64_t first) override {
+    check(codec::cuda_encode(kind, x, residual, residual_out_only, n, key, payload, stream(lane),
+                             first),
           "codec encode kernel launch", device_);
   }
 

@@ -91,8 +91,10 @@ class Device {
   // Queues payload = encode(x) (n values; payload_bytes(kind, n) bytes). With a
   // residual: encodes x + residual and leaves what the encode dropped in it;
   // with residual_out_only, encodes x alone and writes what it dropped.
+  // `first`: x[0]'s index in the array x is a piece of (codec.h's encode).
   virtual void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,
-                      bool residual_out_only, size_t n, uint64_t key, uint8_t* payload) = 0;
+                      bool residual_out_only, size_t n, uint64_t key, uint8_t* payload,
+                      uint64_t first) = 0;
   // Queues out[0, n) = the values of payload.
   virtual void decode(Lane lane, codec::CodecKind kind, const uint8_t* payload, size_t n,
                       float* out) = 0;

@@ -15,7 +15,9 @@ constexpr size_t kLookahead = DeviceExecutor::kLookahead;
 constexpr int kSendStaged = 0;
 constexpr int kRecvLanded = DeviceExecutor::kSlots;
 constexpr int kStepBegins = 2 * DeviceExecutor::kSlots;
-static_assert(kStepBegins < Device::kEvents, "the pipeline uses more events than a Device has");
+// The codec's operations have all run (DeviceCodecOps::settle).
+constexpr int kSettled = kStepBegins + 1;
+static_assert(kSettled < Device::kEvents, "the pipeline uses more events than a Device has");
 
 int slot_event(int base, size_t b) { return base + static_cast<int>(b % DeviceExecutor::kSlots); }
 
@@ -172,6 +174,78 @@ void DeviceExecutor::reduce(void* out, const void* a, const void* b, size_t n) {
 
 void DeviceExecutor::divide(void* data, size_t n, int divisor) {
   if (n > 0) device_.divide(Lane::kToDevice, setup_.dtype, data, n, divisor);
+}
+
+void DeviceExecutor::host_exchange(const std::vector<StepPlan>& plans) {
+  std::vector<RequestPtr> sends, recvs;
+  for (const StepPlan& plan : plans) {
+    for_segments(plan.send_bytes, segment_bytes_, [&](size_t at, size_t n) {
+      sends.push_back(transport_.isend(plan.send_to, plan.send + at, n));
+    });
+    for_segments(plan.recv_bytes, segment_bytes_, [&](size_t at, size_t n) {
+      recvs.push_back(transport_.irecv(plan.recv_from, plan.recv + at, n));
+    });
+  }
+  wait_all(recvs);
+  wait_all(sends);
+}
+
+// ---- the codec's operations, queued on the kToDevice lane ----
+
+void DeviceExecutor::DeviceCodecOps::encode(codec::CodecKind kind, const float* v, float* residual,
+                                            bool residual_out_only, size_t n, uint64_t key,
+                                            uint8_t* payload, uint64_t first) {
+  if (n > 0) {
+    x_.device_.encode(Lane::kToDevice, kind, v, residual, residual_out_only, n, key, payload,
+                      first);
+  }
+}
+
+void DeviceExecutor::DeviceCodecOps::decode(codec::CodecKind kind, const uint8_t* payload, size_t n,
+                                            float* out) {
+  if (n > 0) x_.device_.decode(Lane::kToDevice, kind, payload, n, out);
+}
+
+void DeviceExecutor::DeviceCodecOps::decode_add(codec::CodecKind kind,
+                                                const uint8_t* const* payloads, size_t count,
+                                                size_t n, float* acc) {
+  // One payload at a time, in order: the same additions as the CPU loop's.
+  for (size_t j = 0; j < count && n > 0; ++j) {
+    x_.device_.decode_add(Lane::kToDevice, kind, payloads[j], 0, 1, n, acc);
+  }
+}
+
+void DeviceExecutor::DeviceCodecOps::convert(DataType to, void* dst, DataType from, const void* src,
+                                             size_t n) {
+  if (n == 0) return;
+  if (to == DataType::kFloat32 && from == DataType::kFloat32) {
+    if (dst != src) x_.device_.copy(Lane::kToDevice, dst, src, n * sizeof(float));
+    return;
+  }
+  x_.device_.convert(Lane::kToDevice, to, dst, from, src, n);
+}
+
+void DeviceExecutor::DeviceCodecOps::add(float* out, const float* a, const float* b, size_t n) {
+  if (n > 0) {
+    x_.device_.reduce(Lane::kToDevice, DataType::kFloat32, ReduceOp::kSum, out, a, b, n);
+  }
+}
+
+void DeviceExecutor::DeviceCodecOps::divide(float* data, size_t n, int divisor) {
+  if (n > 0) x_.device_.divide(Lane::kToDevice, DataType::kFloat32, data, n, divisor);
+}
+
+void DeviceExecutor::DeviceCodecOps::zero(float* data, size_t n) {
+  if (n > 0) x_.device_.zero(Lane::kToDevice, data, n * sizeof(float));
+}
+
+void DeviceExecutor::DeviceCodecOps::to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) x_.device_.copy(Lane::kToDevice, dst, src, bytes);
+}
+
+void DeviceExecutor::DeviceCodecOps::settle() {
+  x_.device_.record(Lane::kToDevice, kSettled);
+  x_.device_.sync(kSettled, x_.setup_.deadline());
 }
 
 }  // namespace rr

@@ -65,8 +65,33 @@ class DeviceExecutor final : public Executor {
   // Waits for the sends in flight and for both lanes: the caller's memory is
   // final when it returns.
   void finish() override;
+  // The codec's operations as the Device's kernels, on the kToDevice lane
+  // (after the data that lane lands, before the next step's copies out).
+  CodecOps* codec_ops() override { return &codec_; }
+  // Host memory: the transport's own messages, cut into segments as a host
+  // rank cuts them.
+  void host_exchange(const std::vector<StepPlan>& plans) override;
 
  private:
+  class DeviceCodecOps final : public CodecOps {
+   public:
+    explicit DeviceCodecOps(DeviceExecutor& x) : x_(x) {}
+    void encode(codec::CodecKind kind, const float* v, float* residual, bool residual_out_only,
+                size_t n, uint64_t key, uint8_t* payload, uint64_t first) override;
+    void decode(codec::CodecKind kind, const uint8_t* payload, size_t n, float* out) override;
+    void decode_add(codec::CodecKind kind, const uint8_t* const* payloads, size_t count, size_t n,
+                    float* acc) override;
+    void convert(DataType to, void* dst, DataType from, const void* src, size_t n) override;
+    void add(float* out, const float* a, const float* b, size_t n) override;
+    void divide(float* data, size_t n, int divisor) override;
+    void zero(float* data, size_t n) override;
+    void to_host(void* dst, const void* src, size_t bytes) override;
+    void settle() override;
+
+   private:
+    DeviceExecutor& x_;
+  };
+
   struct SendSlot {
     char* host = nullptr;
     std::vector<RequestPtr> sends;  // the isends reading this slot, one per segment
@@ -99,6 +124,7 @@ class DeviceExecutor final : public Executor {
   size_t send_batches_ = 0;
   size_t recv_batches_ = 0;
   bool finished_ = false;
+  DeviceCodecOps codec_{*this};
 };
 
 }  // namespace rr

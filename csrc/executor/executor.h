@@ -86,8 +86,11 @@ class CodecOps {
  public:
   virtual ~CodecOps() = default;
   // payload = encode(x + residual) (codec::encode; residual may be null).
-  virtual void encode(codec::CodecKind kind, const float* x, float* residual, size_t n,
-                      uint64_t key, uint8_t* payload, uint64_t first) = 0;
+  // residual_out_only: encodes x alone, and writes what it dropped into
+  // residual.
+  virtual void encode(codec::CodecKind kind, const float* x, float* residual,
+                      bool residual_out_only, size_t n, uint64_t key, uint8_t* payload,
+                      uint64_t first) = 0;
   virtual void decode(codec::CodecKind kind, const uint8_t* payload, size_t n, float* out) = 0;
   // acc += the values of payloads[0], then payloads[1], ... (codec::decode_add).
   virtual void decode_add(codec::CodecKind kind, const uint8_t* const* payloads, size_t count,
@@ -99,8 +102,12 @@ class CodecOps {
   virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
   // data /= divisor, float32.
   virtual void divide(float* data, size_t n, int divisor) = 0;
-  // data = value (every float32 of it).
-  virtual void fill(float* data, size_t n, float value) = 0;
+  // data = +0.0 (n float32 values).
+  virtual void zero(float* data, size_t n) = 0;
+  // dst (host memory) = src (this memory), bytes; final once settle() returns.
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Waits until every operation queued so far has run.
+  virtual void settle() = 0;
 };
 
 class Executor {
@@ -161,6 +168,9 @@ class Executor {
   }
   // Moves whatever messages can move now, without blocking.
   virtual void poke() {}
+  // exchange(plans) of host memory, whatever memory the executor runs on,
+  // cut into the same messages (a compressed call's canary rows).
+  virtual void host_exchange(const std::vector<StepPlan>& plans) { exchange(plans); }
 };
 
 }  // namespace rr

@@ -81,12 +81,13 @@ class FakeDevice final : public Device {
   void release(void* ptr) override { std::free(ptr); }
 
   void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,
-              bool residual_out_only, size_t n, uint64_t key, uint8_t* payload) override {
+              bool residual_out_only, size_t n, uint64_t key, uint8_t* payload,
+              uint64_t first) override {
     enqueue(lane, [=] {
       // The CPU loop adds the residual in: -0.0 leaves every value's bits as
       // they are (signed zeros too), so what it writes is x's residual alone.
       if (residual != nullptr && residual_out_only) std::fill(residual, residual + n, -0.0f);
-      codec::encode(kind, x, residual, n, key, payload);
+      codec::encode(kind, x, residual, n, key, payload, first);
     });
   }
 

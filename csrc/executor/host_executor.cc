@@ -1,5 +1,6 @@
 #include "executor/host_executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -134,8 +135,11 @@ namespace {
 // The CPU's codec loops and float32 arithmetic.
 class HostCodecOps final : public CodecOps {
  public:
-  void encode(codec::CodecKind kind, const float* x, float* residual, size_t n, uint64_t key,
-              uint8_t* payload, uint64_t first) override {
+  void encode(codec::CodecKind kind, const float* x, float* residual, bool residual_out_only,
+              size_t n, uint64_t key, uint8_t* payload, uint64_t first) override {
+    // The loops add the residual in: -0.0 leaves every value's bits as they
+    // are (signed zeros too), so what they write is x's residual alone.
+    if (residual != nullptr && residual_out_only) std::fill(residual, residual + n, -0.0f);
     codec::encode(kind, x, residual, n, key, payload, first);
   }
   void decode(codec::CodecKind kind, const uint8_t* payload, size_t n, float* out) override {
@@ -155,9 +159,9 @@ class HostCodecOps final : public CodecOps {
     const float d = static_cast<float>(divisor);
     for (size_t i = 0; i < n; ++i) data[i] /= d;
   }
-  void fill(float* data, size_t n, float value) override {
-    for (size_t i = 0; i < n; ++i) data[i] = value;
-  }
+  void zero(float* data, size_t n) override { std::fill(data, data + n, 0.0f); }
+  void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void settle() override {}
 };
 
 }  // namespace

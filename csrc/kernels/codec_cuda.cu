@@ -20,11 +20,12 @@ unsigned grid_of(size_t n) {
 }  // namespace
 
 cudaError_t cuda_encode(CodecKind kind, const float* x, float* residual, bool residual_out_only,
-                        size_t n, uint64_t key, uint8_t* payload, cudaStream_t stream) {
+                        size_t n, uint64_t key, uint8_t* payload, cudaStream_t stream,
+                        uint64_t first) {
   if (n == 0) return cudaSuccess;
   const size_t nb = (n + kBlock - 1) / kBlock;
   encode_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(
-      kind, x, residual, residual_out_only, n, key, payload);
+      kind, x, residual, residual_out_only, n, key, payload, first);
   return cudaGetLastError();
 }
 

@@ -29,9 +29,11 @@ namespace codec {
 
 // payload = encode(x + residual) (residual may be null); with a residual,
 // residual = what the encode dropped. residual_out_only: encodes x alone and
-// writes what it dropped into residual.
+// writes what it dropped into residual. `first`: x[0]'s index in the array x
+// is a piece of (codec.h's encode).
 cudaError_t cuda_encode(CodecKind kind, const float* x, float* residual, bool residual_out_only,
-                        size_t n, uint64_t key, uint8_t* payload, cudaStream_t stream);
+                        size_t n, uint64_t key, uint8_t* payload, cudaStream_t stream,
+                        uint64_t first = 0);
 
 // out[0, n) = the values of payload.
 cudaError_t cuda_decode(CodecKind kind, const uint8_t* payload, size_t n, float* out,

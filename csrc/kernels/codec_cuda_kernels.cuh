@@ -121,7 +121,7 @@ __device__ __forceinline__ float scale_of(CodecKind kind, const uint8_t* payload
 
 __global__ void __launch_bounds__(kThreads)
     encode_kernel(CodecKind kind, const float* x, float* residual, bool residual_out_only, size_t n,
-                  uint64_t key, uint8_t* payload) {
+                  uint64_t key, uint8_t* payload, uint64_t first) {
   __shared__ int top_bits, any_bits;
   __shared__ int8_t small[kBlock];  // the integer codes, packed by pairs afterwards
   const size_t nb = blocks_of(n);
@@ -171,8 +171,11 @@ __global__ void __launch_bounds__(kThreads)
   if (scaled(kind) && threadIdx.x == 0) memcpy(payload + 4 * b, &scale, 4);
 
   uint8_t* codes = payload + codes_offset(kind, nb, b);
+  // The dither is a function of the value's index in the array x is a piece
+  // of (`first` + its index in x), as in the CPU loops.
+  const uint64_t base = first + lo;
   const uint32_t key_lo = static_cast<uint32_t>(key);
-  const uint32_t key_hi = dither_key_hi(key, lo);
+  const uint32_t key_hi = dither_key_hi(key, base);
   for (int k = 0; k < kPerThread; ++k) {
     const size_t i = threadIdx.x + k * kThreads;
     if (i >= m) continue;
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       float y = mul(v[k], lift);
       y = mul(y, inverse);
-      y = add(y, dither_of(key_lo, key_hi, static_cast<uint32_t>(lo) + static_cast<uint32_t>(i)));
+      y = add(y, dither_of(key_lo, key_hi, static_cast<uint32_t>(base) + static_cast<uint32_t>(i)));
       y = y >= -levels ? y : -levels;
       y = y <= levels ? y : levels;
       c = static_cast<int32_t>(y);

@@ -1,25 +1,22 @@
-"""Compressed all_reduce and reduce_scatter of device arrays (``compressed.py``).
+"""Device arrays in compressed calls: what the route checks before a call of device
+arrays is issued, and the exact call with a device residual that auto's calibration runs.
 
-The codec runs where the data is: the built-in codecs' CUDA kernels
-(csrc/kernels/codec_cuda.cu, through ``_core.DeviceCodec``) encode on the device, so
-only payloads cross to the host (2 to 8 times fewer bytes than float32 cross PCIe,
-too); the exchanges are the host path's, with the same rows, headers and seeds; the
-owner's sum, its re-encode and the final decode run on the device again. The bits are
-the host path's: a call on device arrays gives what the same call on host copies of
-them gives, residuals included, on every rank. Tests run this on the fake device
-(the CPU emulation of csrc/executor/fake_device.cc).
+A compressed all_reduce or reduce_scatter of device arrays with a built-in codec is the
+engine's one-hop collective on the device executor (csrc/algorithms/one_hop.h), whose
+codec operations are the Device's: the CUDA kernels of csrc/kernels/codec_cuda.cu, with
+the CPU loops' bits, so a call on device arrays gives what the same call on host copies
+of them gives, residuals included, on every rank; only the rows cross to the host.
+Tests run it on the fake device (the CPU emulation of csrc/executor/fake_device.cc).
 
-Not on device arrays yet: codecs with Python methods (they run on host arrays), and
-calls in pieces (a device call is always whole). An ``ErrorFeedback`` keeps a device
-call's residual on the device, in an array of the input's library (torch, cupy). The
-canary copies the input and the sums to the host on the calls it samples.
+Codecs with Python methods run on host arrays only (`refuse`). An ``ErrorFeedback``
+keeps a device call's residual on the device, in an array of the input's library
+(torch, cupy; `residual_of`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import types
 from typing import Any, Iterator, Optional
 
@@ -27,13 +24,10 @@ import numpy as np
 
 from ... import _core
 from ..._arrays.buffer import Buffer, describe, dtype_code
-from ...compression import rows as _rows
-from ...compression.codecs import Codec, seed_key
-from ...compression.rows import HEADER
-from ..core.ops import ReduceOp
+from ...compression.codecs import Codec
 from . import hop as _hop
 
-__all__ = ["DeviceArray", "call", "exact_with_residual", "residual_of"]
+__all__ = ["DeviceArray", "exact_with_residual", "refuse", "residual_of"]
 
 _F32 = 4  # bytes of a float32
 # Device scratch a communicator keeps between calls; a larger call's goes with it.
@@ -107,101 +101,6 @@ def residual_of(error_feedback: Any, buf: Buffer) -> Buffer:
             f"{res.shape} in {res.where}"
         )
     return res
-
-
-def _download(dc: Any, ptr: int, count: int, dtype: Any) -> np.ndarray:
-    host = np.empty(count, dtype)
-    dc.copy(host.ctypes.data, ptr, host.nbytes)
-    return host
-
-
-def call(comm, st, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary):
-    """Runs one compressed call of device array ``buf`` into ``out_buf`` (whole, in the
-    one-hop scheme of compressed_hop.one_hop with one piece, so the same seeds and
-    bits). ``canary``: (the sample's indices, a function checking the quality canary on
-    host copies of the sample and the sums), or None when this call is not sampled."""
-    with _codec(comm, st, buf.device) as dc:
-        _one_hop(
-            dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary
-        )
-
-
-def _one_hop(dc, comm, codec, buf, member, res, out_buf, call_no, stat, scratch, scatter, canary):
-    kernel = _hop._kernel(codec)
-    dc.begin(buf.stream)
-    n, size, rank = buf.size, comm.world_size, comm.rank
-    bounds = [_core.chunk_bounds(n, size, k) for k in range(size)]
-    lo, hi = bounds[rank]
-    m = hi - lo
-    what = "reduce_scatter" if scatter else "all_reduce"
-    t_codec = time.perf_counter()
-
-    # x as float32 on the device (x itself when it is float32).
-    x = buf.ptr
-    if buf.dtype != "float32":
-        x = dc.buffer("wide", n * _F32)
-        dc.convert(_F32_CODE, x, dtype_code(buf.dtype), buf.ptr, n)
-    r = res.ptr if res is not None else 0
-    sample = None
-    if canary is not None:
-        idx = canary[0]
-        sample = (idx, _download(dc, x, n, np.float32)[idx])
-
-    header = _rows.header(n, codec, call_no)
-    row = _rows.row_bytes(codec, max(b - a for a, b in bounds))
-    send = scratch.get("send", (size, row))
-    send[:, :HEADER] = header
-    recv = scratch.get("recv", (size, row)) if size > 1 else send
-    to_f32 = out_buf.dtype == "float32"
-    acc = out_buf.ptr if scatter and to_f32 else dc.buffer("acc", max(m, 1) * _F32)
-    if m:  # the owner's sum starts as its own contribution, never encoded
-        if r:
-            dc.add(acc, x + lo * _F32, r + lo * _F32, m)
-        else:
-            dc.copy(acc, x + lo * _F32, m * _F32)
-    for k, (a, b) in enumerate(bounds):  # chunk k to rank k; the worker error stays here
-        if k != rank and b > a:
-            key = seed_key(_hop.seed(call_no, _hop.WORKER, rank, k))
-            dc.encode(kernel, x + a * _F32, b - a, key, send[k, HEADER:], r and r + a * _F32)
-    t_codec = time.perf_counter() - t_codec
-
-    def exchange(run: Any) -> None:
-        if size > 1:
-            before = comm._core.stats()["bytes_sent"]
-            run()
-            stat.wire_bytes += comm._core.stats()["bytes_sent"] - before
-
-    exchange(lambda: comm.all_to_all(send, out=recv))
-    _rows.check_headers(recv, header, codec, rank, what)
-    t0 = time.perf_counter()
-    if m:
-        payloads = [recv[j, HEADER:] for j in range(size) if j != rank]
-        dc.decode_add(kernel, payloads, m, acc)
-    if scatter:
-        if r and m:
-            dc.zero(r + lo * _F32, m * _F32)  # sent whole: nothing owed
-        result, count = acc, m
-    else:  # the sum encoded once; the owner's error stays with it, in sum units
-        row_out = recv[rank]
-        row_out[:HEADER] = header
-        if m:
-            key = seed_key(_hop.seed(call_no, _hop.OWNER, rank, rank))
-            dc.encode(kernel, acc, m, key, row_out[HEADER:], r and r + lo * _F32, True)
-        t_codec += time.perf_counter() - t0
-        exchange(lambda: comm.all_gather(recv[rank], out=send))
-        _rows.check_headers(send, header, codec, rank, what)
-        t0 = time.perf_counter()
-        result, count = (out_buf.ptr if to_f32 else dc.buffer("sum", n * _F32)), n
-        for k, (a, b) in enumerate(bounds):
-            if b > a:
-                dc.decode(kernel, send[k, HEADER:], b - a, result + a * _F32)
-    stat.codec_seconds += t_codec + time.perf_counter() - t0
-    if canary is not None:
-        canary[1](sample, _download(dc, result, count, np.float32))
-    if member is ReduceOp.AVG and count:
-        dc.divide(result, count, size)
-    if not to_f32 and count:
-        dc.convert(dtype_code(out_buf.dtype), out_buf.ptr, _F32_CODE, result, count)
 
 
 def exact_with_residual(

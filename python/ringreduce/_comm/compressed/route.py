@@ -25,12 +25,12 @@ owner's re-encode error with the owner, so error feedback returns every dropped 
 "gather" codecs (payloads that cannot be summed piecewise) take one all_gather of every
 rank's whole payload instead, decoded and summed in rank order on every rank.
 
-With a built-in codec on host arrays the call is one engine collective: the same scheme
-in C++ (csrc/algorithms/one_hop.h), with one call header, queued on the engine's worker
-like any other call when async, its canary judged inside it. Codecs with methods of
-their own, "gather" codecs and CUDA arrays (device.py: the same exchanges and bits, the
-codec run on the device by its CUDA kernels) take this module's Python path (hop.py),
-on the communicator's lane when async (lane.py).
+With a built-in codec the call is one engine collective: the same scheme in C++
+(csrc/algorithms/one_hop.h), with one call header, queued on the engine's worker like
+any other call when async, its canary judged inside it; on CUDA arrays the codec runs
+on the device (its CUDA kernels, the same bits), only the rows crossing to the host.
+Codecs with methods of their own and "gather" codecs take this module's Python path
+(hop.py, host arrays only), on the communicator's lane when async (lane.py).
 
 Every decision (the call's number, which seeds the dither; auto's choice; whether the
 canary samples it) is made when the call is issued, on the caller's thread, in the
@@ -354,7 +354,7 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
             # Exact, with nothing owed: the engine's own queued call.
             call = comm.reduce_scatter if scatter else comm.all_reduce
             return call(buf.obj, member.name.lower(), out=result, async_op=True)
-        if not calibrating and residual is not None and buf.host is not None:
+        if not calibrating and residual is not None:
             # Exact, with a residual sent along (and cleared): the engine's one-hop
             # collective with float32 rows, blocking or queued like any call.
             return _engine(
@@ -391,7 +391,7 @@ def _call(comm, x, op, out, async_op, compression, error_feedback, *, scatter: b
         )
     stat = st.of(codec.name)
     stat.calls += 1
-    if buf.host is not None and codec.algebra != "gather" and _hop._kernel(codec) is not None:
+    if codec.algebra != "gather" and _hop._kernel(codec) is not None:
         return _engine(
             comm, st, codec, buf, member, residual, result, out_buf, call_no, scatter, idx, async_op
         )
@@ -437,16 +437,20 @@ def _engine(
     ``codec`` None: an exact call that sends a residual along, with float32 rows (each
     value summed in float32 and rounded to the input's dtype once; the residual is
     cleared)."""
-    flat = buf.host.reshape(-1)
     sample = rows = None
     canary = (0, 0, 0)
     if idx is not None:
         sample = np.ascontiguousarray(idx, dtype=np.int64)
-        rows = np.zeros((2, sample.size), _F32)  # the inputs there, then the sums held
-        rows[0] = flat[sample]
+        rows = np.zeros((2, sample.size), _F32)  # the engine writes the inputs there, the sums
         canary = (sample.ctypes.data, sample.size, rows.ctypes.data)
         st.canaries[codec.name] = (st.canaries.get(codec.name, (0, codec))[0] + 1, codec)
-    owed = 0 if residual is None else residual.ctypes.data
+    # A host residual is an array; a device one, a Buffer (device.residual_of).
+    if residual is None:
+        owed = 0
+    elif isinstance(residual, np.ndarray):
+        owed = residual.ctypes.data
+    else:
+        owed = residual.ptr
     kind = (
         _core.Collective.COMPRESSED_REDUCE_SCATTER
         if scatter
@@ -461,7 +465,7 @@ def _engine(
         op_code(member, buf.dtype),
         0,
         result,
-        (buf.obj, result, residual, sample, rows),
+        (buf.obj, result, getattr(residual, "obj", residual), sample, rows),
         compression=(kernel, owed, call_no, _engine_pieces(comm), *canary, name, limit),
     )
     got = comm._run(call, async_op)
@@ -518,40 +522,14 @@ def _notice(comm: Any, st: Any) -> None:
 
 
 def _python_path(comm, st, codec, buf, member, residual, out_buf, call_no, stat, scatter, idx):
-    """The compressed call in Python (hop.py): codecs with methods of their own, "gather"
-    codecs, and device arrays (device.py)."""
+    """The compressed call in Python (hop.py), on host arrays: codecs with methods of
+    their own, "gather" codecs, and the built-ins under ``use_kernels(False)``."""
     n, size, rank = buf.size, comm.world_size, comm.rank
     lo, hi = _core.chunk_bounds(n, size, rank)
     # One call at a time in the communicator's buffers (see Scratch); x is read before
     # dst is written, so out=x is fine.
     scratch = st.scratch if st.scratch.lock.acquire(blocking=False) else _hop.Scratch(False)
     try:
-        if buf.host is None:
-            check = (
-                None
-                if idx is None
-                else (
-                    idx,
-                    lambda sample, sums: _check_canary(
-                        comm, st, codec, call_no, sample, sums, (lo, hi), scatter
-                    ),
-                )
-            )
-            _device.call(
-                comm,
-                st,
-                codec,
-                buf,
-                member,
-                residual,
-                out_buf,
-                call_no,
-                stat,
-                scratch,
-                scatter,
-                check,
-            )
-            return
         flat = buf.host.reshape(-1)
         sample = None if idx is None else (idx, flat[idx].astype(_F32))
         dst = out_buf.host.reshape(-1)

@@ -273,11 +273,14 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
     ctx.device_mark = mark;
     ctx.device_staging_bytes = options_.device_staging_bytes;
   }
-  const uint64_t sent_before = transport_->stats().bytes_sent;
+  // Only a compressed call counts its own wire bytes; the reading stays off
+  // every other call's path.
+  const bool compressed = compressed_kind(args.kind);
+  const uint64_t sent_before = compressed ? transport_->stats().bytes_sent : 0;
   dispatch(ctx, *call, choice);
   const TransportStats ts = transport_->stats();
   std::lock_guard<std::mutex> lock(mu_);
-  if (compressed_kind(args.kind)) {
+  if (compressed) {
     CodecCounters& codec = stats_.codecs[args.compression.name];
     ++codec.calls;
     codec.wire_bytes += ts.bytes_sent - sent_before;

@@ -588,7 +588,7 @@ def _exact(comm, buf, member, result, residual, scatter) -> Any:
     compressed calls is sent along (in float32) and so cleared: what it owed reaches the
     sum."""
     op = member.name.lower()
-    if residual is not None and buf.host is None:  # a device residual (compressed_device)
+    if residual is not None and buf.host is None:  # a device residual (compressed/device.py)
         out_buf = describe(result, "out")
         return _device.exact_with_residual(
             comm, _state(comm), buf, op, result, residual, out_buf, scatter

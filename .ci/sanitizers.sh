@@ -19,7 +19,7 @@ tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py
          tests/test_shm_segments.py tests/test_churn.py tests/test_windows.py
-         tests/test_compression_engine.py)
+         tests/test_compression_engine.py tests/test_device_windows.py)
 fi
 name="$(echo "$sanitize" | tr ',' '-')"
 # Inside this checkout's (ignored) build/ unless told otherwise, so that a

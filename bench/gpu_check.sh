@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds ringreduce with the CUDA kernels (required: the build fails if nvcc is
 # missing) and runs bench/gpu_check.py on this machine's GPU, then, where torch
-# sees the GPU, bench/gpu_transports.py (the device all_reduce against Gloo's
-# and our host path) and bench/gpu_sync_probe.py (what one copy and synchronize
+# sees the GPU, bench/gpu_transports.py (the device all_reduce, staged and over
+# device windows, against Gloo's, our host path and the device's own copies) and bench/gpu_sync_probe.py (what one copy and synchronize
 # costs; RR_GPU_CHECK_NO_BENCH=1 skips both), then the GPU tests
 # (RR_GPU_CHECK_NO_TESTS=1 skips them). Arguments go to gpu_check.py (--seed S
 # to replay a run). Exit status: the check's, or 1 if it passed and a test

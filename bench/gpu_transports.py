@@ -13,6 +13,14 @@ well). Each call is float32 sum, out of place for ringreduce, in place for Gloo;
 times are per call, medians of --rounds rounds of back-to-back calls, each block
 ended by torch.cuda.synchronize(). The first call of each system at each size is
 checked. Without a GPU it runs on CPU tensors (a test of the harness only).
+
+On a GPU two more systems run: "ours window", the all_reduce of tensors in device
+windows (comm.empty(..., device=...), which every rank maps through CUDA IPC: each
+rank's kernels reduce its chunk straight out of the others' memory), and the copies
+the targets are measured against, "d2d copy" (device to device, torch's copy_) and
+"h2d copy" (pinned host to device, non-blocking), whose columns are copy bandwidth
+(bytes / time) rather than busbw. The last lines give the ratios: the window's busbw
+against the device copy's bandwidth, the staged call's against the pinned copy's.
 """
 
 from __future__ import annotations
@@ -30,7 +38,18 @@ import numpy as np
 from ringreduce.bench.data import parse_size
 from ringreduce.launch import free_port
 
-SYSTEMS = ("ours device", "ours device async", "ours host", "gloo device")
+SYSTEMS = (
+    "ours device",
+    "ours device async",
+    "ours window",
+    "ours host",
+    "gloo device",
+    "d2d copy",
+    "h2d copy",
+)
+# Not collectives: their columns are bytes / time, and they need a GPU, as windows do.
+COPIES = ("d2d copy", "h2d copy")
+GPU_ONLY = ("ours window", *COPIES)
 
 
 def _iters(nbytes: int) -> int:
@@ -75,11 +94,27 @@ def _rank(rank: int, args: Any, ports: List[int], transport: str) -> Dict[str, L
             "ours host": lambda h=h, hout=hout: comm.all_reduce(h, out=hout),
             "gloo device": lambda g=g: dist.all_reduce(g),
         }
+        results = {"ours host": hout, "gloo device": g}
+        if device != "cpu":
+            index = torch.device(device).index or 0
+            if "ours window" in args.systems:
+                # Collective: every rank makes its windows in the same order.
+                wx = torch.as_tensor(comm.empty(count, np.float32, device=index), device=device)
+                wout = torch.as_tensor(comm.empty(count, np.float32, device=index), device=device)
+                wx.fill_(float(rank + 1))
+                calls["ours window"] = lambda wx=wx, wout=wout: comm.all_reduce(wx, out=wout)
+                results["ours window"] = wout
+            src = torch.full_like(x, float(want))
+            d2d, h2d = torch.empty_like(x), torch.empty_like(x)
+            pinned = torch.full((count,), float(want), pin_memory=True)
+            calls["d2d copy"] = lambda d2d=d2d, src=src: d2d.copy_(src)
+            calls["h2d copy"] = lambda h2d=h2d, pinned=pinned: h2d.copy_(pinned, non_blocking=True)
+            results["d2d copy"], results["h2d copy"] = d2d, h2d
         calls = {name: call for name, call in calls.items() if name in args.systems}
         for name, call in calls.items():  # warm up, and check the first result
             call()
             sync()
-            got = {"ours host": hout, "gloo device": g}.get(name, out)
+            got = results.get(name, out)
             got = got.cpu().numpy() if hasattr(got, "cpu") else got
             if not np.all(got == want):
                 raise AssertionError(f"rank {rank}: {name} at {nbytes} B gave wrong values")
@@ -130,15 +165,26 @@ def run_transport(args: Any, transport: str) -> int:
         print(f"{transport}: FAILED\n" + "\n".join(failed))
         return 1
     # A call's time is the slowest rank's median round.
-    print(f"\n{args.nprocs} ranks, ringreduce transport {transport}: us per call (busbw GB/s)")
-    print(f"{'size':>10}" + "".join(f"{s:>24}" for s in args.systems))
+    systems = [s for s in args.systems if f"{s} {args.sizes[0]}" in results[0][1]]
+    print(
+        f"\n{args.nprocs} ranks, ringreduce transport {transport}: us per call "
+        "(busbw GB/s; copies: bytes / time)"
+    )
+    print(f"{'size':>10}" + "".join(f"{s:>24}" for s in systems))
     factor = 2 * (args.nprocs - 1) / args.nprocs
+    gbs: Dict[str, float] = {}
     for nbytes in args.sizes:
         cells = []
-        for name in args.systems:
+        for name in systems:
             t = max(statistics.median(r[f"{name} {nbytes}"]) for _, r in results)
-            cells.append(f"{t * 1e6:>14.1f} ({nbytes * factor / t / 1e9:6.2f})")
+            gbs[f"{name} {nbytes}"] = nbytes * (1 if name in COPIES else factor) / t / 1e9
+            cells.append(f"{t * 1e6:>14.1f} ({gbs[f'{name} {nbytes}']:6.2f})")
         print(f"{nbytes:>10}" + "".join(f"{c:>24}" for c in cells))
+    for nbytes in args.sizes:
+        for ours, copy in (("ours window", "d2d copy"), ("ours device", "h2d copy")):
+            if f"{ours} {nbytes}" in gbs and f"{copy} {nbytes}" in gbs:
+                ratio = gbs[f"{ours} {nbytes}"] / gbs[f"{copy} {nbytes}"]
+                print(f"{nbytes:>10} {ours} busbw / {copy} bandwidth: {100 * ratio:.1f}%")
     return 0
 
 

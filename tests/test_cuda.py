@@ -462,3 +462,23 @@ def _compressed_on_device_arrays(comm, n):
 def test_compressed_all_reduce_of_device_arrays_gives_the_host_bits(gpu_pair):
     for got in gpu_pair.run(_compressed_on_device_arrays, (1 << 20) + 3, timeout=300):
         assert all(g is True for g in got), got
+
+
+# ---- device windows (comm.empty(..., device="cuda")): 2 ranks on one GPU ------------
+
+
+def test_device_windows_every_dtype_and_op(gpu_shm_pair):
+    """Each rank's kernels reduce its chunk straight out of the other's memory (CUDA
+    IPC) and write it into both outputs: numpy's bits, every call on the window path."""
+    import _device_window_ranks as dw
+
+    for bad, calls, ran in gpu_shm_pair.run(dw.exact, timeout=300):
+        assert bad == []
+        assert ran == calls > 0
+
+
+def test_device_windows_rank_order_bits_and_reuse(gpu_shm_pair):
+    import _device_window_ranks as dw
+
+    assert gpu_shm_pair.run(dw.float_order) == [(True, True)] * 2
+    assert gpu_shm_pair.run(dw.reuse_under_pressure, 60, timeout=120) == ["ok"] * 2

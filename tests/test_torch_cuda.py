@@ -115,3 +115,35 @@ def test_ddp_on_cuda_equals_ddp_on_cpu():
         # Replicas identical, and every rank logged the same loss.
         assert all(np.array_equal(p, q) for p, q in zip(params, cuda[0][0]))
         assert np.array_equal(losses, cuda[0][1])
+
+
+def _window_tensors(rank, n):
+    """``ringreduce.torch.empty(..., device="cuda")``: CUDA tensors in device windows;
+    dist.all_reduce on them takes the window path and gives the CPU tensors' bits."""
+    import ringreduce.torch as rrt
+
+    torch.cuda.set_device(0)
+    comm = rrt.communicator()
+    before = comm.stats()["all_reduce_algorithms"]["window"]
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for count in (2, 1000, 300_001):
+            g = torch.Generator().manual_seed(1000 * rank + count)
+            base = torch.randint(-50, 50, (count,), generator=g).to(dtype)
+            w = rrt.empty(count, dtype=dtype, device="cuda")
+            assert w.is_cuda and w.dtype == dtype and w.shape == (count,)
+            w.copy_(base)
+            dist.all_reduce(w)
+            cpu = base.clone()
+            dist.all_reduce(cpu)
+            out[f"{dtype} {count}"] = bool(torch.equal(w.cpu(), cpu))
+    out["window calls"] = comm.stats()["all_reduce_algorithms"]["window"] - before
+    return out
+
+
+def test_window_tensors_on_cuda_take_the_window_path_with_the_cpu_bits(monkeypatch):
+    monkeypatch.setenv("RINGREDUCE_TRANSPORT", "shm")
+    for said in run(2, _window_tensors):
+        calls = said.pop("window calls")
+        assert all(said.values()), said
+        assert calls == len(said), calls

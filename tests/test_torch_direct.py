@@ -291,6 +291,7 @@ def _empty_refuses(rank, n):
         lambda: rrt.empty(2.5),
         lambda: rrt.empty(3, dtype="float32"),
         lambda: rrt.empty(3, device="meta"),
+        lambda: rrt.empty(3, device="cuda"),
     ):
         try:
             call()
@@ -307,3 +308,5 @@ def test_empty_refuses_bad_arguments_before_any_collective():
         assert said[1].startswith("ValueError"), said
         assert said[2].startswith("TypeError") and "torch.dtype" in said[2], said
         assert said[3].startswith("TypeError") and "device" in said[3], said
+        if not torch.cuda.is_available():  # a GPU host makes the window instead
+            assert said[4].startswith("TypeError") and "no CUDA device" in said[4], said

@@ -7,6 +7,7 @@
 
 #include "algorithms/call_header.h"
 #include "common/error.h"
+#include "executor/device.h"
 #include "reduce/cpu_kernels.h"
 #include "transport/shm/shm_window.h"
 
@@ -17,6 +18,7 @@ namespace {
 // Where a rank's buffers lie in its windows: the rest of its bulletin entry.
 struct WindowRefs {
   uint64_t send_id, send_offset, recv_id, recv_offset;
+  int64_t device;  // -1: host windows; else the CUDA device of the rank's windows
 };
 struct Entry {
   CallHeader header;
@@ -27,6 +29,10 @@ static_assert(sizeof(Entry) <= Bulletin::kEntryBytes, "one bulletin entry");
 // A chunk is reduced and handed out a block at a time, so that the copies into
 // the peers' outputs read it from the cache.
 constexpr size_t kBlockBytes = 64 << 10;
+
+// The device's events this path records (executor/device.h).
+constexpr int kCallerReady = 0;
+constexpr int kChunkDone = 1;
 
 bool refused(uint64_t phase) { return (phase & Bulletin::kPhaseRefused) != 0; }
 
@@ -42,12 +48,17 @@ bool window_buffers(const RingContext& ctx, const CollectiveArgs& args) {
   if (ctx.windows == nullptr || !ctx.windows->any()) return false;
   const size_t bytes = args.count * dtype_size(args.dtype);
   const int size = ctx.transport.size();
-  if (args.kind != CollectiveKind::kAllReduce || args.device >= 0 || size < 2 ||
-      bytes <= window_min_bytes(size) || ctx.transport.bulletin() == nullptr) {
+  // Device windows at every size: any other path stages through the host.
+  const size_t least = args.device >= 0 ? 0 : window_min_bytes(size);
+  if (args.kind != CollectiveKind::kAllReduce || size < 2 || bytes <= least ||
+      ctx.transport.bulletin() == nullptr) {
     return false;
   }
   if (args.send != args.recv && overlap(args.send, args.recv, bytes)) return false;
-  return ctx.windows->find(args.send, bytes) && ctx.windows->find(args.recv, bytes);
+  const auto send = ctx.windows->find(args.send, bytes);
+  const auto recv = ctx.windows->find(args.recv, bytes);
+  return send && recv && send->window->device() == args.device &&
+         recv->window->device() == args.device;
 }
 
 namespace {
@@ -93,6 +104,78 @@ void settle(RingContext& ctx, Bulletin& bulletin, uint64_t done) noexcept {
 
 }  // namespace
 
+namespace {
+
+// Rank `rank`'s chunk [lo, hi) of the vector, reduced out of every rank's
+// input in rank order and written into every rank's output, on the host: a
+// block at a time, so that the copies into the peers' outputs read it from
+// the cache.
+void reduce_chunk_on_host(RingContext& ctx, const CollectiveArgs& args,
+                          const std::vector<const char*>& in, const std::vector<char*>& out,
+                          size_t lo, size_t hi) {
+  const int size = ctx.transport.size();
+  const int rank = ctx.transport.rank();
+  const size_t elem = dtype_size(args.dtype);
+  const size_t block = std::max<size_t>(1, kBlockBytes / elem);
+  const ReduceFn reduce = cpu_reduce_fn(args.dtype, args.op);
+  const bool in_place = args.send == args.recv;
+  if (in_place && rank >= 2 && ctx.scratch.size() < block * elem) {
+    ctx.scratch.resize(block * elem);
+  }
+  for (size_t at = lo; at < hi; at += block) {
+    const size_t n = std::min(hi, at + block) - at;
+    const size_t off = at * elem;
+    char* o = out[static_cast<size_t>(rank)] + off;
+    // In place, a rank past the first two would overwrite its input before
+    // adding it: it sums all but the last input in scratch.
+    char* acc = in_place && rank >= 2 ? ctx.scratch.data() : o;
+    reduce(acc, in[0] + off, in[1] + off, n);
+    for (int r = 2; r < size - 1; ++r) reduce(acc, acc, in[static_cast<size_t>(r)] + off, n);
+    if (size > 2) reduce(o, acc, in[static_cast<size_t>(size - 1)] + off, n);
+    if (args.op == ReduceOp::kAvg) divide_by(args.dtype, o, n, size);
+    // Only this rank reads any rank's input in this chunk, and it is done
+    // with this block: the outputs may take it even where they are inputs.
+    for (int i = 1; i < size; ++i) {
+      std::memcpy(out[static_cast<size_t>((rank + i) % size)] + off, o, n * elem);
+    }
+  }
+}
+
+// The same on the device, whose kernels read the peers' device memory where
+// it is mapped: the whole chunk in one kernel per input (the same additions,
+// in the same order, so the same bits as the host), then one device-to-device
+// copy per peer, all on one lane; returns once the device has done it all.
+void reduce_chunk_on_device(RingContext& ctx, const CollectiveArgs& args,
+                            const std::vector<const char*>& in, const std::vector<char*>& out,
+                            size_t lo, size_t hi, char* scratch) {
+  Device& d = *ctx.device;
+  const Lane lane = Lane::kToDevice;
+  const int size = ctx.transport.size();
+  const int rank = ctx.transport.rank();
+  const size_t elem = dtype_size(args.dtype);
+  const size_t n = hi - lo;
+  if (n > 0) {
+    const size_t off = lo * elem;
+    char* o = out[static_cast<size_t>(rank)] + off;
+    char* acc = scratch != nullptr ? scratch : o;
+    d.reduce(lane, args.dtype, args.op, acc, in[0] + off, in[1] + off, n);
+    for (int r = 2; r < size - 1; ++r) {
+      d.reduce(lane, args.dtype, args.op, acc, acc, in[static_cast<size_t>(r)] + off, n);
+    }
+    if (size > 2) {
+      d.reduce(lane, args.dtype, args.op, o, acc, in[static_cast<size_t>(size - 1)] + off, n);
+    }
+    if (args.op == ReduceOp::kAvg) d.divide(lane, args.dtype, o, n, size);
+    for (int i = 1; i < size; ++i) {
+      d.copy(lane, out[static_cast<size_t>((rank + i) % size)] + off, o, n * elem);
+    }
+  }
+  d.record(lane, kChunkDone);
+  d.sync(kChunkDone, ctx.deadline());
+}
+
+}  // namespace
+
 void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   Bulletin& bulletin = *ctx.transport.bulletin();
   const int size = ctx.transport.size();
@@ -100,6 +183,7 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   const size_t elem = dtype_size(args.dtype);
   const size_t bytes = args.count * elem;
   const uint64_t seq = ctx.seq;
+  const bool on_device = args.device >= 0;
   // Our phase in this call: every peer located (nobody touches a rank's
   // buffers before it says so), then done with them all.
   const uint64_t located = 2 * seq - 1;
@@ -107,15 +191,34 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   auto send = ctx.windows->find(args.send, bytes);
   auto recv = ctx.windows->find(args.recv, bytes);
   if (!send || !recv) throw Error("all_reduce: the window path's buffers left their windows");
+  // Chunk r of the vector is rank r's: it reduces it and writes it into every
+  // rank's output.
+  const size_t chunk = (args.count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+  const size_t lo = std::min(args.count, chunk * static_cast<size_t>(rank));
+  const size_t hi = std::min(args.count, lo + chunk);
+  char* device_scratch = nullptr;
+  if (on_device) {
+    // Device memory is ready for the peers once the caller's stream has
+    // queued all it wrote there before the call: the host waits for it
+    // before it says `located`. (In place, a rank past the first two sums in
+    // scratch, as on the host.)
+    Device& d = *ctx.device;
+    if (args.send == args.recv && rank >= 2 && hi > lo) {
+      device_scratch = d.staging(0, 0, (hi - lo) * elem).scratch;
+    }
+    d.begin(*ctx.device_mark);
+    d.record(Lane::kToDevice, kCallerReady);
+    d.sync(kCallerReady, ctx.deadline());
+  }
   Entry mine{};
   mine.header = make_call_header(ctx, args, Algorithm::kWindow);
-  mine.refs = {send->window->id(), send->offset, recv->window->id(), recv->offset};
+  mine.refs = {send->window->id(), send->offset, recv->window->id(), recv->offset, args.device};
   bulletin.publish(seq, &mine, sizeof mine, true, ctx.deadline());
 
   // Every rank's input and output, as mapped here.
   std::vector<const char*> in(static_cast<size_t>(size));
   std::vector<char*> out(static_cast<size_t>(size));
-  std::vector<std::shared_ptr<SharedWindow>> held;  // their windows, alive for the call
+  std::vector<std::shared_ptr<Window>> held;  // their windows, alive for the call
   in[static_cast<size_t>(rank)] = static_cast<const char*>(args.send);
   out[static_cast<size_t>(rank)] = static_cast<char*>(args.recv);
   // Before we say `located`, a failure leaves nobody in our buffers: refusing
@@ -130,8 +233,20 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
         never_started(ctx, args, peer);
       }
       check_call_header(theirs.header, mine.header, peer, rank);
+      if ((theirs.refs.device >= 0) != on_device) {
+        auto where = [](int64_t device) {
+          return device >= 0 ? "device windows (cuda:" + std::to_string(device) + ")"
+                             : std::string("host windows");
+        };
+        throw MismatchError("all_reduce: rank " + std::to_string(peer) + "'s buffers are in " +
+                                where(theirs.refs.device) + ", rank " + std::to_string(rank) +
+                                "'s in " + where(args.device) + " in call #" + std::to_string(seq) +
+                                " (the window path reads every rank's buffers where they are: "
+                                "all ranks' must be host memory, or all device memory)",
+                            peer);
+      }
       auto locate = [&](uint64_t id, uint64_t offset, const char* what) -> char* {
-        std::shared_ptr<SharedWindow> w = ctx.windows->get(id);
+        std::shared_ptr<Window> w = ctx.windows->get(id);
         char* base = w ? w->peer_data(peer) : nullptr;
         if (base == nullptr) {
           throw Error("all_reduce: rank " + std::to_string(peer) + "'s " + what + " is in window " +
@@ -162,40 +277,25 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   try {
     bulletin.raise_phase(located);
     await_all(ctx, bulletin, located, "to find every rank's buffers");
-
-    // Chunk r of the vector is rank r's: it reduces it block by block and
-    // writes each block into every rank's output while it is in the cache.
-    const size_t chunk = (args.count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
-    const size_t block = std::max<size_t>(1, kBlockBytes / elem);
-    const size_t lo = std::min(args.count, chunk * static_cast<size_t>(rank));
-    const size_t hi = std::min(args.count, lo + chunk);
-    const ReduceFn reduce = cpu_reduce_fn(args.dtype, args.op);
-    const bool in_place = args.send == args.recv;
-    if (in_place && rank >= 2 && ctx.scratch.size() < block * elem) {
-      ctx.scratch.resize(block * elem);
-    }
-    for (size_t at = lo; at < hi; at += block) {
-      const size_t n = std::min(hi, at + block) - at;
-      const size_t off = at * elem;
-      char* o = out[static_cast<size_t>(rank)] + off;
-      // In place, a rank past the first two would overwrite its input before
-      // adding it: it sums all but the last input in scratch.
-      char* acc = in_place && rank >= 2 ? ctx.scratch.data() : o;
-      reduce(acc, in[0] + off, in[1] + off, n);
-      for (int r = 2; r < size - 1; ++r) reduce(acc, acc, in[static_cast<size_t>(r)] + off, n);
-      if (size > 2) reduce(o, acc, in[static_cast<size_t>(size - 1)] + off, n);
-      if (args.op == ReduceOp::kAvg) divide_by(args.dtype, o, n, size);
-      // Only this rank reads any rank's input in this chunk, and it is done
-      // with this block: the outputs may take it even where they are inputs.
-      for (int i = 1; i < size; ++i) {
-        std::memcpy(out[static_cast<size_t>((rank + i) % size)] + off, o, n * elem);
-      }
+    if (on_device) {
+      reduce_chunk_on_device(ctx, args, in, out, lo, hi, device_scratch);
+    } else {
+      reduce_chunk_on_host(ctx, args, in, out, lo, hi);
     }
     // Our chunk is in every output and we read no input any more. Once every
     // peer says the same, our output is whole and nobody touches our buffers.
     bulletin.raise_phase(done);
     await_all(ctx, bulletin, done, "to write its chunk into every output");
   } catch (...) {
+    if (on_device) {
+      // Nothing of ours may still be reading or writing when we say done.
+      try {
+        ctx.device->finish(Deadline::after(ctx.timeout_seconds));
+      } catch (...) {
+        // The device did not drain in time: say so all the same, as a host
+        // rank that cannot wait longer does.
+      }
+    }
     settle(ctx, bulletin, done);
     throw;
   }

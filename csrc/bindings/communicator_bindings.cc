@@ -201,6 +201,16 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("id", &rr::SharedWindow::id)
       .def_property_readonly("nbytes", &rr::SharedWindow::bytes);
 
+  py::class_<rr::DeviceWindow, std::shared_ptr<rr::DeviceWindow>>(
+      m, "DeviceWindow", "A device window's memory (Communicator.allocate_device_window).")
+      .def_property_readonly(
+          "ptr", [](const rr::DeviceWindow& w) { return reinterpret_cast<uintptr_t>(w.data()); },
+          "The device address of its first byte.")
+      .def_property_readonly("device", &rr::DeviceWindow::device)
+      .def_property_readonly("id", &rr::DeviceWindow::id,
+                             "The window's id on every rank; 0 for memory shared with nobody.")
+      .def_property_readonly("nbytes", &rr::DeviceWindow::bytes);
+
   py::class_<rr::Communicator>(m, "Communicator")
       .def_static(
           "create_tcp",
@@ -345,6 +355,17 @@ void register_communicator(py::module_& m) {
           py::arg("bytes"),
           "Collective: a Window of `bytes` that every rank maps, for all_reduce to read in "
           "place; None where the ranks do not all share this host.")
+      .def(
+          "allocate_device_window",
+          [](rr::Communicator& c, size_t bytes, int device) {
+            py::gil_scoped_release release;
+            PythonInterrupt interrupt;
+            return c.allocate_device_window(bytes, device, &interrupt);
+          },
+          py::arg("bytes"), py::arg("device"),
+          "Collective: a DeviceWindow of `bytes` of CUDA device `device`, zeroed, that every "
+          "rank of the host maps (CUDA IPC); this rank's alone where the ranks do not all "
+          "share this host.")
       .def(
           "publish",
           [](rr::Communicator& c, const std::string& key, const py::bytes& value) {

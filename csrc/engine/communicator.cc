@@ -222,11 +222,11 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
   }
 }
 
-Device& Communicator::device(int id) {
+std::shared_ptr<Device> Communicator::device_ptr(int id) {
   std::lock_guard<std::mutex> lock(devices_mu_);
-  std::unique_ptr<Device>& slot = devices_[id];
+  std::shared_ptr<Device>& slot = devices_[id];
   if (!slot) slot = options_.fake_device ? make_fake_device() : make_device(id);
-  return *slot;
+  return slot;
 }
 
 void Communicator::set_issuer(uint64_t tag) {
@@ -594,6 +594,64 @@ CommStats Communicator::stats() const {
   return s;
 }
 
+std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
+    const WindowRecord& mine, const Interrupt* interrupt) {
+  static_assert(sizeof(WindowRecord) == 256, "exchanged as bytes");
+  std::vector<WindowRecord> all(static_cast<size_t>(size_));
+  CollectiveArgs a;
+  a.kind = CollectiveKind::kAllGather;
+  a.send = &mine;
+  a.recv = all.data();
+  a.count = sizeof(WindowRecord);
+  a.dtype = DataType::kUInt8;
+  run(a, interrupt);
+  for (int r = 0; r < size_; ++r) {
+    const WindowRecord& got = all[static_cast<size_t>(r)];
+    if (got.error[0] != '\0') {
+      throw Error("comm.empty: rank " + std::to_string(r) + " could not make or map window " +
+                  std::to_string(mine.id) + ": " +
+                  std::string(got.error, strnlen(got.error, sizeof got.error)));
+    }
+    if (got.id != mine.id) {
+      throw Error("comm.empty: rank " + std::to_string(r) + " made window " +
+                  std::to_string(got.id) + " where rank " + std::to_string(rank_) +
+                  " made window " + std::to_string(mine.id) +
+                  " (every rank must call it the same number of times)");
+    }
+  }
+  return all;
+}
+
+void Communicator::share_window(uint64_t id, const std::function<void(WindowRecord&)>& create,
+                                const std::function<void(int, const WindowRecord&)>& map,
+                                const Interrupt* interrupt) {
+  auto failed = [&](const std::exception& e) {
+    WindowRecord r{};
+    r.id = id;
+    std::snprintf(r.error, sizeof r.error, "%s", e.what());
+    return r;
+  };
+  WindowRecord mine{};
+  mine.id = id;
+  try {
+    create(mine);
+  } catch (const std::exception& e) {
+    mine = failed(e);
+  }
+  const std::vector<WindowRecord> all = exchange_window_records(mine, interrupt);
+  WindowRecord attached{};
+  attached.id = id;
+  try {
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) map(r, all[static_cast<size_t>(r)]);
+    }
+  } catch (const std::exception& e) {
+    attached = failed(e);
+  }
+  exchange_window_records(attached,
+                          interrupt);  // every rank mapped every other's, or all say who not
+}
+
 std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
                                                             const Interrupt* interrupt) {
   if (bytes == 0) throw InvalidArgument("a window needs at least one byte");
@@ -605,73 +663,62 @@ std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
     if (size_ == 1 || transport_->bulletin() == nullptr) return nullptr;
     id = windows_.next_id();
   }
-  // What each rank tells the others: where its window is, or why it has none.
-  struct Record {
-    int64_t pid, fd;
-    uint64_t inode, bytes, nonce, id;
-    char error[208];
-  };
-  static_assert(sizeof(Record) == 256, "exchanged as bytes");
-  auto exchange = [&](const Record& mine) {
-    std::vector<Record> all(static_cast<size_t>(size_));
-    CollectiveArgs a;
-    a.kind = CollectiveKind::kAllGather;
-    a.send = &mine;
-    a.recv = all.data();
-    a.count = sizeof(Record);
-    a.dtype = DataType::kUInt8;
-    run(a, interrupt);
-    for (int r = 0; r < size_; ++r) {
-      const Record& got = all[static_cast<size_t>(r)];
-      if (got.error[0] != '\0') {
-        throw Error("comm.empty: rank " + std::to_string(r) + " could not make or map window " +
-                    std::to_string(id) + ": " +
-                    std::string(got.error, strnlen(got.error, sizeof got.error)));
-      }
-      if (got.id != id) {
-        throw Error("comm.empty: rank " + std::to_string(r) + " made window " +
-                    std::to_string(got.id) + " where rank " + std::to_string(rank_) +
-                    " made window " + std::to_string(id) +
-                    " (every rank must call it the same number of times)");
-      }
-    }
-    return all;
-  };
-  auto failed = [&](const std::exception& e) {
-    Record r{};
-    r.id = id;
-    std::snprintf(r.error, sizeof r.error, "%s", e.what());
-    return r;
-  };
   std::shared_ptr<SharedWindow> window;
-  Record mine{};
-  try {
-    window = SharedWindow::create(id, bytes, rank_, size_);
-    const shm::SegmentRecord rec = window->record();
-    mine = Record{rec.pid, rec.fd, rec.inode, rec.bytes, rec.nonce, id, {}};
-  } catch (const std::exception& e) {
-    mine = failed(e);
-  }
-  const std::vector<Record> all = exchange(mine);
-  Record attached{};
-  attached.id = id;
-  try {
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      const Record& got = all[static_cast<size_t>(r)];
-      shm::SegmentRecord rec;
-      rec.pid = static_cast<pid_t>(got.pid);
-      rec.fd = static_cast<int>(got.fd);
-      rec.inode = got.inode;
-      rec.bytes = got.bytes;
-      rec.nonce = got.nonce;
-      window->attach(r, rec);
-    }
-  } catch (const std::exception& e) {
-    attached = failed(e);
-  }
-  exchange(attached);  // every rank has mapped every other's, or all say who could not
+  share_window(
+      id,
+      [&](WindowRecord& mine) {
+        window = SharedWindow::create(id, bytes, rank_, size_);
+        const shm::SegmentRecord rec = window->record();
+        const int64_t fields[5] = {rec.pid, rec.fd, static_cast<int64_t>(rec.inode),
+                                   static_cast<int64_t>(rec.bytes),
+                                   static_cast<int64_t>(rec.nonce)};
+        std::memcpy(mine.handle.bytes, fields, sizeof fields);
+        mine.bytes = bytes;
+      },
+      [&](int r, const WindowRecord& got) {
+        int64_t fields[5];
+        std::memcpy(fields, got.handle.bytes, sizeof fields);
+        shm::SegmentRecord rec;
+        rec.pid = static_cast<pid_t>(fields[0]);
+        rec.fd = static_cast<int>(fields[1]);
+        rec.inode = static_cast<uint64_t>(fields[2]);
+        rec.bytes = static_cast<uint64_t>(fields[3]);
+        rec.nonce = static_cast<uint64_t>(fields[4]);
+        window->attach(r, rec);
+      },
+      interrupt);
   window->attached_by_all();
+  windows_.add(window);
+  return window;
+}
+
+std::shared_ptr<DeviceWindow> Communicator::allocate_device_window(size_t bytes, int device,
+                                                                   const Interrupt* interrupt) {
+  if (bytes == 0) throw InvalidArgument("a window needs at least one byte");
+  if (device < 0)
+    throw InvalidArgument("a device window needs a CUDA device, got " + std::to_string(device));
+  uint64_t id = 0;
+  bool shared;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_if_unusable();
+    shared = size_ > 1 && transport_->bulletin() != nullptr;
+    if (shared) id = windows_.next_id();
+  }
+  Device::SharedHandle handle{};
+  if (!shared) {
+    // Nobody to share with: this rank's memory only, never a collective's window.
+    return std::make_shared<DeviceWindow>(0, device_ptr(device), device, bytes, size_, &handle);
+  }
+  std::shared_ptr<DeviceWindow> window;
+  share_window(
+      id,
+      [&](WindowRecord& mine) {
+        window = std::make_shared<DeviceWindow>(id, device_ptr(device), device, bytes, size_,
+                                                &mine.handle);
+        mine.bytes = bytes;
+      },
+      [&](int r, const WindowRecord& got) { window->map(r, got.handle, got.bytes); }, interrupt);
   windows_.add(window);
   return window;
 }

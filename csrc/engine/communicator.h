@@ -16,6 +16,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,7 @@
 #include "engine/p2p.h"
 #include "engine/work.h"
 #include "executor/device.h"
+#include "executor/device_window.h"
 #include "rendezvous/store.h"
 #include "transport/counting.h"
 #include "transport/shm/shm_window.h"
@@ -159,6 +161,12 @@ class Communicator {
   // with nothing exchanged, where the ranks do not all share this host. Throws
   // Error naming the rank that could not make or map one (on every rank).
   std::shared_ptr<SharedWindow> allocate_window(size_t bytes, const Interrupt* interrupt);
+  // The same in the memory of CUDA device `device` (executor/device_window.h),
+  // zeroed: every rank of the host maps it through the Device. Where the
+  // ranks do not all share this host (or on one rank) it is this rank's
+  // memory alone, exchanged with nobody and not a window of the collectives.
+  std::shared_ptr<DeviceWindow> allocate_device_window(size_t bytes, int device,
+                                                       const Interrupt* interrupt);
 
   // After a failure (or abort()), once no call runs: the transport whose
   // parked links (TCP) and memory (shared) a shrink of this communicator may
@@ -195,6 +203,25 @@ class Communicator {
   // The point-to-point links; an error if the communicator is broken or has none.
   PointToPoint& point_to_point();
 
+  // What each rank tells the others while making window `id`: how to map its
+  // memory, or why it has none.
+  struct WindowRecord {
+    uint64_t id;
+    uint64_t bytes;
+    Device::SharedHandle handle;  // host windows: the segment's record
+    char error[176];
+  };
+  // All ranks' records (an all_gather); throws Error naming the first rank
+  // whose record carries an error or another window's id, on every rank.
+  std::vector<WindowRecord> exchange_window_records(const WindowRecord& mine,
+                                                    const Interrupt* interrupt);
+  // Makes window `id` with `create`, which fills in our record, and maps
+  // every peer's with `map`; then every rank knows that all could, or all
+  // raise naming the rank that could not.
+  void share_window(uint64_t id, const std::function<void(WindowRecord&)>& create,
+                    const std::function<void(int, const WindowRecord&)>& map,
+                    const Interrupt* interrupt);
+
   struct Item {
     CollectiveArgs args;
     std::shared_ptr<Work> work;
@@ -207,7 +234,8 @@ class Communicator {
   };
 
   // The Device serving CUDA device `id`, made on first use.
-  Device& device(int id);
+  Device& device(int id) { return *device_ptr(id); }
+  std::shared_ptr<Device> device_ptr(int id);
   void refuse_if_unusable() const;  // mu_ held
   std::string describe(const CollectiveArgs& args, uint64_t seq) const;
   void worker();
@@ -259,7 +287,8 @@ class Communicator {
   std::string refused_reason_;  // and why
   CommStats stats_;
   std::mutex devices_mu_;  // apart from mu_: making a Device can take a while
-  std::map<int, std::unique_ptr<Device>> devices_;
+  // Shared: a device window keeps its Device after close().
+  std::map<int, std::shared_ptr<Device>> devices_;
   // interrupt()'s flag, asked by the worker's waits through worker_interrupt_.
   std::atomic<bool> interrupted_{false};
   std::atomic<bool> aborted_{false};  // interrupted_ by abort(), not by Ctrl-C

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -162,6 +163,57 @@ class CudaDevice final : public Device {
   void release(void* ptr) override {
     CurrentDevice current(device_);
     check(cudaFree(ptr), "cudaFree", device_);
+  }
+
+  void* allocate_shared(size_t bytes, SharedHandle* handle) override {
+    static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof handle->bytes, "an IPC handle fits");
+    CurrentDevice current(device_);
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc of a device window", device_);
+    try {
+      check(cudaMemset(p, 0, bytes), "cudaMemset of a device window", device_);
+      cudaIpcMemHandle_t ipc;
+      check(cudaIpcGetMemHandle(&ipc, p), "cudaIpcGetMemHandle", device_);
+      *handle = {};
+      std::memcpy(handle->bytes, &ipc, sizeof ipc);
+      // The zeros are in place before any peer can read them.
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device_);
+    } catch (...) {
+      cudaFree(p);
+      throw;
+    }
+    return p;
+  }
+
+  void* map_shared(const SharedHandle& handle, size_t, int peer) override {
+    CurrentDevice current(device_);
+    cudaIpcMemHandle_t ipc;
+    std::memcpy(&ipc, handle.bytes, sizeof ipc);
+    void* p = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      throw Error("CUDA cudaIpcOpenMemHandle of rank " + std::to_string(peer) +
+                  "'s device window on device " + std::to_string(device_) +
+                  " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                  "); its GPU must be this one or one this GPU has peer access to");
+    }
+    return p;
+  }
+
+  void unmap_shared(void* mapped) noexcept override {
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    cudaIpcCloseMemHandle(mapped);
+    if (switched) cudaSetDevice(previous);
+  }
+
+  void release_shared(void* ptr) noexcept override {
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    cudaFree(ptr);
+    if (switched) cudaSetDevice(previous);
   }
 
   void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,

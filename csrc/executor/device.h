@@ -109,6 +109,23 @@ class Device {
   // Queues bytes zero bytes at ptr.
   virtual void zero(Lane lane, void* ptr, size_t bytes) = 0;
 
+  // ---- memory the ranks of a host share (device windows) ----
+  // Device memory of `bytes` (> 0), zeroed, that another process on this host
+  // can map: cudaMalloc'd memory and its CUDA IPC handle, or for the fake
+  // device a shared-memory segment and its record. The handle is opaque to
+  // everyone but a Device of the same kind.
+  struct SharedHandle {
+    unsigned char bytes[64];
+  };
+  virtual void* allocate_shared(size_t bytes, SharedHandle* handle) = 0;
+  // Maps a peer's allocation of `bytes` (its handle) here; throws Error
+  // naming `peer` when it cannot.
+  virtual void* map_shared(const SharedHandle& handle, size_t bytes, int peer) = 0;
+  // Undo map_shared and allocate_shared. Never throw: they run when the last
+  // array over a window goes, whatever state the device is in.
+  virtual void unmap_shared(void* mapped) noexcept = 0;
+  virtual void release_shared(void* ptr) noexcept = 0;
+
   virtual void record(Lane lane, int event) = 0;
   virtual void lane_wait(Lane lane, int event) = 0;
   // Throws TimeoutError when the device has not got there by the deadline.

@@ -10,12 +10,19 @@
 // though, a lane runs ahead (which a GPU may also do), so that a lane writing
 // memory another lane has yet to read shows up as well. Staging memory is
 // poisoned at every call, so reading a slot before its copy ran shows too.
+//
+// Shared allocations (device windows) are shared-memory segments, and their
+// handles the segments' records, so the ranks' processes map each other's
+// "device" memory as CUDA IPC maps a GPU's: the whole window protocol runs
+// without a GPU.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,6 +32,8 @@
 #include "kernels/codec_scalar.h"
 #include "reduce/cpu_kernels.h"
 #include "reduce/half.h"
+#include "transport/shm/shm_segment.h"
+#include "transport/shm/shm_window.h"
 
 namespace rr {
 namespace {
@@ -133,6 +142,55 @@ class FakeDevice final : public Device {
     enqueue(lane, [=] { std::memset(ptr, 0, bytes); });
   }
 
+  void* allocate_shared(size_t bytes, SharedHandle* handle) override {
+    if (bytes == 0) throw InvalidArgument("fake device: a shared allocation needs a byte");
+    // The window's layout: its header's pages, then the data.
+    const size_t offset = SharedWindow::data_offset();
+    shm::Segment segment = shm::Segment::create(offset + bytes);
+    segment.reserve(offset, bytes, "for a device window");
+    const shm::SegmentRecord record = segment.record();
+    *handle = {};
+    const uint64_t fields[5] = {static_cast<uint64_t>(record.pid),
+                                static_cast<uint64_t>(static_cast<int64_t>(record.fd)),
+                                record.inode, record.bytes, record.nonce};
+    static_assert(sizeof fields <= sizeof handle->bytes, "a segment's record fits a handle");
+    std::memcpy(handle->bytes, fields, sizeof fields);
+    char* data = segment.base() + offset;
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    shared_[data] = std::move(segment);  // its fd stays open: peers attach through it
+    return data;
+  }
+
+  void* map_shared(const SharedHandle& handle, size_t bytes, int peer) override {
+    uint64_t fields[5];
+    std::memcpy(fields, handle.bytes, sizeof fields);
+    shm::SegmentRecord record;
+    record.pid = static_cast<pid_t>(fields[0]);
+    record.fd = static_cast<int>(static_cast<int64_t>(fields[1]));
+    record.inode = fields[2];
+    record.bytes = fields[3];
+    record.nonce = fields[4];
+    const size_t offset = SharedWindow::data_offset();
+    if (record.bytes != offset + bytes) {
+      throw Error("fake device: rank " + std::to_string(peer) + "'s shared allocation has " +
+                  std::to_string(record.bytes) + " bytes, not the " +
+                  std::to_string(offset + bytes) + " it published");
+    }
+    shm::Segment segment = shm::Segment::attach(record, record.bytes, peer);
+    segment.close_fd();
+    char* data = segment.base() + offset;
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    shared_[data] = std::move(segment);
+    return data;
+  }
+
+  void unmap_shared(void* mapped) noexcept override { release_shared(mapped); }
+
+  void release_shared(void* ptr) noexcept override {
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    shared_.erase(static_cast<char*>(ptr));  // unmaps it
+  }
+
   void record(Lane lane, int event) override {
     const int i = static_cast<int>(lane);
     events_.at(event) = {i, queued_[i]};
@@ -196,6 +254,9 @@ class FakeDevice final : public Device {
   std::vector<char> recv_host_;
   std::vector<char> recv_device_;
   std::vector<char> scratch_;
+  // Shared allocations, ours and the peers' mapped here, by data address.
+  std::mutex shared_mu_;
+  std::map<char*, shm::Segment> shared_;
 };
 
 }  // namespace

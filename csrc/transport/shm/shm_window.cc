@@ -9,8 +9,7 @@ namespace rr {
 size_t SharedWindow::data_offset() { return shm::round_up(sizeof(shm::Header), 4096); }
 
 std::shared_ptr<SharedWindow> SharedWindow::create(uint64_t id, size_t bytes, int rank, int size) {
-  auto w = std::make_shared<SharedWindow>();
-  w->id_ = id;
+  auto w = std::make_shared<SharedWindow>(id);
   w->bytes_ = bytes;
   w->own_ = shm::Segment::create(data_offset() + bytes);
   w->own_.reserve(data_offset(), bytes,
@@ -22,7 +21,7 @@ std::shared_ptr<SharedWindow> SharedWindow::create(uint64_t id, size_t bytes, in
 void SharedWindow::attach(int peer, const shm::SegmentRecord& record) {
   if (record.bytes < data_offset()) {
     throw Error("shared memory: rank " + std::to_string(peer) + " published window " +
-                std::to_string(id_) + " of " + std::to_string(record.bytes) +
+                std::to_string(id()) + " of " + std::to_string(record.bytes) +
                 " bytes, less than its header");
   }
   shm::Segment s = shm::Segment::attach(record, record.bytes, peer);
@@ -43,7 +42,7 @@ size_t SharedWindow::peer_bytes(int peer) const {
   return peers_[static_cast<size_t>(peer)].bytes() - data_offset();
 }
 
-void WindowRegistry::add(const std::shared_ptr<SharedWindow>& window) {
+void WindowRegistry::add(const std::shared_ptr<Window>& window) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = windows_.begin(); it != windows_.end();) {
     it = it->second.expired() ? windows_.erase(it) : std::next(it);
@@ -56,7 +55,7 @@ std::optional<WindowRegistry::Place> WindowRegistry::find(const void* p, size_t 
   const auto at = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, weak] : windows_) {
-    std::shared_ptr<SharedWindow> w = weak.lock();
+    std::shared_ptr<Window> w = weak.lock();
     if (!w) continue;
     const auto start = reinterpret_cast<uintptr_t>(w->data());
     if (at >= start && at - start <= w->bytes() && bytes <= w->bytes() - (at - start)) {
@@ -66,7 +65,7 @@ std::optional<WindowRegistry::Place> WindowRegistry::find(const void* p, size_t 
   return std::nullopt;
 }
 
-std::shared_ptr<SharedWindow> WindowRegistry::get(uint64_t id) const {
+std::shared_ptr<Window> WindowRegistry::get(uint64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = windows_.find(id);
   return it == windows_.end() ? nullptr : it->second.lock();

@@ -29,13 +29,38 @@
 
 namespace rr {
 
-class SharedWindow {
+// A window as the collectives see it: this rank's memory and every peer's as
+// mapped here. Host windows are SharedWindow (below); device windows
+// (executor/device_window.h) hold memory of a GPU that every rank of the host
+// maps through the Device.
+class Window {
+ public:
+  virtual ~Window() = default;
+  uint64_t id() const { return id_; }
+  // -1: host memory; else the CUDA device that owns data().
+  virtual int device() const { return -1; }
+  virtual char* data() const = 0;
+  virtual size_t bytes() const = 0;
+  // `peer`'s window of this id as mapped here, and its size; null/0 if not.
+  virtual char* peer_data(int peer) const = 0;
+  virtual size_t peer_bytes(int peer) const = 0;
+
+ protected:
+  explicit Window(uint64_t id) : id_(id) {}
+
+ private:
+  uint64_t id_;
+};
+
+class SharedWindow final : public Window {
  public:
   // Where a window's data starts in its segment: after the header's pages.
   static size_t data_offset();
 
   // This rank's window `id` of `bytes` (> 0), its pages reserved.
   static std::shared_ptr<SharedWindow> create(uint64_t id, size_t bytes, int rank, int size);
+
+  explicit SharedWindow(uint64_t id) : Window(id) {}
 
   // What the peers need to attach it (valid until attached_by_all()).
   shm::SegmentRecord record() const { return own_.record(); }
@@ -44,15 +69,12 @@ class SharedWindow {
   // Every peer has mapped ours: our fd has done its job.
   void attached_by_all() { own_.close_fd(); }
 
-  uint64_t id() const { return id_; }
-  char* data() const { return own_.base() + data_offset(); }
-  size_t bytes() const { return bytes_; }
-  // `peer`'s window of this id as mapped here, and its size; null/0 if not.
-  char* peer_data(int peer) const;
-  size_t peer_bytes(int peer) const;
+  char* data() const override { return own_.base() + data_offset(); }
+  size_t bytes() const override { return bytes_; }
+  char* peer_data(int peer) const override;
+  size_t peer_bytes(int peer) const override;
 
  private:
-  uint64_t id_ = 0;
   size_t bytes_ = 0;
   shm::Segment own_;
   std::vector<shm::Segment> peers_;  // by rank; unmapped for ourselves
@@ -62,22 +84,22 @@ class SharedWindow {
 class WindowRegistry {
  public:
   struct Place {
-    std::shared_ptr<SharedWindow> window;  // held for the call
+    std::shared_ptr<Window> window;        // held for the call
     uint64_t offset = 0;                   // of the buffer in the window's data
   };
 
   uint64_t next_id() { return ++made_; }
-  void add(const std::shared_ptr<SharedWindow>& window);
+  void add(const std::shared_ptr<Window>& window);
   // The window of ours that holds all of [p, p + bytes), if one does.
   std::optional<Place> find(const void* p, size_t bytes) const;
   // Our window `id` while it is alive (null once its array is gone).
-  std::shared_ptr<SharedWindow> get(uint64_t id) const;
+  std::shared_ptr<Window> get(uint64_t id) const;
   // Cheap: whether any window was ever made here (the common case is none).
   bool any() const { return any_.load(std::memory_order_relaxed); }
 
  private:
   mutable std::mutex mu_;
-  std::map<uint64_t, std::weak_ptr<SharedWindow>> windows_;
+  std::map<uint64_t, std::weak_ptr<Window>> windows_;
   uint64_t made_ = 0;
   std::atomic<bool> any_{false};
 };

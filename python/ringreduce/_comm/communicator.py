@@ -449,7 +449,9 @@ class Communicator:
 
     # -- windows -------------------------------------------------------------
     @collective
-    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
+    def empty(
+        self, shape: Union[int, Sequence[int]], dtype: Any = np.float32, device: Any = None
+    ) -> Any:
         """A numpy array, zeroed, in memory that every rank of this host maps.
 
         Collective: every rank calls it, in the same order as its other collectives;
@@ -468,8 +470,18 @@ class Communicator:
         peer's window is gone here refuses the call with an error saying so.
         Where the ranks do not all share one host, or on one rank, this is a plain
         ``numpy.zeros``, and all_reduce takes its usual path.
+
+        ``device="cuda"`` (or ``"cuda:N"``, or N): the window is memory of that GPU,
+        which every rank of the host maps through CUDA IPC, returned as a
+        ``DeviceWindowArray`` (``__cuda_array_interface__``: ``torch.as_tensor(a,
+        device="cuda")`` or ``cupy.asarray(a)`` view it). An all_reduce on such arrays
+        on every rank, at any size, reduces on the GPUs: each rank's kernels read its
+        chunk of every rank's input where it is and write it into every rank's output,
+        with no copy through host memory. Every rank's GPU must be able to map the
+        others' memory (the same GPU, or peer access). Without a GPU, or in a
+        ringreduce built without CUDA, every rank raises RingReduceError saying why.
         """
-        return windows.empty(self, shape, dtype)
+        return windows.empty(self, shape, dtype, device)
 
     # -- membership ----------------------------------------------------------
     @property

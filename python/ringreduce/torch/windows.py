@@ -66,18 +66,26 @@ def empty(
     window path. Keep the tensor while any rank may still pass it. Where the ranks do not
     all share one host this is a plain zeroed tensor.
 
-    ``size`` as ``torch.empty`` takes it: integers, or one sequence of them. Only CPU
-    tensors for now (``device="cpu"``).
+    ``size`` as ``torch.empty`` takes it: integers, or one sequence of them.
+
+    ``device="cuda"`` (or ``"cuda:N"``): a CUDA tensor in a device window, GPU memory
+    every rank of the host maps (CUDA IPC); ``dist.all_reduce`` on such tensors
+    reduces on the GPUs, each rank's chunk straight out of the others' memory, with no
+    staging through the host (``Communicator.empty``).
     """
     shape = _shape(size)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"ringreduce.torch.empty(): dtype must be a torch.dtype, got {dtype!r}")
     where = torch.device(device)
-    if where.type != "cpu":
+    if where.type not in ("cpu", "cuda"):
         raise TypeError(
-            f"ringreduce.torch.empty(): device={str(where)!r}: windows are in host memory "
-            "only for now; use device='cpu' (a CUDA tensor is reduced on its device with "
-            "the engine's staging)"
+            f"ringreduce.torch.empty(): device={str(where)!r}: windows are host memory "
+            "(device='cpu') or CUDA memory (device='cuda')"
+        )
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise TypeError(
+            f"ringreduce.torch.empty(): device={str(where)!r}, but this torch "
+            f"({torch.__version__}) sees no CUDA device; use device='cpu'"
         )
     comm = communicator(group)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -85,6 +93,14 @@ def empty(
     for n in shape:
         count *= n
     # The window as bytes, read as the dtype: no numpy dtype needed (bfloat16 included).
+    if where.type == "cuda":
+        index = where.index if where.index is not None else torch.cuda.current_device()
+        raw = comm.empty(count * itemsize, np.uint8, device=index)
+        # A view of the window's memory; it holds `raw`, and so the window, alive.
+        flat = torch.as_tensor(raw, device=torch.device("cuda", index))
+        if not count:
+            return torch.empty(shape, dtype=dtype, device=flat.device)
+        return flat.view(dtype).reshape(shape)
     raw = comm.empty(count * itemsize, np.uint8)
     flat = torch.from_numpy(raw)
     return flat.view(dtype).reshape(shape) if count else torch.empty(shape, dtype=dtype)

@@ -1,0 +1,243 @@
+"""all_reduce over device windows (comm.empty(..., device="cuda")), run on the fake device.
+
+With RINGREDUCE_TEST_FAKE_DEVICE=1 the engine's Device is the CPU emulation of
+csrc/executor/fake_device.cc, whose shared allocations are shared-memory segments and
+whose handles are their records: each rank's process maps its peers' "device" memory
+as CUDA IPC maps a GPU's, so the whole protocol runs here, the device's ops queued on
+its lanes and run as late as their events allow. The tests read and write the windows
+through their addresses, which on the fake device are host memory.
+
+The risks are the host windows' (test_windows.py) and the device's own: a rank whose
+caller's stream has not reached the call yet when its peers read its input (the wait
+before `located`), a chunk not yet on every output when a rank says `done` (the sync
+after the copies), and ranks that disagree on where their windows are.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import _device_window_ranks as dw
+import numpy as np
+import pytest
+from _device_window_ranks import host
+from _fake_cuda import FAKE_DEVICE_ENV, fake
+
+import ringreduce as rr
+from ringreduce._comm.core.windows import cuda_index
+
+from _ranks import RankGroup, run_ranks
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_dtype_and_op_matches_numpy_bit_for_bit(group_factory, n):
+    group = group_factory(n, fake_device=True, transport="shm")
+    for bad, calls, ran in group.run(dw.exact, timeout=300):
+        assert bad == []
+        assert ran == calls > 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_float_sums_have_rank_order_bits_on_every_rank(group_factory, n):
+    for matches, same_as_rank0 in group_factory(n, fake_device=True, transport="shm").run(
+        dw.float_order
+    ):
+        assert matches and same_as_rank0
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_buffers_rewritten_between_calls_never_corrupt_a_sum(group_factory, n):
+    group = group_factory(n, fake_device=True, transport="shm")
+    assert group.run(dw.reuse_under_pressure, 60, timeout=240) == ["ok"] * n
+
+
+def _mixed(comm):
+    """Device window calls, async ones too, between staged device calls and host calls,
+    and host windows beside device windows."""
+    n, r = comm.world_size, comm.rank
+    dev = comm.empty(3000, np.float32, device="cuda")
+    hw = comm.empty(4000, np.float32)  # above the host windows' smallest size
+    before = comm.stats()["all_reduce_algorithms"]["window"]
+    for i in range(12):
+        host(dev)[:] = r + i
+        if i % 2:
+            comm.all_reduce(dev, out=dev)
+        else:
+            comm.all_reduce(dev, out=dev, async_op=True).wait()
+        hw[:] = r - i
+        comm.all_reduce(hw, out=hw)
+        plain = comm.all_reduce(np.full(10, r, np.float32))
+        staged = fake(np.full(5000, r, np.float32))  # device memory outside any window
+        comm.all_reduce(staged, out=staged)
+        if not np.all(staged.array == n * (n - 1) / 2):
+            return f"round {i}: staged device call wrong"
+        if not np.all(host(dev) == n * i + n * (n - 1) / 2):
+            return f"round {i}: device window wrong"
+        if not (np.all(hw == n * (n - 1) / 2 - n * i) and np.all(plain == n * (n - 1) / 2)):
+            return f"round {i}: host calls wrong"
+    return comm.stats()["all_reduce_algorithms"]["window"] - before
+
+
+def test_device_windows_interleave_with_host_windows_and_other_calls(group_factory):
+    assert group_factory(3, fake_device=True, transport="shm").run(_mixed) == [24] * 3
+
+
+def _where_no_shared_memory(comm):
+    x = comm.empty((3, 4), np.float64, device="cuda")
+    host(x)[:] = comm.rank + 1
+    comm.all_reduce(x, out=x)
+    return (
+        type(x).__name__,
+        x.window.id,
+        float(host(x)[0]),
+        comm.stats()["all_reduce_algorithms"]["window"],
+    )
+
+
+def test_over_tcp_it_is_device_memory_of_the_rank_and_all_reduce_stages_it(group_factory):
+    for kind, window_id, value, window in group_factory(2, fake_device=True, transport="tcp").run(
+        _where_no_shared_memory
+    ):
+        assert (kind, window_id, value, window) == ("DeviceWindowArray", 0, 3.0, 0)
+
+
+def _device_against_host_windows(comm):
+    start = time.monotonic()
+    device = "cuda" if comm.rank == 0 else None
+    x = comm.empty(10000, np.float32, device=device)
+    try:
+        comm.all_reduce(x, out=x)
+        return "no error", time.monotonic() - start
+    except rr.RingReduceError as exc:
+        return (type(exc).__name__, str(exc)), time.monotonic() - start
+
+
+def test_device_windows_against_host_windows_is_a_mismatch_on_every_rank():
+    outcomes = run_ranks(
+        2, _device_against_host_windows, transport="shm", env=FAKE_DEVICE_ENV, timeout=90
+    )
+    kinds = []
+    for rank, (status, value, tb) in enumerate(outcomes):
+        assert status == "ok", tb
+        (kind, message), seconds = value
+        assert seconds < 15, f"rank {rank} took {seconds:.1f} s: the timeout, not the check"
+        kinds.append(kind)
+        if kind == "MismatchError":
+            assert "device windows (cuda:0)" in message and "host windows" in message, message
+        else:
+            assert kind == "PeerError", (rank, message)
+    assert "MismatchError" in kinds
+
+
+def _one_window_one_plain(comm):
+    """Rank 1 passes device memory outside any window: it runs the staged path, rank 0
+    the window path, and the headers say so."""
+    start = time.monotonic()
+    x = comm.empty(1000, np.float32, device="cuda")
+    arg = x if comm.rank == 0 else fake(np.zeros(1000, np.float32))
+    try:
+        comm.all_reduce(arg, out=arg)
+        return "no error", time.monotonic() - start
+    except rr.RingReduceError as exc:
+        return (type(exc).__name__, str(exc)), time.monotonic() - start
+
+
+def test_a_rank_outside_device_windows_is_a_mismatch_on_every_rank():
+    outcomes = run_ranks(2, _one_window_one_plain, transport="shm", env=FAKE_DEVICE_ENV)
+    for rank, (status, value, tb) in enumerate(outcomes):
+        assert status == "ok", tb
+        (kind, message), seconds = value
+        assert seconds < 15, f"rank {rank} took {seconds:.1f} s"
+        assert kind in ("MismatchError", "PeerError"), (rank, kind, message)
+        if kind == "MismatchError":
+            assert "window" in message, message
+
+
+def _peer_window_gone(comm):
+    """Rank 1 drops device window 1 and uses window 2; rank 0 uses window 1: rank 1 no
+    longer maps rank 0's window 1, refuses before anyone touches a buffer, and rank 0
+    hears of it at once."""
+    import gc
+
+    start = time.monotonic()
+    a = comm.empty(4096, np.float32, device="cuda")
+    b = comm.empty(4096, np.float32, device="cuda")
+    host(a)[:] = 5
+    if comm.rank == 1:
+        a = b
+        host(a)[:] = 5
+        gc.collect()
+    try:
+        comm.all_reduce(a, out=a)
+        return "no error", time.monotonic() - start, None
+    except rr.RingReduceError as exc:
+        return (type(exc).__name__, str(exc)), time.monotonic() - start, host(a).copy()
+
+
+def test_a_device_window_freed_on_one_rank_is_refused_and_nothing_is_written():
+    outcomes = run_ranks(2, _peer_window_gone, transport="shm", env=FAKE_DEVICE_ENV, timeout=90)
+    for rank, (status, value, tb) in enumerate(outcomes):
+        assert status == "ok", tb
+        outcome, seconds, data = value
+        assert outcome != "no error", rank
+        assert seconds < 15, f"rank {rank} took {seconds:.1f} s"
+        assert np.all(data == 5), f"rank {rank}'s buffer was written: {data[:4]}"
+    (_, m0), _, _ = outcomes[0][1]
+    (_, m1), _, _ = outcomes[1][1]
+    assert "window 1, which rank 1 no longer holds" in m1, m1
+    assert "rank 1" in m0, m0
+
+
+def _loop_until_error(comm, victim):
+    x = comm.empty(1 << 14, np.float32, device="cuda")
+    if comm.rank == victim:
+        time.sleep(0.5)
+        os.kill(os.getpid(), 9)
+    start = time.monotonic()
+    while time.monotonic() - start < 30:
+        try:
+            comm.all_reduce(x, out=x)
+        except rr.RingReduceError as exc:
+            return type(exc).__name__, exc.peer, time.monotonic() - start
+    return "no error"
+
+
+def test_a_rank_killed_between_device_window_calls_is_named_on_every_survivor():
+    victim = 1
+    with RankGroup(3, timeout=60, transport="shm", env=FAKE_DEVICE_ENV) as group:
+        outcomes = group.outcomes(_loop_until_error, victim, timeout=120)
+    for rank, (status, value, tb) in enumerate(outcomes):
+        if rank == victim:
+            assert status == "dead", (status, tb)
+            continue
+        assert status == "ok", tb
+        kind, peer, seconds = value
+        assert (kind, peer) == ("PeerError", victim) and seconds < 15, value
+
+
+def _without_a_device(comm):
+    try:
+        comm.empty(16, np.float32, device="cuda")
+        return "no error"
+    except (TypeError, rr.RingReduceError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+def test_without_a_gpu_every_rank_raises_saying_why():
+    if rr.build_info().get("cuda") and rr.cuda_available():  # pragma: no cover - GPU hosts
+        pytest.skip("a GPU is usable here")
+    for status, value, tb in run_ranks(2, _without_a_device, transport="shm"):
+        assert status == "ok", tb
+        assert value != "no error"
+        kind, message = value
+        assert "CUDA" in message and "window" in message, message
+
+
+def test_device_names():
+    assert cuda_index(None) is None and cuda_index("cpu") is None
+    assert cuda_index("cuda:3") == 3 and cuda_index(2) == 2
+    assert cuda_index("cuda") == 0  # no torch CUDA here: the first device
+    for bad in ("tpu", "cuda:x", -1):
+        with pytest.raises(ValueError, match="device"):
+            cuda_index(bad)

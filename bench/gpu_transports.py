@@ -166,10 +166,7 @@ def run_transport(args: Any, transport: str) -> int:
         return 1
     # A call's time is the slowest rank's median round.
     systems = [s for s in args.systems if f"{s} {args.sizes[0]}" in results[0][1]]
-    print(
-        f"\n{args.nprocs} ranks, ringreduce transport {transport}: us per call "
-        "(busbw GB/s; copies: bytes / time)"
-    )
+    print(f"\n{args.nprocs} ranks, ringreduce transport {transport}: us per call (busbw GB/s)")
     print(f"{'size':>10}" + "".join(f"{s:>24}" for s in systems))
     factor = 2 * (args.nprocs - 1) / args.nprocs
     gbs: Dict[str, float] = {}
@@ -180,6 +177,8 @@ def run_transport(args: Any, transport: str) -> int:
             gbs[f"{name} {nbytes}"] = nbytes * (1 if name in COPIES else factor) / t / 1e9
             cells.append(f"{t * 1e6:>14.1f} ({gbs[f'{name} {nbytes}']:6.2f})")
         print(f"{nbytes:>10}" + "".join(f"{c:>24}" for c in cells))
+    if any(name in COPIES for name in systems):
+        print(f"{'':>10} (the copies' columns: bytes / time, not busbw)")
     for nbytes in args.sizes:
         for ours, copy in (("ours window", "d2d copy"), ("ours device", "h2d copy")):
             if f"{ours} {nbytes}" in gbs and f"{copy} {nbytes}" in gbs:

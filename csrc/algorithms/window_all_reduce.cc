@@ -203,10 +203,10 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
     // before it says `located`. (In place, a rank past the first two sums in
     // scratch, as on the host.)
     Device& d = *ctx.device;
+    d.begin(*ctx.device_mark);  // first: it makes the device current here
     if (args.send == args.recv && rank >= 2 && hi > lo) {
       device_scratch = d.staging(0, 0, (hi - lo) * elem).scratch;
     }
-    d.begin(*ctx.device_mark);
     d.record(Lane::kToDevice, kCallerReady);
     d.sync(kCallerReady, ctx.deadline());
   }

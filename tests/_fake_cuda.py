@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import types
 from typing import Any, Iterator, Optional
 
@@ -108,6 +109,13 @@ class FakeKind(ArrayKind):
 
     def from_host(self, like, host):
         return self._new(like, np.array(host, copy=True))
+
+    def over_bytes(self, raw, dtype):
+        # A device window on the fake device: its memory is host memory.
+        mem = np.frombuffer((ctypes.c_uint8 * raw.nbytes).from_address(raw.ptr), np.uint8)
+        out = FakeCudaArray(mem.view(dtype), device=raw.device.id)
+        out.owner = raw  # the window lives as long as the bucket
+        return out
 
 
 @contextlib.contextmanager

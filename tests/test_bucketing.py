@@ -363,3 +363,48 @@ def test_windows_refused_with_compression_and_bad_values():
             GradientBucketer(comm, windows="yes")
     finally:
         comm.close()
+
+
+def device_windows_rank(comm, windows):
+    """windows_rank's steps with the gradients on the (fake) device: with windows=True
+    the buckets are device windows and every bucket's all-reduce takes the window path."""
+    from _grads import handing_over
+
+    with handing_over("fake") as (wrap, kind):
+        bucketer = GradientBucketer(comm, bucket_mb=0.02, first_bucket_mb=0.01, windows=windows)
+        shapes = [(64, 64), (4096,), (3000,), (7,)]
+        handles = [bucketer.register(f"p{i}", s, np.float32) for i, s in enumerate(shapes)]
+        before = comm.stats()["all_reduce_algorithms"].get("window", 0)
+        results = []
+        for step in range(3):
+            grads = [
+                ((np.arange(np.prod(s)) + comm.rank + step) % 11).astype(np.float32).reshape(s)
+                for s in shapes
+            ]
+            for i in reversed(range(len(shapes))):
+                bucketer.ready(handles[i], wrap(grads[i]))
+            bucketer.wait()
+            results.append([g.copy() for g in grads])
+        used = comm.stats()["all_reduce_algorithms"].get("window", 0) - before
+        return results, used, bucketer._in_windows, len(bucketer.plan), kind.allocated
+
+
+def test_gpu_buckets_in_device_windows_when_asked(group_factory):
+    """windows=True with GPU gradients: the buckets are device windows (comm.empty on
+    the gradients' device, not the kind's allocations), every bucket's all-reduce takes
+    the window path, and the results equal the host buckets' bit for bit. None leaves
+    GPU buckets out of windows."""
+    n = 3
+    group = group_factory(n, fake_device=True, transport="shm")
+    forced = group.run(device_windows_rank, True)
+    auto = group.run(device_windows_rank, None)
+    host = group.run(windows_rank, False)
+    for rank in range(n):
+        results, used, in_windows, buckets, allocated = forced[rank]
+        assert in_windows and buckets > 1 and allocated == 0
+        assert used == 3 * buckets, (used, buckets)
+        assert not auto[rank][2] and auto[rank][1] == 0 and auto[rank][4] == buckets
+        for step, grads in enumerate(results):
+            for mine, theirs, plain in zip(grads, host[rank][0][step], auto[rank][0][step]):
+                np.testing.assert_array_equal(mine, theirs)
+                np.testing.assert_array_equal(mine, plain)

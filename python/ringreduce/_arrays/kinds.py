@@ -72,11 +72,12 @@ class ArrayKind:
         """A new array on like's device holding a copy of ``host`` (its dtype)."""
         raise NotImplementedError
 
-    def over_bytes(self, raw: np.ndarray, dtype: np.dtype) -> Any:
-        """An array of this library over host bytes ``raw`` (no copy), read as ``dtype``:
-        buckets in memory the engine handed out (a window). TypeError for libraries of
-        device memory."""
-        raise TypeError(f"{self.name} arrays do not live in host memory")
+    def over_bytes(self, raw: Any, dtype: np.dtype) -> Any:
+        """An array of this library over the bytes ``raw`` (no copy), read as ``dtype``:
+        buckets in memory the engine handed out (a window). ``raw`` is a numpy array of
+        host bytes, or a device window's bytes (``__cuda_array_interface__``, its
+        ``device.id``); TypeError where this library cannot hold that memory."""
+        raise TypeError(f"{self.name} arrays cannot be made over {type(raw).__name__}")
 
 
 class NumpyKind(ArrayKind):
@@ -183,7 +184,12 @@ class TorchKind(ArrayKind):
         import torch
 
         # Through the bytes: numpy's bfloat16 (ml_dtypes) is not torch's.
-        return torch.from_numpy(raw).view(self._dtype(None, dtype))
+        if hasattr(raw, "__cuda_array_interface__"):
+            # A device window: the tensor holds `raw`, and so the window, alive.
+            flat = torch.as_tensor(raw, device=torch.device("cuda", raw.device.id))
+        else:
+            flat = torch.from_numpy(raw)
+        return flat.view(self._dtype(None, dtype))
 
 
 class CupyKind(NumpyKind):
@@ -235,7 +241,12 @@ class CupyKind(NumpyKind):
             return cupy.array(host)
 
     def over_bytes(self, raw, dtype):
-        raise TypeError("cupy arrays do not live in host memory")
+        if not hasattr(raw, "__cuda_array_interface__"):
+            raise TypeError("cupy arrays do not live in host memory")
+        import cupy
+
+        with cupy.cuda.Device(raw.device.id):
+            return cupy.asarray(raw).view(np.dtype(dtype))  # holds `raw` alive
 
 
 _NUMPY = NumpyKind()

@@ -72,10 +72,12 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
             peers' buckets in place (one copy, where the ring copies every message into
             shared memory and out again). None (default): where every rank of the
             communicator shares this host (transport "shm") and the buckets are in host
-            memory, without compression; True: always (the communicator gives plain memory where it
-            cannot); False: never. The buckets are allocated collectively, in plan
-            order, when the plan is fixed, and again on the new communicator after a
-            fault-tolerant shrink or `adopt`.
+            memory, without compression; True: always (the communicator gives plain
+            memory where it cannot), GPU buckets included: device windows
+            (``comm.empty(..., device=...)``, mapped by every rank of the host through
+            CUDA IPC), whose all-reduce runs peer to peer on the GPUs; False: never. The
+            buckets are allocated collectively, in plan order, when the plan is fixed,
+            and again on the new communicator after a fault-tolerant shrink or `adopt`.
 
     The plan is fixed when registration completes, i.e. at the first `ready`, `wait` or
     `all_reduce_tree`: buckets follow registration order reversed (backward produces the
@@ -216,12 +218,10 @@ class GradientBucketer(CompressionState, Observability, TreeReduction):
                 )
             return False
         if not self._memory.on_host:
-            if self._windows:
-                raise TypeError(
-                    f"windows=True: the buckets are in {self._memory.where()}, and windows "
-                    "are host memory; leave windows at None or False for GPU gradients"
-                )
-            return False
+            # Device windows when asked for. None leaves GPU buckets as device memory of
+            # their own (the engine stages their all-reduce) until the device window
+            # path has been measured against staging on GPUs.
+            return bool(self._windows)
         if self._windows:
             return True
         # Windows are shared memory: every rank on this host, over shared memory.

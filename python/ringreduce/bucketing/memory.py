@@ -90,13 +90,17 @@ class BucketMemory:
     def bucket(self, elements: int, dtype: np.dtype, window: Any = None) -> Any:
         """A zeroed flat bucket of ``elements`` of ``dtype`` where the gradients live.
 
-        ``window``: the communicator's ``empty``, to put a host bucket in a window that
+        ``window``: the communicator's ``empty``, to put the bucket in a window that
         every rank of the host maps (collective: every rank allocates its buckets in the
-        same order); the all-reduce then reads the peers' buckets in place."""
+        same order), host memory or the gradients' GPU; the all-reduce then reads the
+        peers' buckets in place."""
         assert self.kind is not None
         if window is None:
             return self.kind.zeros(self._like, (elements,), dtype)
-        raw = window(elements * dtype.itemsize, np.uint8)
+        if self.on_host:
+            raw = window(elements * dtype.itemsize, np.uint8)
+        else:
+            raw = window(elements * dtype.itemsize, np.uint8, device=self._device)
         return self.kind.over_bytes(raw, dtype)
 
     def view(self, bucket: Any, offset: int, shape: tuple[int, ...]) -> Any:

@@ -75,7 +75,8 @@ class GradSync:
             outlives a step is in `state_dict`, to save with the model's.
         windows: as for `GradientBucketer`: buckets in windows of the communicator, whose
             all-reduce reads the peers' buckets in place. None (default): where every
-            rank shares this host, for CPU parameters without compression.
+            rank shares this host, for CPU parameters without compression; True: CUDA
+            parameters too, their buckets in device windows reduced peer to peer.
     """
 
     def __init__(

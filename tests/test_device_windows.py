@@ -241,3 +241,33 @@ def test_device_names():
     for bad in ("tpu", "cuda:x", -1):
         with pytest.raises(ValueError, match="device"):
             cuda_index(bad)
+
+
+def _on_own_gpus(comm):
+    """Each rank on a (fake) GPU of its own: with peer access the windows are shared and
+    take the window path; without it (RINGREDUCE_TEST_FAKE_PEER_ACCESS=0) every rank's
+    window is its own memory, and the all_reduce is staged, with the same sums."""
+    n, r = comm.world_size, comm.rank
+    x = comm.empty(5000, np.float64, device=f"cuda:{r}")
+    host(x)[:] = np.arange(5000) * (r + 1)
+    before = comm.stats()["all_reduce_algorithms"]["window"]
+    comm.all_reduce(x, out=x)
+    right = bool(np.array_equal(host(x), np.arange(5000) * (n * (n + 1) // 2)))
+    used = comm.stats()["all_reduce_algorithms"]["window"] - before
+    return right, x.shared, x.window.unshared_reason, used, x.device.id
+
+
+@pytest.mark.parametrize("peer_access", [True, False])
+def test_ranks_on_gpus_without_peer_access_get_their_own_memory_and_staging(peer_access):
+    env = dict(FAKE_DEVICE_ENV, RINGREDUCE_TEST_FAKE_PEER_ACCESS="1" if peer_access else "0")
+    for rank, (status, value, tb) in enumerate(
+        run_ranks(3, _on_own_gpus, transport="shm", env=env, timeout=90)
+    ):
+        assert status == "ok", tb
+        right, shared, why, used, device = value
+        assert right and device == rank
+        if peer_access:
+            assert (shared, why, used) == (True, "", 1)
+        else:
+            assert (shared, used) == (False, 0)
+            assert "no peer access to device" in why and "is not shared: rank" in why, why

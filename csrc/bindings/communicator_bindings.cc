@@ -209,7 +209,11 @@ void register_communicator(py::module_& m) {
       .def_property_readonly("device", &rr::DeviceWindow::device)
       .def_property_readonly("id", &rr::DeviceWindow::id,
                              "The window's id on every rank; 0 for memory shared with nobody.")
-      .def_property_readonly("nbytes", &rr::DeviceWindow::bytes);
+      .def_property_readonly("nbytes", &rr::DeviceWindow::bytes)
+      .def_property_readonly("shared", &rr::DeviceWindow::shared,
+                             "False where some rank's GPU could not map another's (no peer "
+                             "access): this rank's memory alone, which all_reduce stages.")
+      .def_property_readonly("unshared_reason", &rr::DeviceWindow::unshared_reason);
 
   py::class_<rr::Communicator>(m, "Communicator")
       .def_static(

@@ -47,7 +47,7 @@ T* at(uintptr_t address) {
 class DeviceCodec {
  public:
   DeviceCodec(int device, bool fake, double timeout_seconds)
-      : device_(fake ? rr::make_fake_device() : rr::make_device(device)),
+      : device_(fake ? rr::make_fake_device(device) : rr::make_device(device)),
         timeout_(timeout_seconds) {}
 
   ~DeviceCodec() {

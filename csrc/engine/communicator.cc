@@ -225,7 +225,7 @@ void Communicator::run(const CollectiveArgs& args, const Interrupt* interrupt) {
 std::shared_ptr<Device> Communicator::device_ptr(int id) {
   std::lock_guard<std::mutex> lock(devices_mu_);
   std::shared_ptr<Device>& slot = devices_[id];
-  if (!slot) slot = options_.fake_device ? make_fake_device() : make_device(id);
+  if (!slot) slot = options_.fake_device ? make_fake_device(id) : make_device(id);
   return slot;
 }
 
@@ -595,7 +595,7 @@ CommStats Communicator::stats() const {
 }
 
 std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
-    const WindowRecord& mine, const Interrupt* interrupt) {
+    const WindowRecord& mine, const Interrupt* interrupt, std::string* error_of) {
   static_assert(sizeof(WindowRecord) == 256, "exchanged as bytes");
   std::vector<WindowRecord> all(static_cast<size_t>(size_));
   CollectiveArgs a;
@@ -607,7 +607,12 @@ std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
   run(a, interrupt);
   for (int r = 0; r < size_; ++r) {
     const WindowRecord& got = all[static_cast<size_t>(r)];
-    if (got.error[0] != '\0') {
+    if (got.error[0] != '\0' && error_of != nullptr) {
+      if (error_of->empty()) {
+        *error_of = "rank " + std::to_string(r) + ": " +
+                    std::string(got.error, strnlen(got.error, sizeof got.error));
+      }
+    } else if (got.error[0] != '\0') {
       throw Error("comm.empty: rank " + std::to_string(r) + " could not make or map window " +
                   std::to_string(mine.id) + ": " +
                   std::string(got.error, strnlen(got.error, sizeof got.error)));
@@ -624,7 +629,7 @@ std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
 
 void Communicator::share_window(uint64_t id, const std::function<void(WindowRecord&)>& create,
                                 const std::function<void(int, const WindowRecord&)>& map,
-                                const Interrupt* interrupt) {
+                                const Interrupt* interrupt, std::string* unmapped) {
   auto failed = [&](const std::exception& e) {
     WindowRecord r{};
     r.id = id;
@@ -648,8 +653,8 @@ void Communicator::share_window(uint64_t id, const std::function<void(WindowReco
   } catch (const std::exception& e) {
     attached = failed(e);
   }
-  exchange_window_records(attached,
-                          interrupt);  // every rank mapped every other's, or all say who not
+  // Every rank mapped every other's, or all say who could not.
+  exchange_window_records(attached, interrupt, unmapped);
 }
 
 std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
@@ -711,14 +716,26 @@ std::shared_ptr<DeviceWindow> Communicator::allocate_device_window(size_t bytes,
     return std::make_shared<DeviceWindow>(0, device_ptr(device), device, bytes, size_, &handle);
   }
   std::shared_ptr<DeviceWindow> window;
+  std::string unmapped;
   share_window(
       id,
       [&](WindowRecord& mine) {
         window = std::make_shared<DeviceWindow>(id, device_ptr(device), device, bytes, size_,
                                                 &mine.handle);
         mine.bytes = bytes;
+        mine.device = device;
       },
-      [&](int r, const WindowRecord& got) { window->map(r, got.handle, got.bytes); }, interrupt);
+      [&](int r, const WindowRecord& got) {
+        window->map(r, got.handle, got.bytes, static_cast<int>(got.device));
+      },
+      interrupt, &unmapped);
+  if (!unmapped.empty()) {
+    // Some rank's GPU cannot read another's memory (no peer access): on every
+    // rank the window is the rank's own memory, which all_reduce stages
+    // through the host, as it does where the ranks span hosts.
+    window->unshare("device window " + std::to_string(id) + " is not shared: " + unmapped);
+    return window;
+  }
   windows_.add(window);
   return window;
 }

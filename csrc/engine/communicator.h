@@ -209,18 +209,22 @@ class Communicator {
     uint64_t id;
     uint64_t bytes;
     Device::SharedHandle handle;  // host windows: the segment's record
-    char error[176];
+    int64_t device;               // device windows: the owner's CUDA device
+    char error[168];
   };
-  // All ranks' records (an all_gather); throws Error naming the first rank
-  // whose record carries an error or another window's id, on every rank.
+  // All ranks' records (an all_gather). Throws Error naming the first rank
+  // whose record carries another window's id, or an error, on every rank;
+  // with `error_of`, an error is handed there instead ("rank R: why").
   std::vector<WindowRecord> exchange_window_records(const WindowRecord& mine,
-                                                    const Interrupt* interrupt);
+                                                    const Interrupt* interrupt,
+                                                    std::string* error_of = nullptr);
   // Makes window `id` with `create`, which fills in our record, and maps
   // every peer's with `map`; then every rank knows that all could, or all
-  // raise naming the rank that could not.
+  // raise naming the rank that could not. With `unmapped`, a rank that could
+  // not map a peer's is no error: every rank learns why there instead.
   void share_window(uint64_t id, const std::function<void(WindowRecord&)>& create,
                     const std::function<void(int, const WindowRecord&)>& map,
-                    const Interrupt* interrupt);
+                    const Interrupt* interrupt, std::string* unmapped = nullptr);
 
   struct Item {
     CollectiveArgs args;

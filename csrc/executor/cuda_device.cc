@@ -185,8 +185,18 @@ class CudaDevice final : public Device {
     return p;
   }
 
-  void* map_shared(const SharedHandle& handle, size_t, int peer) override {
+  void* map_shared(const SharedHandle& handle, size_t, int peer, int peer_device) override {
     CurrentDevice current(device_);
+    if (peer_device != device_) {
+      int can = 0;
+      check(cudaDeviceCanAccessPeer(&can, device_, peer_device), "cudaDeviceCanAccessPeer",
+            device_);
+      if (!can) {
+        throw Error("CUDA device " + std::to_string(device_) + " has no peer access to device " +
+                    std::to_string(peer_device) + ", where rank " + std::to_string(peer) +
+                    "'s window is");
+      }
+    }
     cudaIpcMemHandle_t ipc;
     std::memcpy(&ipc, handle.bytes, sizeof ipc);
     void* p = nullptr;

@@ -118,9 +118,10 @@ class Device {
     unsigned char bytes[64];
   };
   virtual void* allocate_shared(size_t bytes, SharedHandle* handle) = 0;
-  // Maps a peer's allocation of `bytes` (its handle) here; throws Error
-  // naming `peer` when it cannot.
-  virtual void* map_shared(const SharedHandle& handle, size_t bytes, int peer) = 0;
+  // Maps a peer's allocation of `bytes` on CUDA device `peer_device` (its
+  // handle) here; throws Error naming `peer` when it cannot, as where this
+  // device has no peer access to that one.
+  virtual void* map_shared(const SharedHandle& handle, size_t bytes, int peer, int peer_device) = 0;
   // Undo map_shared and allocate_shared. Never throw: they run when the last
   // array over a window goes, whatever state the device is in.
   virtual void unmap_shared(void* mapped) noexcept = 0;

@@ -21,10 +21,19 @@ DeviceWindow::~DeviceWindow() {
   device_->release_shared(data_);
 }
 
-void DeviceWindow::map(int peer, const Device::SharedHandle& handle, size_t bytes) {
+void DeviceWindow::map(int peer, const Device::SharedHandle& handle, size_t bytes,
+                       int peer_device) {
   Mapped& m = peers_.at(static_cast<size_t>(peer));
-  m.data = static_cast<char*>(device_->map_shared(handle, bytes, peer));
+  m.data = static_cast<char*>(device_->map_shared(handle, bytes, peer, peer_device));
   m.bytes = bytes;
+}
+
+void DeviceWindow::unshare(const std::string& why) {
+  for (Mapped& m : peers_) {
+    if (m.data != nullptr) device_->unmap_shared(m.data);
+    m = {};
+  }
+  unshared_ = why;
 }
 
 char* DeviceWindow::peer_data(int peer) const {

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "executor/device.h"
@@ -31,8 +32,14 @@ class DeviceWindow final : public Window {
   DeviceWindow(const DeviceWindow&) = delete;
   DeviceWindow& operator=(const DeviceWindow&) = delete;
 
-  // Maps `peer`'s window (`bytes`, its handle); throws Error naming the peer.
-  void map(int peer, const Device::SharedHandle& handle, size_t bytes);
+  // Maps `peer`'s window (`bytes` of CUDA device `peer_device`, its handle);
+  // throws Error naming the peer.
+  void map(int peer, const Device::SharedHandle& handle, size_t bytes, int peer_device);
+  // Some rank could not map every peer's: the window is this rank's memory
+  // alone (the peers' mappings go now), and `why` says so.
+  void unshare(const std::string& why);
+  bool shared() const { return unshared_.empty(); }
+  const std::string& unshared_reason() const { return unshared_; }
 
   int device() const override { return device_id_; }
   char* data() const override { return data_; }
@@ -50,6 +57,7 @@ class DeviceWindow final : public Window {
   size_t bytes_;
   char* data_ = nullptr;
   std::vector<Mapped> peers_;  // by rank; empty for ourselves
+  std::string unshared_;       // why it is not shared; empty while it is (or may be)
 };
 
 }  // namespace rr

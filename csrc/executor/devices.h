@@ -18,7 +18,7 @@ std::unique_ptr<Device> make_device(int device);
 // RINGREDUCE_TEST_FAKE_DEVICE=1). "Device"
 // memory is host memory and every operation is a memcpy or a CPU kernel, run
 // as late as the events allow, so a missing wait shows up as wrong data.
-std::unique_ptr<Device> make_fake_device();
+std::unique_ptr<Device> make_fake_device(int device);
 
 // cuda_device.cc, only in a build with CUDA.
 std::unique_ptr<Device> make_cuda_device(int device);

@@ -44,6 +44,8 @@ constexpr uint32_t kEagerOneIn = 8;
 
 class FakeDevice final : public Device {
  public:
+  explicit FakeDevice(int device) : device_(device) {}
+
   std::shared_ptr<StreamMark> mark(uintptr_t) override { return std::make_shared<StreamMark>(); }
 
   void begin(const StreamMark&) override {
@@ -161,7 +163,14 @@ class FakeDevice final : public Device {
     return data;
   }
 
-  void* map_shared(const SharedHandle& handle, size_t bytes, int peer) override {
+  void* map_shared(const SharedHandle& handle, size_t bytes, int peer, int peer_device) override {
+    // Tests emulate GPUs without peer access between them.
+    const char* access = std::getenv("RINGREDUCE_TEST_FAKE_PEER_ACCESS");
+    if (peer_device != device_ && access != nullptr && std::string(access) == "0") {
+      throw Error("fake device " + std::to_string(device_) + " has no peer access to device " +
+                  std::to_string(peer_device) + ", where rank " + std::to_string(peer) +
+                  "'s window is");
+    }
     uint64_t fields[5];
     std::memcpy(fields, handle.bytes, sizeof fields);
     shm::SegmentRecord record;
@@ -245,6 +254,7 @@ class FakeDevice final : public Device {
     }
   }
 
+  int device_;  // the CUDA device it stands in for
   std::deque<std::function<void()>> lanes_[2];
   uint64_t queued_[2] = {0, 0};
   uint64_t ran_[2] = {0, 0};
@@ -261,6 +271,8 @@ class FakeDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_fake_device() { return std::make_unique<FakeDevice>(); }
+std::unique_ptr<Device> make_fake_device(int device) {
+  return std::make_unique<FakeDevice>(device);
+}
 
 }  // namespace rr

@@ -477,9 +477,11 @@ class Communicator:
         device="cuda")`` or ``cupy.asarray(a)`` view it). An all_reduce on such arrays
         on every rank, at any size, reduces on the GPUs: each rank's kernels read its
         chunk of every rank's input where it is and write it into every rank's output,
-        with no copy through host memory. Every rank's GPU must be able to map the
-        others' memory (the same GPU, or peer access). Without a GPU, or in a
-        ringreduce built without CUDA, every rank raises RingReduceError saying why.
+        with no copy through host memory. Where some rank's GPU cannot map another's
+        (different GPUs without peer access), every rank gets memory of its own
+        (``.shared`` is False, ``.window.unshared_reason`` says why), whose all_reduce
+        is staged through the host. Without a GPU, or in a ringreduce built without
+        CUDA, every rank raises RingReduceError saying why.
         """
         return windows.empty(self, shape, dtype, device)
 

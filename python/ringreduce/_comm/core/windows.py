@@ -109,6 +109,14 @@ class DeviceWindowArray:
         return int(self.window.ptr)
 
     @property
+    def shared(self) -> bool:
+        """True when every rank of the host maps it (the window path); False where the
+        ranks span hosts, or some rank's GPU has no peer access to another's
+        (``window.unshared_reason`` says which): memory of this rank's alone, whose
+        all_reduce is staged through the host."""
+        return bool(self.window.id) and bool(self.window.shared)
+
+    @property
     def size(self) -> int:
         return math.prod(self.shape)
 

@@ -103,14 +103,34 @@ def test_over_tcp_it_is_device_memory_of_the_rank_and_all_reduce_stages_it(group
 
 
 def _device_against_host_windows(comm):
+    """Every rank makes a device window and a host window; rank 0 passes its device
+    window, rank 1 its host window."""
     start = time.monotonic()
-    device = "cuda" if comm.rank == 0 else None
-    x = comm.empty(10000, np.float32, device=device)
+    dev = comm.empty(10000, np.float32, device="cuda")
+    hst = comm.empty(10000, np.float32)
+    x = dev if comm.rank == 0 else hst
     try:
         comm.all_reduce(x, out=x)
         return "no error", time.monotonic() - start
     except rr.RingReduceError as exc:
         return (type(exc).__name__, str(exc)), time.monotonic() - start
+
+
+def _made_in_different_memory(comm):
+    try:
+        comm.empty(100, np.float32, device="cuda" if comm.rank == 0 else None)
+        return "no error"
+    except rr.RingReduceError as exc:
+        return str(exc)
+
+
+def test_a_window_made_in_device_memory_on_one_rank_and_host_on_another_raises_on_both():
+    for status, message, tb in run_ranks(
+        2, _made_in_different_memory, transport="shm", env=FAKE_DEVICE_ENV, timeout=90
+    ):
+        assert status == "ok", tb
+        assert "made window 1 in" in message and "device memory (cuda:0)" in message, message
+        assert "host memory" in message, message
 
 
 def test_device_windows_against_host_windows_is_a_mismatch_on_every_rank():
@@ -271,3 +291,38 @@ def test_ranks_on_gpus_without_peer_access_get_their_own_memory_and_staging(peer
         else:
             assert (shared, used) == (False, 0)
             assert "no peer access to device" in why and "is not shared: rank" in why, why
+
+
+def _freed_once_every_peer_closed(comm):
+    """CUDA leaves freeing memory a peer still maps undefined: rank 0 drops its window
+    first, and its memory waits (retired) until rank 1 has dropped its own, closing its
+    mapping of rank 0's; the next window made frees it."""
+    import gc
+
+    from ringreduce import _core
+
+    x = comm.empty(1000, np.float32, device="cuda")
+    seen = []
+    if comm.rank == 0:
+        del x
+        gc.collect()
+        seen.append(_core.testing.retired_device_windows())
+    comm.barrier()
+    if comm.rank == 1:
+        del x
+        gc.collect()
+    comm.barrier()
+    y = comm.empty(10, np.float32, device="cuda")  # sweeps the retired list
+    seen.append(_core.testing.retired_device_windows())
+    del y
+    gc.collect()
+    comm.barrier()
+    return seen
+
+
+def test_a_device_window_is_freed_only_once_every_peer_closed_its_mapping():
+    outcomes = run_ranks(2, _freed_once_every_peer_closed, transport="shm", env=FAKE_DEVICE_ENV)
+    (s0, v0, tb0), (s1, v1, tb1) = outcomes
+    assert s0 == "ok" and s1 == "ok", (tb0, tb1)
+    assert v0 == [1, 0], v0  # retired while rank 1 mapped it, freed after
+    assert v1 == [0], v1  # rank 0 closed its mapping first: freed at once

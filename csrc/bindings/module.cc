@@ -18,6 +18,7 @@
 #include "config.h"
 #include "engine/choice.h"
 #include "engine/options.h"
+#include "executor/device_window.h"
 #include "kernels/codec.h"
 #include "reduce/cpu_kernels.h"
 #include "rendezvous/store.h"
@@ -136,6 +137,9 @@ void register_enums(py::module_& m) {
 // Hooks into the engine's pure parts for tests and benchmarks, kept out of
 // the package's API in the _core.testing submodule.
 void register_testing(py::module_& t) {
+  t.def("retired_device_windows", &rr::DeviceWindow::retired_for_testing,
+        "Device windows of this process whose arrays are gone but whose memory a peer may "
+        "still map (not yet freed), after freeing those no peer maps.");
   t.def(
       "stalled_wait",
       [](int awaited, int busy, double busy_seconds, double timeout) {

@@ -594,6 +594,29 @@ CommStats Communicator::stats() const {
   return s;
 }
 
+namespace {
+
+// A shared-memory segment's record as the words a WindowRecord carries.
+void pack(const shm::SegmentRecord& rec, int64_t out[5]) {
+  out[0] = rec.pid;
+  out[1] = rec.fd;
+  out[2] = static_cast<int64_t>(rec.inode);
+  out[3] = static_cast<int64_t>(rec.bytes);
+  out[4] = static_cast<int64_t>(rec.nonce);
+}
+
+shm::SegmentRecord unpack(const int64_t in[5]) {
+  shm::SegmentRecord rec;
+  rec.pid = static_cast<pid_t>(in[0]);
+  rec.fd = static_cast<int>(in[1]);
+  rec.inode = static_cast<uint64_t>(in[2]);
+  rec.bytes = static_cast<uint64_t>(in[3]);
+  rec.nonce = static_cast<uint64_t>(in[4]);
+  return rec;
+}
+
+}  // namespace
+
 std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
     const WindowRecord& mine, const Interrupt* interrupt, std::string* error_of) {
   static_assert(sizeof(WindowRecord) == 256, "exchanged as bytes");
@@ -623,6 +646,16 @@ std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
                   " made window " + std::to_string(mine.id) +
                   " (every rank must call it the same number of times)");
     }
+    if ((got.device >= 0) != (mine.device >= 0)) {
+      auto what = [](const WindowRecord& w) {
+        return w.device >= 0 ? "device memory (cuda:" + std::to_string(w.device) + ")"
+                             : std::string("host memory");
+      };
+      throw Error("comm.empty: rank " + std::to_string(r) + " made window " +
+                  std::to_string(mine.id) + " in " + what(got) + " where rank " +
+                  std::to_string(rank_) + " made it in " + what(mine) +
+                  " (every rank must ask for the same kind of memory at the same call)");
+    }
   }
   return all;
 }
@@ -630,14 +663,16 @@ std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
 void Communicator::share_window(uint64_t id, const std::function<void(WindowRecord&)>& create,
                                 const std::function<void(int, const WindowRecord&)>& map,
                                 const Interrupt* interrupt, std::string* unmapped) {
+  WindowRecord mine{};
+  mine.id = id;
+  mine.device = -1;  // host memory, unless create says which device
   auto failed = [&](const std::exception& e) {
     WindowRecord r{};
     r.id = id;
+    r.device = mine.device;
     std::snprintf(r.error, sizeof r.error, "%s", e.what());
     return r;
   };
-  WindowRecord mine{};
-  mine.id = id;
   try {
     create(mine);
   } catch (const std::exception& e) {
@@ -646,6 +681,7 @@ void Communicator::share_window(uint64_t id, const std::function<void(WindowReco
   const std::vector<WindowRecord> all = exchange_window_records(mine, interrupt);
   WindowRecord attached{};
   attached.id = id;
+  attached.device = mine.device;
   try {
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) map(r, all[static_cast<size_t>(r)]);
@@ -673,23 +709,15 @@ std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
       id,
       [&](WindowRecord& mine) {
         window = SharedWindow::create(id, bytes, rank_, size_);
-        const shm::SegmentRecord rec = window->record();
-        const int64_t fields[5] = {rec.pid, rec.fd, static_cast<int64_t>(rec.inode),
-                                   static_cast<int64_t>(rec.bytes),
-                                   static_cast<int64_t>(rec.nonce)};
+        int64_t fields[5];
+        pack(window->record(), fields);
         std::memcpy(mine.handle.bytes, fields, sizeof fields);
         mine.bytes = bytes;
       },
       [&](int r, const WindowRecord& got) {
         int64_t fields[5];
         std::memcpy(fields, got.handle.bytes, sizeof fields);
-        shm::SegmentRecord rec;
-        rec.pid = static_cast<pid_t>(fields[0]);
-        rec.fd = static_cast<int>(fields[1]);
-        rec.inode = static_cast<uint64_t>(fields[2]);
-        rec.bytes = static_cast<uint64_t>(fields[3]);
-        rec.nonce = static_cast<uint64_t>(fields[4]);
-        window->attach(r, rec);
+        window->attach(r, unpack(fields));
       },
       interrupt);
   window->attached_by_all();
@@ -713,22 +741,36 @@ std::shared_ptr<DeviceWindow> Communicator::allocate_device_window(size_t bytes,
   Device::SharedHandle handle{};
   if (!shared) {
     // Nobody to share with: this rank's memory only, never a collective's window.
-    return std::make_shared<DeviceWindow>(0, device_ptr(device), device, bytes, size_, &handle);
+    return std::make_shared<DeviceWindow>(0, device_ptr(device), device, bytes, rank_, size_,
+                                          &handle, nullptr);
   }
   std::shared_ptr<DeviceWindow> window;
+  std::shared_ptr<SharedWindow> control;  // the flags by which peers say they closed it
   std::string unmapped;
-  share_window(
-      id,
-      [&](WindowRecord& mine) {
-        window = std::make_shared<DeviceWindow>(id, device_ptr(device), device, bytes, size_,
-                                                &mine.handle);
-        mine.bytes = bytes;
-        mine.device = device;
-      },
-      [&](int r, const WindowRecord& got) {
-        window->map(r, got.handle, got.bytes, static_cast<int>(got.device));
-      },
-      interrupt, &unmapped);
+  bool exchanged = false;  // the peers have our handle, and may map our memory
+  try {
+    share_window(
+        id,
+        [&](WindowRecord& mine) {
+          mine.device = device;  // first: a failure below still says which memory
+          control = SharedWindow::create(id, DeviceWindow::control_bytes(size_), rank_, size_);
+          pack(control->record(), mine.control);
+          window = std::make_shared<DeviceWindow>(id, device_ptr(device), device, bytes, rank_,
+                                                  size_, &mine.handle, control);
+          mine.bytes = bytes;
+        },
+        [&](int r, const WindowRecord& got) {
+          exchanged = true;
+          control->attach(r, unpack(got.control));
+          window->map(r, got.handle, got.bytes, static_cast<int>(got.device));
+        },
+        interrupt, &unmapped);
+  } catch (...) {
+    // Failed before any rank had our handle: nobody maps our memory.
+    if (window && !exchanged) window->mapped_by_nobody();
+    throw;
+  }
+  control->attached_by_all();
   if (!unmapped.empty()) {
     // Some rank's GPU cannot read another's memory (no peer access): on every
     // rank the window is the rank's own memory, which all_reduce stages

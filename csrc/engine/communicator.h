@@ -210,7 +210,8 @@ class Communicator {
     uint64_t bytes;
     Device::SharedHandle handle;  // host windows: the segment's record
     int64_t device;               // device windows: the owner's CUDA device
-    char error[168];
+    int64_t control[5];           // device windows: their flags' segment's record
+    char error[128];
   };
   // All ranks' records (an all_gather). Throws Error naming the first rank
   // whose record carries another window's id, or an error, on every rank;

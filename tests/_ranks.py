@@ -351,12 +351,19 @@ def run_ranks(
         return group.outcomes(fn, *args, timeout=timeout)
 
 
-def survivors(n: int, fn: Callable, victim: int, transport: str = "shm") -> dict:
-    """Runs fn(comm, victim) on n ranks (timeout 60 s), of which ``victim`` kills itself;
-    checks that it died and that every other rank returned, and gives {rank: what fn
-    returned} for the survivors."""
-    with RankGroup(n, timeout=60, transport=transport) as group:
-        outcomes = group.outcomes(fn, victim, timeout=120)
+def survivors(
+    n: int,
+    fn: Callable,
+    victim: int,
+    transport: str = "shm",
+    env: Optional[dict] = None,
+    args: tuple = (),
+) -> dict:
+    """Runs fn(comm, victim, *args) on n ranks (timeout 60 s; ``env`` set on each), of
+    which ``victim`` kills itself; checks that it died and that every other rank
+    returned, and gives {rank: what fn returned} for the survivors."""
+    with RankGroup(n, timeout=60, transport=transport, env=env or {}) as group:
+        outcomes = group.outcomes(fn, victim, *args, timeout=120)
     values = {}
     for rank, (status, value, tb) in enumerate(outcomes):
         if rank == victim:

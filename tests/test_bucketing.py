@@ -299,25 +299,29 @@ def test_each_bucket_is_written_back_once_done_before_the_next_wait():
 # ----------------------------------------------------------------------------- windows
 
 
-def windows_rank(comm, windows):
+def windows_rank(comm, windows, memory="host"):
     """Three steps of small-integer gradients (exact in any order of summation) through
-    buckets in windows or not; the results, the window calls and where the buckets are."""
-    bucketer = GradientBucketer(comm, bucket_mb=0.02, first_bucket_mb=0.01, windows=windows)
-    shapes = [(64, 64), (4096,), (3000,), (7,)]
-    handles = [bucketer.register(f"p{i}", s, np.float32) for i, s in enumerate(shapes)]
-    before = comm.stats()["all_reduce_algorithms"].get("window", 0)
-    results = []
-    for step in range(3):
-        grads = [
-            ((np.arange(np.prod(s)) + comm.rank + step) % 11).astype(np.float32).reshape(s)
-            for s in shapes
-        ]
-        for i in reversed(range(len(shapes))):
-            bucketer.ready(handles[i], grads[i])
-        bucketer.wait()
-        results.append([g.copy() for g in grads])
-    windows_used = comm.stats()["all_reduce_algorithms"].get("window", 0) - before
-    return results, windows_used, bucketer._in_windows, len(bucketer.plan)
+    buckets in windows or not, the gradients in host memory or on the (fake) device; the
+    results, the window calls, where the buckets are, how many, and how many arrays the
+    device's kind allocated."""
+    with handing_over(memory) as (wrap, kind):
+        bucketer = GradientBucketer(comm, bucket_mb=0.02, first_bucket_mb=0.01, windows=windows)
+        shapes = [(64, 64), (4096,), (3000,), (7,)]
+        handles = [bucketer.register(f"p{i}", s, np.float32) for i, s in enumerate(shapes)]
+        before = comm.stats()["all_reduce_algorithms"].get("window", 0)
+        results = []
+        for step in range(3):
+            grads = [
+                ((np.arange(np.prod(s)) + comm.rank + step) % 11).astype(np.float32).reshape(s)
+                for s in shapes
+            ]
+            for i in reversed(range(len(shapes))):
+                bucketer.ready(handles[i], wrap(grads[i]))
+            bucketer.wait()
+            results.append([g.copy() for g in grads])
+        used = comm.stats()["all_reduce_algorithms"].get("window", 0) - before
+        allocated = kind.allocated if kind else 0
+        return results, used, bucketer._in_windows, len(bucketer.plan), allocated
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -328,7 +332,7 @@ def test_buckets_in_windows_give_the_same_results(group_factory, n):
     auto = group.run(windows_rank, None)
     plain = group.run(windows_rank, False)
     for rank in range(n):
-        results, used, in_windows, buckets = auto[rank]
+        results, used, in_windows, buckets, _ = auto[rank]
         assert in_windows and buckets > 1
         assert used >= 3 * 2, used  # the two buckets above 4 KiB per rank, every step
         assert not plain[rank][2] and plain[rank][1] == 0
@@ -365,30 +369,6 @@ def test_windows_refused_with_compression_and_bad_values():
         comm.close()
 
 
-def device_windows_rank(comm, windows):
-    """windows_rank's steps with the gradients on the (fake) device: with windows=True
-    the buckets are device windows and every bucket's all-reduce takes the window path."""
-    from _grads import handing_over
-
-    with handing_over("fake") as (wrap, kind):
-        bucketer = GradientBucketer(comm, bucket_mb=0.02, first_bucket_mb=0.01, windows=windows)
-        shapes = [(64, 64), (4096,), (3000,), (7,)]
-        handles = [bucketer.register(f"p{i}", s, np.float32) for i, s in enumerate(shapes)]
-        before = comm.stats()["all_reduce_algorithms"].get("window", 0)
-        results = []
-        for step in range(3):
-            grads = [
-                ((np.arange(np.prod(s)) + comm.rank + step) % 11).astype(np.float32).reshape(s)
-                for s in shapes
-            ]
-            for i in reversed(range(len(shapes))):
-                bucketer.ready(handles[i], wrap(grads[i]))
-            bucketer.wait()
-            results.append([g.copy() for g in grads])
-        used = comm.stats()["all_reduce_algorithms"].get("window", 0) - before
-        return results, used, bucketer._in_windows, len(bucketer.plan), kind.allocated
-
-
 def test_gpu_buckets_in_device_windows_when_asked(group_factory):
     """windows=True with GPU gradients: the buckets are device windows (comm.empty on
     the gradients' device, not the kind's allocations), every bucket's all-reduce takes
@@ -396,8 +376,8 @@ def test_gpu_buckets_in_device_windows_when_asked(group_factory):
     GPU buckets out of windows."""
     n = 3
     group = group_factory(n, fake_device=True, transport="shm")
-    forced = group.run(device_windows_rank, True)
-    auto = group.run(device_windows_rank, None)
+    forced = group.run(windows_rank, True, "fake")
+    auto = group.run(windows_rank, None, "fake")
     host = group.run(windows_rank, False)
     for rank in range(n):
         results, used, in_windows, buckets, allocated = forced[rank]

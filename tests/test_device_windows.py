@@ -15,7 +15,6 @@ after the copies), and ranks that disagree on where their windows are.
 
 from __future__ import annotations
 
-import os
 import time
 
 import _device_window_ranks as dw
@@ -23,11 +22,12 @@ import numpy as np
 import pytest
 from _device_window_ranks import host
 from _fake_cuda import FAKE_DEVICE_ENV, fake
+from test_windows import window_loop_until_error
 
 import ringreduce as rr
 from ringreduce._comm.core.windows import cuda_index
 
-from _ranks import RankGroup, run_ranks
+from _ranks import run_ranks, survivors
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -209,31 +209,13 @@ def test_a_device_window_freed_on_one_rank_is_refused_and_nothing_is_written():
     assert "rank 1" in m0, m0
 
 
-def _loop_until_error(comm, victim):
-    x = comm.empty(1 << 14, np.float32, device="cuda")
-    if comm.rank == victim:
-        time.sleep(0.5)
-        os.kill(os.getpid(), 9)
-    start = time.monotonic()
-    while time.monotonic() - start < 30:
-        try:
-            comm.all_reduce(x, out=x)
-        except rr.RingReduceError as exc:
-            return type(exc).__name__, exc.peer, time.monotonic() - start
-    return "no error"
-
-
 def test_a_rank_killed_between_device_window_calls_is_named_on_every_survivor():
     victim = 1
-    with RankGroup(3, timeout=60, transport="shm", env=FAKE_DEVICE_ENV) as group:
-        outcomes = group.outcomes(_loop_until_error, victim, timeout=120)
-    for rank, (status, value, tb) in enumerate(outcomes):
-        if rank == victim:
-            assert status == "dead", (status, tb)
-            continue
-        assert status == "ok", tb
-        kind, peer, seconds = value
-        assert (kind, peer) == ("PeerError", victim) and seconds < 15, value
+    outcomes = survivors(
+        3, window_loop_until_error, victim, env=FAKE_DEVICE_ENV, args=("cuda",)
+    ).values()
+    for kind, peer, seconds in outcomes:
+        assert (kind, peer) == ("PeerError", victim) and seconds < 15, (kind, peer, seconds)
 
 
 def _without_a_device(comm):

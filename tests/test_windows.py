@@ -230,8 +230,10 @@ def test_one_rank_gets_numpy_zeros():
             comm.empty((2, -1))
 
 
-def _window_loop_until_error(comm, victim):
-    x = comm.empty(1 << 16, np.float32)
+def window_loop_until_error(comm, victim, device=None):
+    """all_reduce over windows (device windows with ``device``) until one raises; the
+    victim kills itself after half a second."""
+    x = comm.empty(1 << 16, np.float32, device=device)
     if comm.rank == victim:
         time.sleep(0.5)
         os.kill(os.getpid(), 9)
@@ -248,7 +250,7 @@ def test_a_rank_killed_between_window_calls_is_named_on_every_survivor():
     """The survivors are mid-call, waiting on its header or its phase: each raises
     PeerError naming it, well before the timeout."""
     victim = 1
-    for kind, peer, seconds in survivors(3, _window_loop_until_error, victim).values():
+    for kind, peer, seconds in survivors(3, window_loop_until_error, victim).values():
         assert (kind, peer) == ("PeerError", victim) and seconds < 15, (kind, peer, seconds)
 
 

@@ -59,6 +59,25 @@ class CurrentDevice {
   int previous_ = 0;
 };
 
+// The same for paths that must not throw (destructors, releases): errors
+// are ignored, as at interpreter exit the CUDA runtime may be unloading.
+class CurrentDeviceQuietly {
+ public:
+  explicit CurrentDeviceQuietly(int device) {
+    switched_ = cudaGetDevice(&previous_) == cudaSuccess && previous_ != device &&
+                cudaSetDevice(device) == cudaSuccess;
+  }
+  ~CurrentDeviceQuietly() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  CurrentDeviceQuietly(const CurrentDeviceQuietly&) = delete;
+  CurrentDeviceQuietly& operator=(const CurrentDeviceQuietly&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 class CudaMark final : public StreamMark {
  public:
   ~CudaMark() override {
@@ -95,12 +114,8 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
-    // CurrentDevice without throwing: a destructor must not.
-    int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
+    CurrentDeviceQuietly current(device_);  // a destructor must not throw
     release();
-    if (switched) cudaSetDevice(previous);
   }
 
   std::shared_ptr<StreamMark> mark(uintptr_t stream) override {
@@ -211,19 +226,13 @@ class CudaDevice final : public Device {
   }
 
   void unmap_shared(void* mapped) noexcept override {
-    int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
+    CurrentDeviceQuietly current(device_);
     cudaIpcCloseMemHandle(mapped);
-    if (switched) cudaSetDevice(previous);
   }
 
   void release_shared(void* ptr) noexcept override {
-    int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
+    CurrentDeviceQuietly current(device_);
     cudaFree(ptr);
-    if (switched) cudaSetDevice(previous);
   }
 
   void encode(Lane lane, codec::CodecKind kind, const float* x, float* residual,

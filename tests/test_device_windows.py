@@ -15,6 +15,7 @@ after the copies), and ranks that disagree on where their windows are.
 
 from __future__ import annotations
 
+import os
 import time
 
 import _device_window_ranks as dw
@@ -296,9 +297,11 @@ def _freed_once_every_peer_closed(comm):
     comm.barrier()
     y = comm.empty(10, np.float32, device="cuda")  # sweeps the retired list
     seen.append(_core.testing.retired_device_windows())
-    del y
+    del y  # on both ranks before the barrier: whoever dropped first waits for the other
     gc.collect()
     comm.barrier()
+    comm.close()  # sweeps: every peer has closed by now
+    seen.append(_core.testing.retired_device_windows())
     return seen
 
 
@@ -306,5 +309,33 @@ def test_a_device_window_is_freed_only_once_every_peer_closed_its_mapping():
     outcomes = run_ranks(2, _freed_once_every_peer_closed, transport="shm", env=FAKE_DEVICE_ENV)
     (s0, v0, tb0), (s1, v1, tb1) = outcomes
     assert s0 == "ok" and s1 == "ok", (tb0, tb1)
-    assert v0 == [1, 0], v0  # retired while rank 1 mapped it, freed after
-    assert v1 == [0], v1  # rank 0 closed its mapping first: freed at once
+    assert v0 == [1, 0, 0], v0  # retired while rank 1 mapped it, freed after
+    assert v1 == [0, 0], v1  # rank 0 closed its mapping first: freed at once
+
+
+_EXPLAINED = """
+import numpy as np, ringreduce as rr
+comm = rr.init()
+x = comm.empty(100, np.float32, device="cuda")
+comm.all_reduce(x, out=x)
+comm.close()
+"""
+
+
+def test_the_algorithm_log_says_the_gpus_read_each_other_in_place():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RINGREDUCE_DEBUG="algorithm", **FAKE_DEVICE_ENV)
+    out = subprocess.run(
+        [sys.executable, "-m", "ringreduce", "launch", "-n", "2", "--transport", "shm", "--"]
+        + [sys.executable, "-c", _EXPLAINED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stdout + out.stderr
+    assert "is in a device window (comm.empty(..., device=0))" in said, said[-2000:]
+    assert "the GPUs read each other's buffers in place: window" in said, said[-2000:]

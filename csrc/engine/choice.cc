@@ -116,6 +116,11 @@ std::string explain(const Choice& choice, const RingContext& ctx, const Collecti
     case Reason::kPolicyHierNot:
       return "RINGREDUCE_ALGORITHM=hierarchical, but " + hosts_sentence(ctx) + ": " + name;
     case Reason::kWindows:
+      if (args.device >= 0) {
+        return "every buffer of this rank is in a device window (comm.empty(..., device=" +
+               std::to_string(args.device) + ")) and all " + std::to_string(ctx.transport.size()) +
+               " ranks share this host, so the GPUs read each other's buffers in place: " + name;
+      }
       return "every buffer of this rank is in a window (comm.empty) and all " +
              std::to_string(ctx.transport.size()) +
              " ranks share this host, so the ranks read each other's buffers in place: " + name;

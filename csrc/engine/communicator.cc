@@ -574,6 +574,8 @@ void Communicator::close() {
     std::lock_guard<std::mutex> lock(devices_mu_);
     devices_.clear();
   }
+  // Device windows dropped here and closed by every peer since: freed now.
+  DeviceWindow::sweep_retired();
   store_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;

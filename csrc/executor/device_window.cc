@@ -109,6 +109,8 @@ size_t DeviceWindow::peer_bytes(int peer) const {
   return peers_[static_cast<size_t>(peer)].bytes;
 }
 
+void DeviceWindow::sweep_retired() { sweep(); }
+
 size_t DeviceWindow::retired_for_testing() {
   sweep();
   std::lock_guard<std::mutex> lock(retired_mu);

@@ -64,6 +64,9 @@ class DeviceWindow final : public Window {
   char* peer_data(int peer) const override;
   size_t peer_bytes(int peer) const override;
 
+  // Frees the memory of retired windows that every peer has closed (also
+  // done whenever a device window is made or dropped, and at close()).
+  static void sweep_retired();
   // Tests: this process's windows whose arrays are gone but whose memory a
   // peer may still map (retired, not yet freed), after a sweep.
   static size_t retired_for_testing();

@@ -102,10 +102,6 @@ void settle(RingContext& ctx, Bulletin& bulletin, uint64_t done) noexcept {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Rank `rank`'s chunk [lo, hi) of the vector, reduced out of every rank's
 // input in rank order and written into every rank's output, on the host: a
 // block at a time, so that the copies into the peers' outputs read it from

@@ -632,15 +632,12 @@ std::vector<Communicator::WindowRecord> Communicator::exchange_window_records(
   run(a, interrupt);
   for (int r = 0; r < size_; ++r) {
     const WindowRecord& got = all[static_cast<size_t>(r)];
-    if (got.error[0] != '\0' && error_of != nullptr) {
-      if (error_of->empty()) {
-        *error_of = "rank " + std::to_string(r) + ": " +
-                    std::string(got.error, strnlen(got.error, sizeof got.error));
-      }
-    } else if (got.error[0] != '\0') {
+    const std::string error(got.error, strnlen(got.error, sizeof got.error));
+    if (!error.empty() && error_of != nullptr) {
+      if (error_of->empty()) *error_of = "rank " + std::to_string(r) + ": " + error;
+    } else if (!error.empty()) {
       throw Error("comm.empty: rank " + std::to_string(r) + " could not make or map window " +
-                  std::to_string(mine.id) + ": " +
-                  std::string(got.error, strnlen(got.error, sizeof got.error)));
+                  std::to_string(mine.id) + ": " + error);
     }
     if (got.id != mine.id) {
       throw Error("comm.empty: rank " + std::to_string(r) + " made window " +
@@ -711,17 +708,10 @@ std::shared_ptr<SharedWindow> Communicator::allocate_window(size_t bytes,
       id,
       [&](WindowRecord& mine) {
         window = SharedWindow::create(id, bytes, rank_, size_);
-        int64_t fields[5];
-        pack(window->record(), fields);
-        std::memcpy(mine.handle.bytes, fields, sizeof fields);
+        pack(window->record(), mine.segment);
         mine.bytes = bytes;
       },
-      [&](int r, const WindowRecord& got) {
-        int64_t fields[5];
-        std::memcpy(fields, got.handle.bytes, sizeof fields);
-        window->attach(r, unpack(fields));
-      },
-      interrupt);
+      [&](int r, const WindowRecord& got) { window->attach(r, unpack(got.segment)); }, interrupt);
   window->attached_by_all();
   windows_.add(window);
   return window;
@@ -756,14 +746,14 @@ std::shared_ptr<DeviceWindow> Communicator::allocate_device_window(size_t bytes,
         [&](WindowRecord& mine) {
           mine.device = device;  // first: a failure below still says which memory
           control = SharedWindow::create(id, DeviceWindow::control_bytes(size_), rank_, size_);
-          pack(control->record(), mine.control);
+          pack(control->record(), mine.segment);
           window = std::make_shared<DeviceWindow>(id, device_ptr(device), device, bytes, rank_,
                                                   size_, &mine.handle, control);
           mine.bytes = bytes;
         },
         [&](int r, const WindowRecord& got) {
           exchanged = true;
-          control->attach(r, unpack(got.control));
+          control->attach(r, unpack(got.segment));
           window->map(r, got.handle, got.bytes, static_cast<int>(got.device));
         },
         interrupt, &unmapped);

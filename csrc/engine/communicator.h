@@ -208,9 +208,9 @@ class Communicator {
   struct WindowRecord {
     uint64_t id;
     uint64_t bytes;
-    Device::SharedHandle handle;  // host windows: the segment's record
-    int64_t device;               // device windows: the owner's CUDA device
-    int64_t control[5];           // device windows: their flags' segment's record
+    Device::SharedHandle handle;  // device windows: the Device's handle
+    int64_t device;               // device windows: the owner's CUDA device; host: -1
+    int64_t segment[5];           // host windows': their segment; device windows': their flags
     char error[128];
   };
   // All ranks' records (an all_gather). Throws Error naming the first rank

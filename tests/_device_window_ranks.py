@@ -10,6 +10,7 @@ import ctypes
 import os
 
 import numpy as np
+from _kernels import half_window_cases
 
 from ringreduce import _core
 from ringreduce._comm.core.windows import DeviceWindowArray
@@ -115,6 +116,30 @@ def float_order(comm):
         want = want + p
     got = read(out, np.float32, count)
     return same_bits(got, want), got.tobytes() == comm.all_gather(got).reshape(n, -1)[0].tobytes()
+
+
+def half_sums(comm):
+    """Random float16 and bfloat16 gradients, summed and averaged in place and out of
+    place: [(dtype, op, in place, first wrong index)] against float32 accumulation
+    rounded once, whether each result is the same bits on every rank, and whether the
+    data could tell that from rounding at every hop."""
+    n = comm.world_size
+    count = 50003
+    x = comm.empty(count, np.float32, device="cuda")
+    y = comm.empty(count, np.float32, device="cuda")
+    bad, same, telling = [], True, []
+    for dtype, op, inputs, want, differs in half_window_cases(n, count):
+        dt = np_dtype(dtype)
+        telling.append(differs)
+        for in_place in (False, True):
+            write(x, inputs[comm.rank])
+            src = View(x, dt, count)
+            comm.all_reduce(src, op, out=src if in_place else View(y, dt, count))
+            got = read(x if in_place else y, dt, count)
+            if not same_bits(got, want):
+                bad.append((dtype, op, in_place, int(np.flatnonzero(got != want)[0])))
+            same = same and got.tobytes() == comm.all_gather(got).reshape(n, -1)[0].tobytes()
+    return bad, same, telling
 
 
 def reuse_under_pressure(comm, rounds):

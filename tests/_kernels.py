@@ -78,6 +78,50 @@ def reference(dtype: str, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return combine(op, x, y).astype(np_dtype(dtype))
 
 
+def reduce_all_reference(
+    dtype: str, op: str, inputs: list[np.ndarray], divisor: int = 0
+) -> np.ndarray:
+    """inputs[0] op ... op inputs[-1] in rank order as the window paths compute it: in
+    float32 for the 16-bit floats (each step rounded to float32, the result rounded to
+    the dtype once), in the dtype itself for the others; then / divisor when > 0."""
+    cd = np.dtype(np.float32) if dtype in ("float16", "bfloat16") else np_dtype(dtype)
+    with np.errstate(all="ignore"):
+        acc = inputs[0].astype(cd)
+        for x in inputs[1:]:
+            acc = combine(op, acc, x.astype(cd))
+        if divisor > 0:
+            acc = acc / cd.type(divisor)
+        return acc.astype(np_dtype(dtype))
+
+
+def per_hop_reference(dtype: str, op: str, inputs: list[np.ndarray]) -> np.ndarray:
+    """The same reduction rounded to the dtype after every step, as a ring's hops round."""
+    acc = inputs[0]
+    for x in inputs[1:]:
+        acc = reference(dtype, op, acc, x)
+    return acc
+
+
+def half_window_cases(n: int, count: int):
+    """(dtype, op, every rank's input, the result) for the window paths' 16-bit checks:
+    random gradients of n ranks, summed and averaged in one pass (reduce_all_reference),
+    and whether that result differs from rounding at every hop (it does somewhere for
+    n >= 3, so a check against it can tell the two apart)."""
+    cases = []
+    for dtype in ("float16", "bfloat16"):
+        inputs = [
+            np.random.default_rng(17 * r + 1).standard_normal(count).astype(np_dtype(dtype))
+            for r in range(n)
+        ]
+        for op in ("sum", "avg"):
+            want = reduce_all_reference(dtype, op, inputs, n if op == "avg" else 0)
+            hops = per_hop_reference(dtype, "sum", inputs)
+            if op == "avg":
+                hops = divide_reference(dtype, hops, n)
+            cases.append((dtype, op, inputs, want, mismatches(want, hops).size > 0))
+    return cases
+
+
 def divide_reference(dtype: str, x: np.ndarray, divisor: int) -> np.ndarray:
     """numpy's x / divisor in the kernel's compute type, rounded to dtype."""
     cd = compute_dtype(dtype)

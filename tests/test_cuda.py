@@ -464,6 +464,50 @@ def test_compressed_all_reduce_of_device_arrays_gives_the_host_bits(gpu_pair):
         assert all(g is True for g in got), got
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    "dtype,op", [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATING]
+)
+def test_reduce_all_kernel_has_the_cpu_bits(dtype, op, layout):
+    """The device window path's one kernel: 3 inputs reduced in rank order (16-bit floats
+    in float32, rounded once), avg divided, written into 2 outputs, one of them an
+    input; the CPU's reduce_all bits, nothing written past the end."""
+    count_in, n, size = 3, (1 << 20) + 3, np.dtype(np_dtype(dtype)).itemsize
+    shifts = LAYOUTS[layout] + (LAYOUTS[layout][0],)
+    inputs = [random_operands(dtype, n, seed=r) for r in range(count_in)]
+    divisor = count_in if op == "avg" else 0
+    want = np.empty_like(inputs[0])
+    _core.testing.reduce_all_local(
+        DTYPE_CODES[dtype],
+        OP_CODES[op],
+        [x.ctypes.data for x in inputs],
+        want.ctypes.data,
+        n,
+        divisor,
+    )
+    offs = [shift * size for shift in shifts]
+    bufs = [DeviceBuffer(off + n * size + GUARD) for off in offs]
+    try:
+        for buf, off, x in zip(bufs, offs, inputs):
+            buf.upload(np.full(buf.nbytes, POISON, dtype=np.uint8))
+            buf.upload(x, off)
+        ptrs = [buf.ptr + off for buf, off in zip(bufs, offs)]
+        # Outputs: a fresh buffer and the last input (in place).
+        _core.testing.cuda_reduce_all(
+            DTYPE_CODES[dtype], OP_CODES[op], ptrs[:3], [ptrs[3], ptrs[2]], n, divisor
+        )
+        zeros = op not in ("min", "max")
+        for buf, off in ((bufs[3], offs[3]), (bufs[2], offs[2])):
+            raw = buf.download(np.uint8, buf.nbytes)
+            assert (raw[:off] == POISON).all() and (raw[off + n * size :] == POISON).all()
+            got = raw[off : off + n * size].view(inputs[0].dtype)
+            bad = mismatches(got, want, signed_zeros=zeros)
+            assert bad.size == 0, f"{bad.size} wrong, first at {bad[:3]}"
+    finally:
+        for buf in bufs:
+            buf.close()
+
+
 # ---- device windows (comm.empty(..., device="cuda")): 2 ranks on one GPU ------------
 
 
@@ -481,4 +525,6 @@ def test_device_windows_rank_order_bits_and_reuse(gpu_shm_pair):
     import _device_window_ranks as dw
 
     assert gpu_shm_pair.run(dw.float_order) == [(True, True)] * 2
+    for bad, same, _ in gpu_shm_pair.run(dw.half_sums):
+        assert bad == [] and same
     assert gpu_shm_pair.run(dw.reuse_under_pressure, 60, timeout=120) == ["ok"] * 2

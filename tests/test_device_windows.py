@@ -47,6 +47,17 @@ def test_float_sums_have_rank_order_bits_on_every_rank(group_factory, n):
         assert matches and same_as_rank0
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_16_bit_floats_accumulate_in_float32_and_round_once(group_factory, n):
+    """One kernel reads every rank's input, so float16 and bfloat16 sums and averages
+    are float32's, rounded once: the host windows' bits, the same on every rank. At 3
+    ranks the data make that differ from rounding at every hop (at 2 the two agree)."""
+    for bad, same, telling in group_factory(n, fake_device=True, transport="shm").run(dw.half_sums):
+        assert bad == [] and same
+        if n >= 3:
+            assert all(telling)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_buffers_rewritten_between_calls_never_corrupt_a_sum(group_factory, n):
     group = group_factory(n, fake_device=True, transport="shm")

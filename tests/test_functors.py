@@ -19,13 +19,16 @@ from _kernels import (
     DTYPE_CODES,
     FLOATS,
     INTEGERS,
+    OP_CODES,
     POISON,
     describe,
     divide_reference,
     guard_intact,
     mismatches,
+    per_hop_reference,
     poisoned,
     random_operands,
+    reduce_all_reference,
     reduce_cpu,
     reference,
     run,
@@ -253,3 +256,63 @@ def test_fused_sum_then_divide_has_the_bits_of_the_two_passes(dtype, divisor):
         p = inplace.ctypes.data
         assert _core.testing.sum_divide_local(code, p, p, b.ctypes.data, count, divisor)
         assert mismatches(inplace, want).size == 0, describe(inplace, want, a, b)
+
+
+def reduce_all(dtype: str, op: str, inputs: list, divisor: int = 0) -> np.ndarray:
+    """reduce_all_local into a fresh poisoned buffer; checks that nothing past n was written."""
+    n = inputs[0].size
+    raw = poisoned(dtype, n)
+    addresses = [x.ctypes.data for x in inputs]
+    _core.testing.reduce_all_local(
+        DTYPE_CODES[dtype], OP_CODES[op], addresses, raw.ctypes.data, n, divisor
+    )
+    assert guard_intact(raw), f"{dtype} {op} wrote past element {n}"
+    return raw[: n * inputs[0].itemsize].view(inputs[0].dtype).copy()
+
+
+@pytest.mark.parametrize(
+    "dtype,op", [(d, o) for d in DTYPES for o in OPS if o != "avg" or d in FLOATS]
+)
+def test_reduce_all_accumulates_in_the_compute_type_in_rank_order(dtype, op):
+    """The window paths' one-pass reduction of every rank's input: 1, 2, 3, 5 and 16
+    inputs over sizes across its 1024-element blocks, special values mixed in, against
+    numpy accumulating in float32 (16-bit floats) or the dtype, rounded once; then in
+    place (the output one of the inputs, as a window rank's own buffer is)."""
+    for count in (1, 2, 3, 5, 16):
+        divisor = count if op == "avg" else 0
+        for n in (0, 1, 9, 1023, 1024, 1025, 4099):
+            inputs = [
+                random_operands(dtype, n, seed=1000 * count + 10 * n + r) for r in range(count)
+            ]
+            want = reduce_all_reference(dtype, op, inputs, divisor)
+            got = reduce_all(dtype, op, inputs, divisor)
+            zeros = op not in ("min", "max")
+            bad = mismatches(got, want, signed_zeros=zeros)
+            assert bad.size == 0, f"{count} inputs, n={n}: {bad.size} wrong, first at {bad[:3]}"
+            if n == 0:
+                continue
+            for alias in {0, count - 1}:
+                copies = [x.copy() for x in inputs]
+                out = copies[alias]
+                _core.testing.reduce_all_local(
+                    DTYPE_CODES[dtype],
+                    OP_CODES[op],
+                    [x.ctypes.data for x in copies],
+                    out.ctypes.data,
+                    n,
+                    divisor,
+                )
+                bad = mismatches(out, want, signed_zeros=zeros)
+                assert bad.size == 0, f"in place on input {alias} of {count}: {bad.size} wrong"
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_reduce_all_rounds_16_bit_floats_once(dtype):
+    """Eight ranks' 16-bit gradients: the one-pass sum is float32's, rounded once, and
+    not what rounding after every addition gives (the data are chosen so the two differ
+    at many elements, so this test can tell them apart)."""
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal(4096).astype(np_dtype(dtype)) for _ in range(8)]
+    got = reduce_all(dtype, "sum", inputs)
+    assert mismatches(got, reduce_all_reference(dtype, "sum", inputs)).size == 0
+    assert mismatches(got, per_hop_reference(dtype, "sum", inputs)).size > 100

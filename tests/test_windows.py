@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from _kernels import half_window_cases
 
 import ringreduce as rr
 
@@ -93,6 +94,41 @@ def _float_order(comm):
 def test_float_sums_have_rank_order_bits_on_every_rank(group_factory, n):
     for matches, same_as_rank0 in group_factory(n, transport="shm").run(_float_order):
         assert matches and same_as_rank0
+
+
+def _half_sums(comm):
+    """Random float16 and bfloat16 gradients over several blocks per chunk, summed and
+    averaged in place and out of place: what went wrong against float32 accumulation
+    rounded once, whether every rank has the same bits, and whether the data could tell
+    that from rounding at every hop."""
+    n = comm.world_size
+    count = 3 * n * (BLOCK_BYTES // 2) + 11
+    bad, same, telling = [], True, []
+    before = comm.stats()["all_reduce_algorithms"]["window"]
+    for dtype, op, inputs, want, differs in half_window_cases(n, count):
+        telling.append(differs)
+        x = comm.empty(count, np_dtype(dtype))
+        out = comm.empty(count, np_dtype(dtype))
+        for in_place in (False, True):
+            x[:] = inputs[comm.rank]
+            got = comm.all_reduce(x, op=op, out=x if in_place else out)
+            if not same_bits(got, want):
+                bad.append((dtype, op, in_place, int(np.flatnonzero(got != want)[0])))
+            same = same and got.tobytes() == comm.all_gather(got).reshape(n, -1)[0].tobytes()
+    return bad, same, telling, comm.stats()["all_reduce_algorithms"]["window"] - before
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_16_bit_floats_accumulate_in_float32_and_round_once(group_factory, n):
+    """Each rank reduces its chunk out of every rank's window at once, so float16 and
+    bfloat16 sums and averages are float32's in rank order, rounded once (not at every
+    addition as a ring's hops must): the same bits on every rank. From 3 ranks the data
+    make that differ from rounding at every hop."""
+    for bad, same, telling, windows in group_factory(n, transport="shm").run(_half_sums):
+        assert bad == [] and same
+        assert windows == 8
+        if n >= 3:
+            assert all(telling)
 
 
 def _reuse_under_pressure(comm, rounds):

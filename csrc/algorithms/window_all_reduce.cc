@@ -55,6 +55,9 @@ bool window_buffers(const RingContext& ctx, const CollectiveArgs& args) {
     return false;
   }
   if (args.send != args.recv && overlap(args.send, args.recv, bytes)) return false;
+  // One kernel reads every rank's input: beyond the addresses it can take,
+  // device buffers are staged.
+  if (args.device >= 0 && size > Device::kMaxReduceAll) return false;
   const auto send = ctx.windows->find(args.send, bytes);
   const auto recv = ctx.windows->find(args.recv, bytes);
   return send && recv && send->window->device() == args.device &&
@@ -103,32 +106,27 @@ void settle(RingContext& ctx, Bulletin& bulletin, uint64_t done) noexcept {
 }
 
 // Rank `rank`'s chunk [lo, hi) of the vector, reduced out of every rank's
-// input in rank order and written into every rank's output, on the host: a
-// block at a time, so that the copies into the peers' outputs read it from
-// the cache.
-void reduce_chunk_on_host(RingContext& ctx, const CollectiveArgs& args,
+// input in rank order with reduce_all()'s arithmetic (16-bit floats accumulate
+// in float32 and round once: one place reads every input, so no hop need
+// round) and written into every rank's output, on the host: a block at a
+// time, so that the copies into the peers' outputs read it from the cache.
+void reduce_chunk_on_host(const RingContext& ctx, const CollectiveArgs& args,
                           const std::vector<const char*>& in, const std::vector<char*>& out,
                           size_t lo, size_t hi) {
   const int size = ctx.transport.size();
   const int rank = ctx.transport.rank();
   const size_t elem = dtype_size(args.dtype);
   const size_t block = std::max<size_t>(1, kBlockBytes / elem);
-  const ReduceFn reduce = cpu_reduce_fn(args.dtype, args.op);
-  const bool in_place = args.send == args.recv;
-  if (in_place && rank >= 2 && ctx.scratch.size() < block * elem) {
-    ctx.scratch.resize(block * elem);
-  }
+  const int divisor = args.op == ReduceOp::kAvg ? size : 0;
+  std::vector<const void*> inputs(static_cast<size_t>(size));
   for (size_t at = lo; at < hi; at += block) {
     const size_t n = std::min(hi, at + block) - at;
     const size_t off = at * elem;
+    for (size_t r = 0; r < inputs.size(); ++r) inputs[r] = in[r] + off;
+    // In place, our output is our input: reduce_all reads a block of every
+    // input before it writes it.
     char* o = out[static_cast<size_t>(rank)] + off;
-    // In place, a rank past the first two would overwrite its input before
-    // adding it: it sums all but the last input in scratch.
-    char* acc = in_place && rank >= 2 ? ctx.scratch.data() : o;
-    reduce(acc, in[0] + off, in[1] + off, n);
-    for (int r = 2; r < size - 1; ++r) reduce(acc, acc, in[static_cast<size_t>(r)] + off, n);
-    if (size > 2) reduce(o, acc, in[static_cast<size_t>(size - 1)] + off, n);
-    if (args.op == ReduceOp::kAvg) divide_by(args.dtype, o, n, size);
+    reduce_all(args.dtype, args.op, inputs.data(), inputs.size(), o, n, divisor);
     // Only this rank reads any rank's input in this chunk, and it is done
     // with this block: the outputs may take it even where they are inputs.
     for (int i = 1; i < size; ++i) {
@@ -137,36 +135,28 @@ void reduce_chunk_on_host(RingContext& ctx, const CollectiveArgs& args,
   }
 }
 
-// The same on the device, whose kernels read the peers' device memory where
-// it is mapped: the whole chunk in one kernel per input (the same additions,
-// in the same order, so the same bits as the host), then one device-to-device
-// copy per peer, all on one lane; returns once the device has done it all.
+// The same on the device, whose kernel reads the peers' device memory where
+// it is mapped: one reduce_all kernel for the whole chunk that reads every
+// rank's input and writes every rank's output (the host's bits); returns once
+// the device has run it.
 void reduce_chunk_on_device(RingContext& ctx, const CollectiveArgs& args,
                             const std::vector<const char*>& in, const std::vector<char*>& out,
-                            size_t lo, size_t hi, char* scratch) {
+                            size_t lo, size_t hi) {
   Device& d = *ctx.device;
-  const Lane lane = Lane::kToDevice;
   const int size = ctx.transport.size();
   const int rank = ctx.transport.rank();
-  const size_t elem = dtype_size(args.dtype);
-  const size_t n = hi - lo;
-  if (n > 0) {
-    const size_t off = lo * elem;
-    char* o = out[static_cast<size_t>(rank)] + off;
-    char* acc = scratch != nullptr ? scratch : o;
-    d.reduce(lane, args.dtype, args.op, acc, in[0] + off, in[1] + off, n);
-    for (int r = 2; r < size - 1; ++r) {
-      d.reduce(lane, args.dtype, args.op, acc, acc, in[static_cast<size_t>(r)] + off, n);
+  if (hi > lo) {
+    const size_t off = lo * dtype_size(args.dtype);
+    std::vector<const void*> inputs(static_cast<size_t>(size));
+    std::vector<void*> outputs(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      inputs[static_cast<size_t>(r)] = in[static_cast<size_t>(r)] + off;
+      outputs[static_cast<size_t>(r)] = out[static_cast<size_t>((rank + r) % size)] + off;
     }
-    if (size > 2) {
-      d.reduce(lane, args.dtype, args.op, o, acc, in[static_cast<size_t>(size - 1)] + off, n);
-    }
-    if (args.op == ReduceOp::kAvg) d.divide(lane, args.dtype, o, n, size);
-    for (int i = 1; i < size; ++i) {
-      d.copy(lane, out[static_cast<size_t>((rank + i) % size)] + off, o, n * elem);
-    }
+    d.reduce_all(Lane::kToDevice, args.dtype, args.op, inputs.data(), size, outputs.data(), size,
+                 hi - lo, args.op == ReduceOp::kAvg ? size : 0);
   }
-  d.record(lane, kChunkDone);
+  d.record(Lane::kToDevice, kChunkDone);
   d.sync(kChunkDone, ctx.deadline());
 }
 
@@ -192,17 +182,12 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   const size_t chunk = (args.count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
   const size_t lo = std::min(args.count, chunk * static_cast<size_t>(rank));
   const size_t hi = std::min(args.count, lo + chunk);
-  char* device_scratch = nullptr;
   if (on_device) {
     // Device memory is ready for the peers once the caller's stream has
     // queued all it wrote there before the call: the host waits for it
-    // before it says `located`. (In place, a rank past the first two sums in
-    // scratch, as on the host.)
+    // before it says `located`.
     Device& d = *ctx.device;
     d.begin(*ctx.device_mark);  // first: it makes the device current here
-    if (args.send == args.recv && rank >= 2 && hi > lo) {
-      device_scratch = d.staging(0, 0, (hi - lo) * elem).scratch;
-    }
     d.record(Lane::kToDevice, kCallerReady);
     d.sync(kCallerReady, ctx.deadline());
   }
@@ -274,7 +259,7 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
     bulletin.raise_phase(located);
     await_all(ctx, bulletin, located, "to find every rank's buffers");
     if (on_device) {
-      reduce_chunk_on_device(ctx, args, in, out, lo, hi, device_scratch);
+      reduce_chunk_on_device(ctx, args, in, out, lo, hi);
     } else {
       reduce_chunk_on_host(ctx, args, in, out, lo, hi);
     }

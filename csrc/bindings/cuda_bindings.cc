@@ -7,10 +7,12 @@
 // device, and raise RingReduceError when called, so Python code never needs to
 // know how the extension was built.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "bindings/codes.h"
 #include "common/dtype.h"
@@ -82,6 +84,22 @@ void reduce_sync(int dtype, int op, uintptr_t out, uintptr_t a, uintptr_t b, siz
   use_device_of({out, a, b});
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   finish(rr::cuda_reduce(t, o, as_ptr(out), as_ptr(a), as_ptr(b), n, s), s);
+}
+
+void reduce_all_sync(int dtype, int op, const std::vector<uintptr_t>& inputs,
+                     const std::vector<uintptr_t>& outputs, size_t n, int divisor) {
+  const rr::DataType t = rr::dtype_from_code(dtype);
+  const rr::ReduceOp o = rr::op_from_code(op);
+  if (inputs.empty()) throw rr::InvalidArgument("cuda_reduce_all: no inputs");
+  if (n == 0) return;
+  use_device_of({inputs[0]});
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (uintptr_t a : inputs) in.push_back(as_ptr(a));
+  for (uintptr_t a : outputs) out.push_back(as_ptr(a));
+  finish(rr::cuda_reduce_all(t, o, in.data(), static_cast<int>(in.size()), out.data(),
+                             static_cast<int>(out.size()), n, divisor, nullptr),
+         nullptr);
 }
 
 void divide_sync(int dtype, uintptr_t data, size_t n, int divisor, uintptr_t stream) {
@@ -212,6 +230,10 @@ void register_cuda(py::module_& m, py::module_& t) {
         py::arg("b"), py::arg("n"), py::arg("stream") = 0,
         "out = a op b on CUDA device pointers with the CUDA kernels, on `stream` (0: the legacy "
         "default stream) of the device that owns them; returns once the kernel has finished.");
+  t.def("cuda_reduce_all", &reduce_all_sync, py::arg("dtype"), py::arg("op"), py::arg("inputs"),
+        py::arg("outputs"), py::arg("n"), py::arg("divisor") = 0,
+        "Every output = inputs[0] op ... op inputs[-1] on CUDA device pointers, in one kernel "
+        "with reduce_all_local()'s arithmetic; returns once it has finished.");
   t.def("cuda_divide", &divide_sync, py::arg("dtype"), py::arg("data"), py::arg("n"),
         py::arg("divisor"), py::arg("stream") = 0,
         "data /= divisor on a CUDA device pointer; returns once the kernel has finished.");
@@ -241,8 +263,8 @@ void register_cuda(py::module_& m, py::module_& t) {
   for (const char* name : {"cuda_device_properties", "cuda_pointer_device"}) {
     m.def(name, unavailable);
   }
-  for (const char* name : {"cuda_reduce", "cuda_divide", "cuda_malloc", "cuda_free", "cuda_memcpy",
-                           "cuda_time_reduce", "cuda_time_copy"}) {
+  for (const char* name : {"cuda_reduce", "cuda_reduce_all", "cuda_divide", "cuda_malloc",
+                           "cuda_free", "cuda_memcpy", "cuda_time_reduce", "cuda_time_copy"}) {
     t.def(name, unavailable);
   }
 }

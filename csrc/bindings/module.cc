@@ -181,6 +181,20 @@ void register_testing(py::module_& t) {
       py::arg("dtype"), py::arg("op"), py::arg("out"), py::arg("a"), py::arg("b"), py::arg("n"),
       "out = a op b on raw buffers with the CPU kernels.");
   t.def(
+      "reduce_all_local",
+      [](int dtype, int op, const std::vector<uintptr_t>& inputs, uintptr_t out, size_t n,
+         int divisor) {
+        if (inputs.empty()) throw rr::InvalidArgument("reduce_all_local: no inputs");
+        std::vector<const void*> in;
+        for (uintptr_t a : inputs) in.push_back(as_ptr(a));
+        rr::reduce_all(rr::dtype_from_code(dtype), rr::op_from_code(op), in.data(), in.size(),
+                       as_ptr(out), n, divisor);
+      },
+      py::arg("dtype"), py::arg("op"), py::arg("inputs"), py::arg("out"), py::arg("n"),
+      py::arg("divisor") = 0,
+      "out = inputs[0] op ... op inputs[-1] on raw buffers, accumulated in the compute type "
+      "and rounded once (then / divisor when > 0): the window paths' arithmetic.");
+  t.def(
       "divide_local",
       [](int dtype, uintptr_t data, size_t n, int divisor) {
         rr::divide_by(rr::dtype_from_code(dtype), as_ptr(data), n, divisor);

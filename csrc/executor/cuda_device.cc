@@ -168,6 +168,13 @@ class CudaDevice final : public Device {
     check(cuda_divide(dtype, data, n, divisor, stream(lane)), "divide kernel launch", device_);
   }
 
+  void reduce_all(Lane lane, DataType dtype, ReduceOp op, const void* const* in, int count,
+                  void* const* out, int outputs, size_t n, int divisor) override {
+    static_assert(kMaxReduceAll == kMaxAllSpans, "one limit on reduce_all's addresses");
+    check(cuda_reduce_all(dtype, op, in, count, out, outputs, n, divisor, stream(lane)),
+          "reduce_all kernel launch", device_);
+  }
+
   void* allocate(size_t bytes) override {
     CurrentDevice current(device_);
     void* p = nullptr;

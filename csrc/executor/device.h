@@ -79,6 +79,16 @@ class Device {
                       const void* b, size_t n) = 0;
   // Queues data /= divisor over n elements of a floating dtype.
   virtual void divide(Lane lane, DataType dtype, void* data, size_t n, int divisor) = 0;
+  // Queues, in one pass (one kernel), v = in[0] op in[1] op ... op in[count-1]
+  // over n elements, in rank order and in the dtype's compute type (16-bit
+  // floats accumulate in float32), divided by `divisor` when it is > 0 (avg),
+  // rounded to the dtype once, and written into out[0..outputs): reduce_all()'s
+  // bits (reduce/cpu_kernels.h). An output may be an input, and any address a
+  // peer's memory mapped here (map_shared). 1 <= count <= kMaxReduceAll and
+  // outputs <= kMaxReduceAll: a kernel's arguments carry the addresses.
+  static constexpr int kMaxReduceAll = 16;
+  virtual void reduce_all(Lane lane, DataType dtype, ReduceOp op, const void* const* in, int count,
+                          void* const* out, int outputs, size_t n, int divisor) = 0;
 
   // ---- compressed collectives on device arrays (kernels/codec.h) ----
   // The codec's operations on device memory, the same bits as the CPU loops;

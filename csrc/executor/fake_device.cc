@@ -82,6 +82,25 @@ class FakeDevice final : public Device {
     enqueue(lane, [=] { divide_by(dtype, data, n, divisor); });
   }
 
+  void reduce_all(Lane lane, DataType dtype, ReduceOp op, const void* const* in, int count,
+                  void* const* out, int outputs, size_t n, int divisor) override {
+    if (count < 1 || count > kMaxReduceAll || outputs < 0 || outputs > kMaxReduceAll) {
+      throw Error("fake device: reduce_all of " + std::to_string(count) + " inputs into " +
+                  std::to_string(outputs) + " outputs");
+    }
+    if (outputs == 0 || n == 0) return;
+    std::vector<const void*> inputs(in, in + count);
+    std::vector<void*> outs(out, out + outputs);
+    const size_t bytes = n * dtype_size(dtype);
+    // Every input is read before any output is written, as the kernel reads
+    // each element from every input before it writes it.
+    enqueue(lane, [=] {
+      std::vector<char> v(bytes);
+      rr::reduce_all(dtype, op, inputs.data(), inputs.size(), v.data(), n, divisor);
+      for (void* o : outs) std::memcpy(o, v.data(), bytes);
+    });
+  }
+
   void* allocate(size_t bytes) override {
     void* p = std::malloc(bytes > 0 ? bytes : 1);
     if (p == nullptr) throw Error("fake device: out of memory for " + std::to_string(bytes));

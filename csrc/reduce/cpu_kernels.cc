@@ -14,6 +14,8 @@ ReduceFn variant_reduce_fn(DataType dtype, ReduceOp op);
 void variant_divide(DataType dtype, void* data, size_t n, int divisor);
 bool variant_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
                         int divisor);
+void variant_reduce_all(DataType dtype, ReduceOp op, const void* const* in, size_t count, void* out,
+                        size_t n, int divisor);
 }  // namespace generic
 
 #if defined(RR_HAVE_AVX2_KERNELS)
@@ -22,6 +24,8 @@ ReduceFn variant_reduce_fn(DataType dtype, ReduceOp op);
 void variant_divide(DataType dtype, void* data, size_t n, int divisor);
 bool variant_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
                         int divisor);
+void variant_reduce_all(DataType dtype, ReduceOp op, const void* const* in, size_t count, void* out,
+                        size_t n, int divisor);
 }  // namespace avx2
 
 static bool use_avx2() {
@@ -51,6 +55,14 @@ bool sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t 
   if (use_avx2()) return avx2::variant_sum_divide(dtype, out, a, b, n, divisor);
 #endif
   return generic::variant_sum_divide(dtype, out, a, b, n, divisor);
+}
+
+void reduce_all(DataType dtype, ReduceOp op, const void* const* in, size_t count, void* out,
+                size_t n, int divisor) {
+#if defined(RR_HAVE_AVX2_KERNELS)
+  if (use_avx2()) return avx2::variant_reduce_all(dtype, op, in, count, out, n, divisor);
+#endif
+  generic::variant_reduce_all(dtype, op, in, count, out, n, divisor);
 }
 
 #if defined(__x86_64__)

@@ -22,6 +22,16 @@ void divide_by(DataType dtype, void* data, size_t n, int divisor);
 // nothing done, for a dtype without such a kernel (16-bit floats).
 bool sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n, int divisor);
 
+// out[i] = in[0][i] op in[1][i] op ... op in[count-1][i] (count >= 1), in
+// that order, in the dtype's compute type and rounded to the dtype once, then
+// divided by `divisor` in the compute type when it is > 0 (avg). Where one
+// place reads every rank's input (the window paths), float16 and bfloat16 so
+// accumulate in float32 instead of rounding at every addition as a ring's hops
+// must; for every other dtype the compute type is the dtype and the bits are
+// the pairwise kernels' in rank order. `out` may be one of the inputs.
+void reduce_all(DataType dtype, ReduceOp op, const void* const* in, size_t count, void* out,
+                size_t n, int divisor);
+
 // out[i] = a[i] + b[i], the sum kernel's bits, with `out` written by
 // streaming (non-temporal) stores: they skip reading out's lines into the
 // cache before overwriting them, which pays for an output too large to be

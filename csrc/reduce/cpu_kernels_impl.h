@@ -2,7 +2,9 @@
 // CMakeLists.txt); each variant lives in its own namespace RR_KERNEL_VARIANT.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "common/dtype.h"
 #include "reduce/cpu_kernels.h"
@@ -67,6 +69,110 @@ inline bool fused_sum_divide(DataType dtype, void* out, const void* a, const voi
   }
 }
 
+// The elements reduce_all_loop takes at a time: its accumulator lives on the
+// stack (8 KiB in float64) and in L1, and the output is written only once a
+// block of every input has been read, so the output may be one of the inputs.
+constexpr size_t kAllBlock = 1024;
+
+// A block of values as the dtype's compute type and back.
+template <typename Type>
+void widen(typename Type::compute* to, const typename Type::storage* from, size_t n) {
+  for (size_t i = 0; i < n; ++i) to[i] = Type::load(from[i]);
+}
+
+template <typename Type>
+void narrow(typename Type::storage* to, const typename Type::compute* from, size_t n) {
+  for (size_t i = 0; i < n; ++i) to[i] = Type::store(from[i]);
+}
+
+// out = in[0] op in[1] op ... op in[count-1], in that order, in the compute
+// type, rounded to the dtype once (then divided, for divisor > 0): see
+// reduce_all() in cpu_kernels.h.
+template <typename Type, typename Op>
+void reduce_all_loop(const void* const* in, size_t count, void* out, size_t n, int divisor) {
+  using S = typename Type::storage;
+  using C = typename Type::compute;
+  C acc[kAllBlock];
+  S* o = static_cast<S*>(out);
+  const C div = static_cast<C>(divisor > 0 ? divisor : 1);
+  const bool power_of_two = divisor > 0 && (divisor & (divisor - 1)) == 0;
+  const C inverse = C(1) / div;  // exact where used: see divide_loop
+  for (size_t at = 0; at < n; at += kAllBlock) {
+    const size_t m = std::min(kAllBlock, n - at);
+    const auto* x = static_cast<const S*>(in[0]) + at;
+    if constexpr (std::is_same_v<S, C>) {
+      // The inputs are already in the compute type: combined straight from them.
+      const auto* y = count > 1 ? static_cast<const S*>(in[1]) + at : nullptr;
+      if (y != nullptr) {
+        for (size_t i = 0; i < m; ++i) acc[i] = Op()(x[i], y[i]);
+      } else {
+        std::copy(x, x + m, acc);
+      }
+      for (size_t r = 2; r < count; ++r) {
+        const auto* z = static_cast<const S*>(in[r]) + at;
+        for (size_t i = 0; i < m; ++i) acc[i] = Op()(acc[i], z[i]);
+      }
+    } else {
+      C next[kAllBlock];
+      widen<Type>(acc, x, m);
+      for (size_t r = 1; r < count; ++r) {
+        widen<Type>(next, static_cast<const S*>(in[r]) + at, m);
+        for (size_t i = 0; i < m; ++i) acc[i] = Op()(acc[i], next[i]);
+      }
+    }
+    if (divisor > 0) {
+      if (power_of_two) {
+        for (size_t i = 0; i < m; ++i) acc[i] = acc[i] * inverse;
+      } else {
+        for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
+      }
+    }
+    narrow<Type>(o + at, acc, m);
+  }
+}
+
+template <typename Type>
+void reduce_all_typed(ReduceOp op, const void* const* in, size_t count, void* out, size_t n,
+                      int divisor) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return reduce_all_loop<Type, SumOp>(in, count, out, n, divisor);
+    case ReduceOp::kProd:
+      return reduce_all_loop<Type, ProdOp>(in, count, out, n, divisor);
+    case ReduceOp::kMin:
+      return reduce_all_loop<Type, MinOp>(in, count, out, n, divisor);
+    case ReduceOp::kMax:
+      return reduce_all_loop<Type, MaxOp>(in, count, out, n, divisor);
+  }
+}
+
+inline void reduce_all_dtype(DataType dtype, ReduceOp op, const void* const* in, size_t count,
+                             void* out, size_t n, int divisor) {
+  switch (dtype) {
+    case DataType::kFloat16:
+#if defined(RR_HAVE_F16C_KERNELS)
+      return f16c_reduce_all(op, in, count, out, n, divisor);
+#else
+      return reduce_all_typed<Float16Type>(op, in, count, out, n, divisor);
+#endif
+    case DataType::kBFloat16:
+      return reduce_all_typed<BFloat16Type>(op, in, count, out, n, divisor);
+    case DataType::kFloat32:
+      return reduce_all_typed<Float32Type>(op, in, count, out, n, divisor);
+    case DataType::kFloat64:
+      return reduce_all_typed<Float64Type>(op, in, count, out, n, divisor);
+    case DataType::kInt8:
+      return reduce_all_typed<Int8Type>(op, in, count, out, n, divisor);
+    case DataType::kUInt8:
+      return reduce_all_typed<UInt8Type>(op, in, count, out, n, divisor);
+    case DataType::kInt32:
+      return reduce_all_typed<Int32Type>(op, in, count, out, n, divisor);
+    case DataType::kInt64:
+      return reduce_all_typed<Int64Type>(op, in, count, out, n, divisor);
+  }
+}
+
 template <typename Type>
 ReduceFn pick_op(ReduceOp op) {
   switch (op) {
@@ -114,6 +220,8 @@ ReduceFn variant_reduce_fn(DataType dtype, ReduceOp op);
 void variant_divide(DataType dtype, void* data, size_t n, int divisor);
 bool variant_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
                         int divisor);
+void variant_reduce_all(DataType dtype, ReduceOp op, const void* const* in, size_t count, void* out,
+                        size_t n, int divisor);
 
 }  // namespace RR_KERNEL_VARIANT
 }  // namespace rr

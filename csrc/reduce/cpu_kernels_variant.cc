@@ -16,5 +16,10 @@ bool variant_sum_divide(DataType dtype, void* out, const void* a, const void* b,
   return fused_sum_divide(dtype, out, a, b, n, divisor);
 }
 
+void variant_reduce_all(DataType dtype, ReduceOp op, const void* const* in, size_t count, void* out,
+                        size_t n, int divisor) {
+  reduce_all_dtype(dtype, op, in, count, out, n, divisor);
+}
+
 }  // namespace RR_KERNEL_VARIANT
 }  // namespace rr

@@ -164,6 +164,132 @@ cudaError_t divide_typed(void* data, size_t n, int divisor, cudaStream_t stream)
   return launch(d, d, d, n, f, stream);
 }
 
+// reduce_all's addresses, passed by value as the kernel's argument.
+template <typename S>
+struct Spans {
+  const S* in[kMaxAllSpans];
+  S* out[kMaxAllSpans];
+  int count;
+  int outputs;
+  int divisor;  // > 0: divide by it (avg)
+};
+
+// avg's division, in the compute type, before the one rounding.
+template <typename C>
+__device__ __forceinline__ C divided(C acc, int divisor) {
+  return divisor > 0 ? acc / static_cast<C>(divisor) : acc;
+}
+
+// For i < n: v = in[0][i] op ... op in[count-1][i] in the compute type, then
+// v / divisor, rounded once, written into out[0..outputs)[i]. `packs` whole
+// packs from element `head` where every address is equally far from a 16-byte
+// boundary, single elements elsewhere. No __restrict__: an output may be an
+// input; each element is read from every input by one thread before that
+// thread writes it, so that is safe.
+template <typename Type, typename Op>
+__global__ void __launch_bounds__(kThreads)
+    reduce_all_kernel(Spans<typename Type::storage> s, size_t head, size_t packs, size_t n) {
+  using S = typename Type::storage;
+  using C = typename Type::compute;
+  using P = Pack<S>;
+  constexpr int kUnroll = P::kUnroll;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t base = first; base < packs; base += stride * kUnroll) {
+    C acc[kUnroll][P::kSize];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < packs) {
+        const P x = reinterpret_cast<const P*>(s.in[0] + head)[i];
+#pragma unroll
+        for (int k = 0; k < P::kSize; ++k) acc[u][k] = Type::load(x.v[k]);
+      }
+    }
+    for (int r = 1; r < s.count; ++r) {
+      P x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t i = base + u * stride;
+        if (i < packs) x[u] = reinterpret_cast<const P*>(s.in[r] + head)[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int k = 0; k < P::kSize; ++k) acc[u][k] = Op()(acc[u][k], Type::load(x[u].v[k]));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < packs) {
+        P v;
+#pragma unroll
+        for (int k = 0; k < P::kSize; ++k) {
+          v.v[k] = Type::store(divided(acc[u][k], s.divisor));
+        }
+        for (int o = 0; o < s.outputs; ++o) reinterpret_cast<P*>(s.out[o] + head)[i] = v;
+      }
+    }
+  }
+  auto single = [&](size_t i) {
+    C acc = Type::load(s.in[0][i]);
+    for (int r = 1; r < s.count; ++r) acc = Op()(acc, Type::load(s.in[r][i]));
+    const S v = Type::store(divided(acc, s.divisor));
+    for (int o = 0; o < s.outputs; ++o) s.out[o][i] = v;
+  };
+  if (first < head) single(first);
+  for (size_t i = head + packs * P::kSize + first; i < n; i += stride) single(i);
+}
+
+template <typename Type, typename Op>
+cudaError_t launch_all(const void* const* in, int count, void* const* out, int outputs, size_t n,
+                       int divisor, cudaStream_t stream) {
+  using S = typename Type::storage;
+  if (n == 0 || outputs == 0) return cudaSuccess;
+  Spans<S> s{};
+  const size_t offset = pack_offset(in[0]);
+  bool packable = offset % sizeof(S) == 0;
+  for (int r = 0; r < count; ++r) {
+    s.in[r] = static_cast<const S*>(in[r]);
+    packable = packable && pack_offset(in[r]) == offset;
+  }
+  for (int o = 0; o < outputs; ++o) {
+    s.out[o] = static_cast<S*>(out[o]);
+    packable = packable && pack_offset(out[o]) == offset;
+  }
+  s.count = count;
+  s.outputs = outputs;
+  s.divisor = divisor;
+  constexpr size_t kPerPack = Pack<S>::kSize;
+  constexpr size_t kUnroll = Pack<S>::kUnroll;
+  const size_t head = packable ? std::min(n, (kPackBytes - offset) % kPackBytes / sizeof(S)) : 0;
+  const size_t packs = packable ? (n - head) / kPerPack : 0;
+  const size_t singles = n - packs * kPerPack;
+  int blocks = 0;
+  const cudaError_t err = grid_size(std::max((packs + kUnroll - 1) / kUnroll, singles), &blocks);
+  if (err != cudaSuccess) return err;
+  reduce_all_kernel<Type, Op><<<blocks, kThreads, 0, stream>>>(s, head, packs, n);
+  return cudaGetLastError();
+}
+
+template <typename Type>
+cudaError_t reduce_all_typed(ReduceOp op, const void* const* in, int count, void* const* out,
+                             int outputs, size_t n, int divisor, cudaStream_t stream) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return launch_all<Type, SumOp>(in, count, out, outputs, n, divisor, stream);
+    case ReduceOp::kProd:
+      return launch_all<Type, ProdOp>(in, count, out, outputs, n, divisor, stream);
+    case ReduceOp::kMin:
+      return launch_all<Type, MinOp>(in, count, out, outputs, n, divisor, stream);
+    case ReduceOp::kMax:
+      return launch_all<Type, MaxOp>(in, count, out, outputs, n, divisor, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t cuda_reduce(DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
@@ -185,6 +311,33 @@ cudaError_t cuda_reduce(DataType dtype, ReduceOp op, void* out, const void* a, c
       return reduce_typed<Int32Type>(op, out, a, b, n, stream);
     case DataType::kInt64:
       return reduce_typed<Int64Type>(op, out, a, b, n, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t cuda_reduce_all(DataType dtype, ReduceOp op, const void* const* in, int count,
+                            void* const* out, int outputs, size_t n, int divisor,
+                            cudaStream_t stream) {
+  if (count < 1 || count > kMaxAllSpans || outputs < 0 || outputs > kMaxAllSpans) {
+    return cudaErrorInvalidValue;
+  }
+  switch (dtype) {
+    case DataType::kFloat16:
+      return reduce_all_typed<Float16Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kBFloat16:
+      return reduce_all_typed<BFloat16Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kFloat32:
+      return reduce_all_typed<Float32Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kFloat64:
+      return reduce_all_typed<Float64Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kInt8:
+      return reduce_all_typed<Int8Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kUInt8:
+      return reduce_all_typed<UInt8Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kInt32:
+      return reduce_all_typed<Int32Type>(op, in, count, out, outputs, n, divisor, stream);
+    case DataType::kInt64:
+      return reduce_all_typed<Int64Type>(op, in, count, out, outputs, n, divisor, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -28,6 +28,20 @@ namespace rr {
 cudaError_t cuda_reduce(DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
                         size_t n, cudaStream_t stream);
 
+// The most inputs, and the most outputs, one cuda_reduce_all() takes: their
+// addresses travel in the kernel's arguments.
+constexpr int kMaxAllSpans = 16;
+
+// Enqueues, for i < n, v = in[0][i] op ... op in[count-1][i] in rank order in
+// the compute type (float32 for the 16-bit floats), divided by `divisor` when
+// it is > 0 (avg), rounded to the dtype once and written into out[0..outputs)[i]:
+// one kernel, reduce_all()'s bits (reduce/cpu_kernels.h). An output may be an
+// input; any address may be a peer's memory mapped here. 1 <= count <= kMaxAllSpans
+// and outputs <= kMaxAllSpans, else cudaErrorInvalidValue.
+cudaError_t cuda_reduce_all(DataType dtype, ReduceOp op, const void* const* in, int count,
+                            void* const* out, int outputs, size_t n, int divisor,
+                            cudaStream_t stream);
+
 // Enqueues data[i] /= divisor in the dtype's compute type on `stream`. Floating
 // dtypes only: integers return cudaErrorInvalidValue, as there is no integer
 // average.

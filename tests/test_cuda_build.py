@@ -121,3 +121,20 @@ def test_codec_kernels_are_built_without_fused_multiply_adds():
     assert kinds == {"encode_kernel", "decode_kernel", "convert_kernel"}, sorted(entries)
     fused = [n for n, body in entries.items() if "fma." in body]
     assert not fused, fused
+
+
+@needs_cuda_build
+def test_reduce_all_kernels_exist_for_every_dtype_and_op_without_fused_multiply_adds():
+    # The device window path's one kernel must give the CPU's reduce_all bits: every
+    # (dtype x op) instantiated, and no multiply-add fused where the CPU rounds twice.
+    tool = cuobjdump()
+    ptx = run_tool(tool, "--dump-ptx", _core.__file__)
+    entries = {}
+    for chunk in ptx.split(".entry ")[1:]:
+        name = chunk.split("(", 1)[0]
+        if "reduce_all_kernel" in name:
+            entries[name] = chunk.split("\n}\n", 1)[0]
+    # One PTX entry per (dtype x op): the build carries PTX for sm_90 only.
+    assert len(entries) == 8 * 4, sorted(entries)
+    fused = [n for n, body in entries.items() if "fma." in body]
+    assert not fused, fused

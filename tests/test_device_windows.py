@@ -230,6 +230,30 @@ def test_a_rank_killed_between_device_window_calls_is_named_on_every_survivor():
         assert (kind, peer) == ("PeerError", victim) and seconds < 15, (kind, peer, seconds)
 
 
+def _beyond_one_kernel(comm):
+    """Device windows on more ranks than one reduce_all kernel takes addresses for:
+    the sum, and which algorithm ran."""
+    n, r = comm.world_size, comm.rank
+    x = comm.empty(5000, np.float32, device="cuda")
+    dw.write(x, np.full(5000, r + 1, np.float32))
+    before = dict(comm.stats()["all_reduce_algorithms"])
+    comm.all_reduce(x, out=x)
+    ran = {k: v - before.get(k, 0) for k, v in comm.stats()["all_reduce_algorithms"].items()}
+    got = dw.read(x, np.float32, 5000)
+    return bool((got == n * (n + 1) // 2).all()), {k: v for k, v in ran.items() if v}
+
+
+def test_more_ranks_than_one_kernel_takes_are_staged():
+    """17 ranks on a host: one kernel carries at most 16 ranks' addresses, so every rank
+    stages its device windows through the host (the same choice everywhere: no
+    mismatch), and the sum is right."""
+    outcomes = run_ranks(17, _beyond_one_kernel, transport="shm", env=FAKE_DEVICE_ENV, timeout=240)
+    for status, value, tb in outcomes:
+        assert status == "ok", tb
+        right, ran = value
+        assert right and "window" not in ran and sum(ran.values()) == 1, ran
+
+
 def _without_a_device(comm):
     try:
         comm.empty(16, np.float32, device="cuda")

@@ -1,10 +1,12 @@
 // all_reduce in place over windows (transport/shm/shm_window.h): when every
 // rank's input and output lie in windows of the communicator (comm.empty),
 // each rank reduces its chunk of the vector straight out of every rank's
-// input, in rank order, and writes each reduced block into every rank's
-// output while it is in the cache. Each input is read once and each result
-// written once per rank, where the ring copies every message into a slot and
-// out again.
+// input, in rank order and in one pass (reduce_all, reduce/cpu_kernels.h:
+// 16-bit floats accumulate in float32 and round once), and writes each
+// reduced block into every rank's output while it is in the cache. Each input
+// is read once and each result written once per rank, where the ring copies
+// every message into a slot and out again. In device windows one kernel does
+// the same for the whole chunk (Device::reduce_all), with the same bits.
 //
 // Three waits on the peers, all on the bulletin (transport/bulletin.h): every
 // rank's call header, read by all (it carries where the rank's buffers lie in
@@ -38,10 +40,11 @@ namespace rr {
 // 1.4-1.5x faster at 1 KiB (docs/performance.md).
 inline size_t window_min_bytes(int size) { return size_t{4096} * static_cast<size_t>(size); }
 
-// Whether this rank's buffers take the window path: an all_reduce of host
-// memory, more than window_min_bytes, on ranks that all share this host, input
-// and output each inside one of the communicator's windows (the same memory,
-// or not overlapping).
+// Whether this rank's buffers take the window path: an all_reduce, on ranks
+// that all share this host, input and output each inside one of the
+// communicator's windows (the same memory, or not overlapping): host windows
+// above window_min_bytes, device windows at any size on at most
+// Device::kMaxReduceAll ranks (the addresses one kernel takes).
 bool window_buffers(const RingContext& ctx, const CollectiveArgs& args);
 
 void window_all_reduce(RingContext& ctx, const CollectiveArgs& args);

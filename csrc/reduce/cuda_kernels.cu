@@ -215,8 +215,10 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        if (base + u * stride < packs) {
 #pragma unroll
-        for (int k = 0; k < P::kSize; ++k) acc[u][k] = Op()(acc[u][k], Type::load(x[u].v[k]));
+          for (int k = 0; k < P::kSize; ++k) acc[u][k] = Op()(acc[u][k], Type::load(x[u].v[k]));
+        }
       }
     }
 #pragma unroll

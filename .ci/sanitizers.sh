@@ -5,7 +5,8 @@
 # hostile connections and wrong tokens, the parsers' fuzzer, the rendezvous,
 # shared memory with its failure paths, segments that lie, windows read in place by
 # their peers, communicators made and closed hundreds of times in a row, the compressed
-# collective's schedule against the Python path's bits) against it,
+# collective's schedule against the Python path's bits, the reduction kernels
+# on buffers with guards past their ends) against it,
 # with the sanitizer's runtime preloaded into Python. Any report fails the run.
 #
 #   bash .ci/sanitizers.sh                     # ASan + UBSan
@@ -19,7 +20,7 @@ tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py
          tests/test_shm_segments.py tests/test_churn.py tests/test_windows.py
-         tests/test_compression_engine.py tests/test_device_windows.py)
+         tests/test_compression_engine.py tests/test_device_windows.py tests/test_functors.py)
 fi
 name="$(echo "$sanitize" | tr ',' '-')"
 # Inside this checkout's (ignored) build/ unless told otherwise, so that a

@@ -63,9 +63,14 @@ void sum_divide_loop(void* out, const void* a, const void* b, size_t n, int divi
 inline bool fused_sum_divide(DataType dtype, void* out, const void* a, const void* b, size_t n,
                              int divisor) {
   switch (dtype) {
-    case DataType::kFloat32: sum_divide_loop<Float32Type>(out, a, b, n, divisor); return true;
-    case DataType::kFloat64: sum_divide_loop<Float64Type>(out, a, b, n, divisor); return true;
-    default: return false;
+    case DataType::kFloat32:
+      sum_divide_loop<Float32Type>(out, a, b, n, divisor);
+      return true;
+    case DataType::kFloat64:
+      sum_divide_loop<Float64Type>(out, a, b, n, divisor);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -150,14 +155,17 @@ void reduce_all_typed(ReduceOp op, const void* const* in, size_t count, void* ou
 inline void reduce_all_dtype(DataType dtype, ReduceOp op, const void* const* in, size_t count,
                              void* out, size_t n, int divisor) {
   switch (dtype) {
-    case DataType::kFloat16:
 #if defined(RR_HAVE_F16C_KERNELS)
-      return f16c_reduce_all(op, in, count, out, n, divisor);
+    case DataType::kFloat16:
+      return half_reduce_all<F16>(op, in, count, out, n, divisor);
+    case DataType::kBFloat16:
+      return half_reduce_all<Bf16>(op, in, count, out, n, divisor);
 #else
+    case DataType::kFloat16:
       return reduce_all_typed<Float16Type>(op, in, count, out, n, divisor);
-#endif
     case DataType::kBFloat16:
       return reduce_all_typed<BFloat16Type>(op, in, count, out, n, divisor);
+#endif
     case DataType::kFloat32:
       return reduce_all_typed<Float32Type>(op, in, count, out, n, divisor);
     case DataType::kFloat64:
@@ -179,39 +187,57 @@ ReduceFn pick_op(ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
       return &reduce_loop<Type, SumOp>;
-    case ReduceOp::kProd: return &reduce_loop<Type, ProdOp>;
-    case ReduceOp::kMin: return &reduce_loop<Type, MinOp>;
-    case ReduceOp::kMax: return &reduce_loop<Type, MaxOp>;
+    case ReduceOp::kProd:
+      return &reduce_loop<Type, ProdOp>;
+    case ReduceOp::kMin:
+      return &reduce_loop<Type, MinOp>;
+    case ReduceOp::kMax:
+      return &reduce_loop<Type, MaxOp>;
   }
   return nullptr;
 }
 
 inline ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kFloat16:
 #if defined(RR_HAVE_F16C_KERNELS)
-      return f16c_pick(op);
+    case DataType::kFloat16:
+      return half_pick<F16>(op);
+    case DataType::kBFloat16:
+      return half_pick<Bf16>(op);
 #else
+    case DataType::kFloat16:
       return pick_op<Float16Type>(op);
+    case DataType::kBFloat16:
+      return pick_op<BFloat16Type>(op);
 #endif
-    case DataType::kBFloat16: return pick_op<BFloat16Type>(op);
-    case DataType::kFloat32: return pick_op<Float32Type>(op);
-    case DataType::kFloat64: return pick_op<Float64Type>(op);
-    case DataType::kInt8: return pick_op<Int8Type>(op);
-    case DataType::kUInt8: return pick_op<UInt8Type>(op);
-    case DataType::kInt32: return pick_op<Int32Type>(op);
-    case DataType::kInt64: return pick_op<Int64Type>(op);
+    case DataType::kFloat32:
+      return pick_op<Float32Type>(op);
+    case DataType::kFloat64:
+      return pick_op<Float64Type>(op);
+    case DataType::kInt8:
+      return pick_op<Int8Type>(op);
+    case DataType::kUInt8:
+      return pick_op<UInt8Type>(op);
+    case DataType::kInt32:
+      return pick_op<Int32Type>(op);
+    case DataType::kInt64:
+      return pick_op<Int64Type>(op);
   }
   return nullptr;
 }
 
 inline void divide(DataType dtype, void* data, size_t n, int divisor) {
   switch (dtype) {
-    case DataType::kFloat16: return divide_loop<Float16Type>(data, n, divisor);
-    case DataType::kBFloat16: return divide_loop<BFloat16Type>(data, n, divisor);
-    case DataType::kFloat32: return divide_loop<Float32Type>(data, n, divisor);
-    case DataType::kFloat64: return divide_loop<Float64Type>(data, n, divisor);
-    default: return;
+    case DataType::kFloat16:
+      return divide_loop<Float16Type>(data, n, divisor);
+    case DataType::kBFloat16:
+      return divide_loop<BFloat16Type>(data, n, divisor);
+    case DataType::kFloat32:
+      return divide_loop<Float32Type>(data, n, divisor);
+    case DataType::kFloat64:
+      return divide_loop<Float64Type>(data, n, divisor);
+    default:
+      return;
   }
 }
 

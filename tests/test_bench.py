@@ -495,3 +495,20 @@ def test_fault_drill_kills_a_rank_and_the_survivors_shrink(tmp_path):
     assert row["agreed"] and row["wrong"] == 0, row
     assert 0 < row["detect_s"] < 10, row  # a kill is seen before the timeout
     assert {rep["new_size"] for rep in row["reports"].values()} == {2}, row
+
+
+def test_cpu_kernels_times_both_reductions_for_each_row():
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "cpu_kernels.py")
+    args = ["--kib", "4", "--inputs", "2,3", "--dtypes", "bfloat16,int8", "--ops", "max"]
+    out = run_bench(args + ["--calls", "20", "--repeat", "1"], cmd=[sys.executable, script])
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("bfloat16", "max", "2"),
+        ("bfloat16", "max", "3"),
+        ("int8", "max", "2"),
+        ("int8", "max", "3"),
+    ], out.stdout
+    # Microseconds of each call, then GB/s and the ratio (a busy machine may round them to 0).
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), out.stdout
+    assert all(float(x) >= 0 for r in rows for x in r[5:]), out.stdout

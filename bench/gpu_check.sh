@@ -2,8 +2,11 @@
 # Builds ringreduce with the CUDA kernels (required: the build fails if nvcc is
 # missing) and runs bench/gpu_check.py on this machine's GPU, then, where torch
 # sees the GPU, bench/gpu_transports.py (the device all_reduce, staged and over
-# device windows, against Gloo's, our host path and the device's own copies) and bench/gpu_sync_probe.py (what one copy and synchronize
-# costs; RR_GPU_CHECK_NO_BENCH=1 skips both), then the GPU tests
+# device windows, against Gloo's, our host path and the device's own copies),
+# bench/gpu_sync_probe.py (what one copy and synchronize costs) and
+# bench/gpu_staging_probe.py (how fast pinned, page-locked shared and pageable
+# host memory feed and drain the GPU; RR_GPU_CHECK_NO_BENCH=1 skips all three),
+# then the GPU tests
 # (RR_GPU_CHECK_NO_TESTS=1 skips them). Arguments go to gpu_check.py (--seed S
 # to replay a run). Exit status: the check's, or 1 if it passed and a test
 # failed. Set RR_GPU_CHECK_NO_BUILD=1 to test the ringreduce already installed
@@ -29,8 +32,10 @@ if [[ "${RR_GPU_CHECK_NO_BUILD:-0}" != 1 ]]; then
 fi
 
 # On an H200 (16 cores) the build took 25 s, the check 31 s, the bench 26 s, the
-# probe about 10 s and the tests 45 s. The timeouts, about 4x those, turn a hang
-# into a failure and keep the whole run under 10 minutes, inside a device lease.
+# probe about 10 s and the tests 45 s (the staging probe is new: its 60 s allow
+# for torch starting three times and about 20 GB of copies). The timeouts, about
+# 4x those, turn a hang into a failure and keep the whole run under 10 minutes,
+# inside a device lease.
 status=0
 timeout 150 "$PYTHON" bench/gpu_check.py "$@" || status=$?
 if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
@@ -38,6 +43,7 @@ if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
   timeout 120 "$PYTHON" bench/gpu_transports.py -n 2 --transports shm,tcp \
     --sizes 8,64K,1M,16M,256M || echo "gpu_transports failed (status $?)" >&2
   timeout 45 "$PYTHON" bench/gpu_sync_probe.py || echo "gpu_sync_probe failed (status $?)" >&2
+  timeout 60 "$PYTHON" bench/gpu_staging_probe.py || echo "gpu_staging_probe failed (status $?)" >&2
 fi
 if [[ "${RR_GPU_CHECK_NO_TESTS:-0}" != 1 ]]; then
   timeout 180 "$PYTHON" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py \

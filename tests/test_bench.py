@@ -458,6 +458,19 @@ def test_gpu_sync_probe_says_it_needs_a_gpu():
         assert out.returncode == 2 and "needs torch with CUDA and a GPU" in out.stderr
 
 
+def test_gpu_staging_probe_says_it_needs_a_gpu():
+    # As the sync probe: without a GPU it says so and exits 2 (run by gpu_check.sh on one).
+    torch = pytest.importorskip(
+        "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
+    )
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_staging_probe.py")
+    out = run_bench(["--mb", "16", "--chunks", "1M"], cmd=[sys.executable, script])
+    if torch.cuda.is_available():
+        assert out.returncode == 0 and "registered h2d" in out.stdout, out.stderr[-2000:]
+    else:
+        assert out.returncode == 2 and "needs torch with CUDA and a GPU" in out.stderr
+
+
 def test_init_time_reports_each_size_and_the_store_s_traffic():
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "init_time.py")
     out = run_bench(["--sizes", "2,3", "--trials", "1"], cmd=[sys.executable, script])

@@ -104,17 +104,22 @@ def test_bad_codes_are_value_errors_in_a_cuda_build():
         _core.testing.cuda_divide(6, 0, 1, 2)
 
 
+def ptx_kernels(marker: str) -> dict:
+    """{mangled name: PTX body} of the extension's kernels whose name holds `marker`."""
+    ptx = run_tool(cuobjdump(), "--dump-ptx", _core.__file__)
+    entries = {}
+    for chunk in ptx.split(".entry ")[1:]:
+        name = chunk.split("(", 1)[0]
+        if marker in name:
+            entries[name] = chunk.split("\n}\n", 1)[0]
+    return entries
+
+
 @needs_cuda_build
 def test_codec_kernels_are_built_without_fused_multiply_adds():
     # A fused multiply-add rounds once where the CPU loops round twice: the bits would
     # differ from theirs (docs/compression.md, "Device arrays").
-    tool = cuobjdump()
-    ptx = run_tool(tool, "--dump-ptx", _core.__file__)
-    entries = {}
-    for chunk in ptx.split(".entry ")[1:]:
-        name = chunk.split("(", 1)[0]
-        if "5codec7kernels" in name:
-            entries[name] = chunk.split("\n}\n", 1)[0]
+    entries = ptx_kernels("5codec7kernels")
     kinds = {
         k for k in ("encode_kernel", "decode_kernel", "convert_kernel") for n in entries if k in n
     }
@@ -127,13 +132,7 @@ def test_codec_kernels_are_built_without_fused_multiply_adds():
 def test_reduce_all_kernels_exist_for_every_dtype_and_op_without_fused_multiply_adds():
     # The device window path's one kernel must give the CPU's reduce_all bits: every
     # (dtype x op) instantiated, and no multiply-add fused where the CPU rounds twice.
-    tool = cuobjdump()
-    ptx = run_tool(tool, "--dump-ptx", _core.__file__)
-    entries = {}
-    for chunk in ptx.split(".entry ")[1:]:
-        name = chunk.split("(", 1)[0]
-        if "reduce_all_kernel" in name:
-            entries[name] = chunk.split("\n}\n", 1)[0]
+    entries = ptx_kernels("reduce_all_kernel")
     # One PTX entry per (dtype x op): the build carries PTX for sm_90 only.
     assert len(entries) == 8 * 4, sorted(entries)
     fused = [n for n, body in entries.items() if "fma." in body]

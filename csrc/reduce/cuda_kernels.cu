@@ -292,29 +292,36 @@ cudaError_t reduce_all_typed(ReduceOp op, const void* const* in, int count, void
   return cudaErrorInvalidValue;
 }
 
+// Calls fn(Type{}) with the Type (ops.h) of `dtype`.
+template <typename Fn>
+cudaError_t with_type(DataType dtype, Fn fn) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return fn(Float16Type{});
+    case DataType::kBFloat16:
+      return fn(BFloat16Type{});
+    case DataType::kFloat32:
+      return fn(Float32Type{});
+    case DataType::kFloat64:
+      return fn(Float64Type{});
+    case DataType::kInt8:
+      return fn(Int8Type{});
+    case DataType::kUInt8:
+      return fn(UInt8Type{});
+    case DataType::kInt32:
+      return fn(Int32Type{});
+    case DataType::kInt64:
+      return fn(Int64Type{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t cuda_reduce(DataType dtype, ReduceOp op, void* out, const void* a, const void* b,
                         size_t n, cudaStream_t stream) {
-  switch (dtype) {
-    case DataType::kFloat16:
-      return reduce_typed<Float16Type>(op, out, a, b, n, stream);
-    case DataType::kBFloat16:
-      return reduce_typed<BFloat16Type>(op, out, a, b, n, stream);
-    case DataType::kFloat32:
-      return reduce_typed<Float32Type>(op, out, a, b, n, stream);
-    case DataType::kFloat64:
-      return reduce_typed<Float64Type>(op, out, a, b, n, stream);
-    case DataType::kInt8:
-      return reduce_typed<Int8Type>(op, out, a, b, n, stream);
-    case DataType::kUInt8:
-      return reduce_typed<UInt8Type>(op, out, a, b, n, stream);
-    case DataType::kInt32:
-      return reduce_typed<Int32Type>(op, out, a, b, n, stream);
-    case DataType::kInt64:
-      return reduce_typed<Int64Type>(op, out, a, b, n, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_type(
+      dtype, [&](auto type) { return reduce_typed<decltype(type)>(op, out, a, b, n, stream); });
 }
 
 cudaError_t cuda_reduce_all(DataType dtype, ReduceOp op, const void* const* in, int count,
@@ -323,25 +330,9 @@ cudaError_t cuda_reduce_all(DataType dtype, ReduceOp op, const void* const* in, 
   if (count < 1 || count > kMaxAllSpans || outputs < 0 || outputs > kMaxAllSpans) {
     return cudaErrorInvalidValue;
   }
-  switch (dtype) {
-    case DataType::kFloat16:
-      return reduce_all_typed<Float16Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kBFloat16:
-      return reduce_all_typed<BFloat16Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kFloat32:
-      return reduce_all_typed<Float32Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kFloat64:
-      return reduce_all_typed<Float64Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kInt8:
-      return reduce_all_typed<Int8Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kUInt8:
-      return reduce_all_typed<UInt8Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kInt32:
-      return reduce_all_typed<Int32Type>(op, in, count, out, outputs, n, divisor, stream);
-    case DataType::kInt64:
-      return reduce_all_typed<Int64Type>(op, in, count, out, outputs, n, divisor, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_type(dtype, [&](auto type) {
+    return reduce_all_typed<decltype(type)>(op, in, count, out, outputs, n, divisor, stream);
+  });
 }
 
 cudaError_t cuda_divide(DataType dtype, void* data, size_t n, int divisor, cudaStream_t stream) {

@@ -97,6 +97,16 @@ template <typename Type, typename Op>
 void reduce_all_loop(const void* const* in, size_t count, void* out, size_t n, int divisor) {
   using S = typename Type::storage;
   using C = typename Type::compute;
+  if constexpr (std::is_same_v<S, C>) {
+    if (count == 2) {
+      // One pass of the pairwise kernel, straight into out (which may be either
+      // input: each element is read before it is written), then the division:
+      // the same arithmetic without the block's extra copy.
+      reduce_loop<Type, Op>(out, in[0], in[1], n);
+      if (divisor > 0) divide_loop<Type>(out, n, divisor);
+      return;
+    }
+  }
   C acc[kAllBlock];
   S* o = static_cast<S*>(out);
   const C div = static_cast<C>(divisor > 0 ? divisor : 1);

@@ -408,3 +408,21 @@ def run_scripts(
                 p.kill()
                 p.wait()
     return reports
+
+
+@contextlib.contextmanager
+def native_stderr():
+    """What the engine writes to stderr (file descriptor 2) inside the block, such as
+    RINGREDUCE_DEBUG's lines: `with native_stderr() as said: ...; said()` is the text."""
+    saved = os.dup(2)
+    captured = tempfile.TemporaryFile(mode="w+b")
+    text: List[str] = []
+    os.dup2(captured.fileno(), 2)
+    try:
+        yield lambda: text[0]
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        captured.seek(0)
+        text.append(captured.read().decode(errors="replace"))
+        captured.close()

@@ -28,7 +28,7 @@ from test_windows import window_loop_until_error
 import ringreduce as rr
 from ringreduce._comm.core.windows import cuda_index
 
-from _ranks import run_ranks, survivors
+from _ranks import native_stderr, run_ranks, survivors
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -237,21 +237,28 @@ def _beyond_one_kernel(comm):
     x = comm.empty(5000, np.float32, device="cuda")
     dw.write(x, np.full(5000, r + 1, np.float32))
     before = dict(comm.stats()["all_reduce_algorithms"])
-    comm.all_reduce(x, out=x)
+    with native_stderr() as said:
+        comm.all_reduce(x, out=x)
     ran = {k: v - before.get(k, 0) for k, v in comm.stats()["all_reduce_algorithms"].items()}
     got = dw.read(x, np.float32, 5000)
-    return bool((got == n * (n + 1) // 2).all()), {k: v for k, v in ran.items() if v}
+    return bool((got == n * (n + 1) // 2).all()), {k: v for k, v in ran.items() if v}, said()
 
 
 def test_more_ranks_than_one_kernel_takes_are_staged():
     """17 ranks on a host: one kernel carries at most 16 ranks' addresses, so every rank
     stages its device windows through the host (the same choice everywhere: no
-    mismatch), and the sum is right."""
-    outcomes = run_ranks(17, _beyond_one_kernel, transport="shm", env=FAKE_DEVICE_ENV, timeout=240)
+    mismatch), and the sum is right. The algorithm log says why the windows were passed
+    over."""
+    env = dict(FAKE_DEVICE_ENV, RINGREDUCE_DEBUG="algorithm")
+    outcomes = run_ranks(17, _beyond_one_kernel, transport="shm", env=env, timeout=240)
     for status, value, tb in outcomes:
         assert status == "ok", tb
-        right, ran = value
+        right, ran, said = value
         assert right and "window" not in ran and sum(ran.values()) == 1, ran
+        assert (
+            "not the window path: 17 ranks share this host, more than the 16 whose device "
+            "buffers one kernel reads, so device buffers are staged; " in said
+        ), said
 
 
 def _without_a_device(comm):

@@ -20,7 +20,7 @@ from _kernels import half_window_cases
 import ringreduce as rr
 
 from _data import DTYPES, FLOATING, OPS, contribution, expected, np_dtype, same_bits
-from _ranks import run_ranks, survivors
+from _ranks import native_stderr, run_ranks, survivors
 
 BLOCK_BYTES = 64 << 10  # window_all_reduce.cc's blocks
 
@@ -312,3 +312,33 @@ def _below_the_path(comm):
 def test_calls_up_to_the_paths_smallest_size_take_the_direct_path(group_factory, n):
     for right, direct, window in group_factory(n, transport="shm").run(_below_the_path):
         assert (right, direct, window) == (True, 1, 1)
+
+
+def _passed_over(comm):
+    """Window arrays that do not take the window path, with the algorithm log on: below
+    the path's smallest size, and with the output outside any window."""
+    n = comm.world_size
+    small = comm.empty(MIN_BYTES_PER_RANK * n // 4, np.float32)
+    big = comm.empty(1 << 16, np.float32)
+    plain = np.zeros(1 << 16, np.float32)
+    small[:] = big[:] = comm.rank + 1
+    with native_stderr() as said:
+        comm.all_reduce(small, out=small)
+        comm.all_reduce(big, out=plain)
+    right = bool(np.all(small == n * (n + 1) / 2)) and bool(np.all(plain == n * (n + 1) / 2))
+    return right, comm.stats()["all_reduce_algorithms"]["window"], said()
+
+
+def test_the_algorithm_log_says_why_window_arrays_were_passed_over():
+    n = 2
+    outcomes = run_ranks(n, _passed_over, transport="shm", env={"RINGREDUCE_DEBUG": "algorithm"})
+    for status, value, tb in outcomes:
+        assert status == "ok", tb
+        right, window, said = value
+        assert right and window == 0, (right, window)
+        floor = MIN_BYTES_PER_RANK * n
+        assert (
+            f"not the window path: {floor} bytes is at most the window path's floor of {floor} "
+            f"bytes at {n} ranks, below which one step of whole vectors is faster; " in said
+        ), said
+        assert "not the window path: the output is not wholly inside a host window; " in said, said

@@ -42,26 +42,83 @@ bool overlap(const void* a, const void* b, size_t bytes) {
   return x < y + bytes && y < x + bytes;
 }
 
+// window_buffers()'s verdict, with the first reason it found against the path.
+enum class WindowFit {
+  kFits,
+  kNoWindows,   // this communicator has no window (or not an all_reduce, or one rank)
+  kNotOneHost,  // the transport has no bulletin over every rank
+  kSmall,       // host windows at or below window_min_bytes
+  kOverlap,     // input and output overlap without being the same memory
+  kManyRanks,   // device windows on more ranks than one kernel takes
+  kOutside,     // input or output not wholly inside one window of this device
+};
+
+WindowFit window_fit(const RingContext& ctx, const CollectiveArgs& args) {
+  if (ctx.windows == nullptr || !ctx.windows->any()) return WindowFit::kNoWindows;
+  const size_t bytes = args.count * dtype_size(args.dtype);
+  const int size = ctx.transport.size();
+  if (args.kind != CollectiveKind::kAllReduce || size < 2) return WindowFit::kNoWindows;
+  if (ctx.transport.bulletin() == nullptr) return WindowFit::kNotOneHost;
+  // Device windows at every size: any other path stages through the host.
+  if (args.device < 0 && bytes <= window_min_bytes(size)) return WindowFit::kSmall;
+  if (bytes == 0) return WindowFit::kNoWindows;
+  if (args.send != args.recv && overlap(args.send, args.recv, bytes)) return WindowFit::kOverlap;
+  // One kernel reads every rank's input: beyond the addresses it can take,
+  // device buffers are staged.
+  if (args.device >= 0 && size > Device::kMaxReduceAll) return WindowFit::kManyRanks;
+  const auto send = ctx.windows->find(args.send, bytes);
+  const auto recv = ctx.windows->find(args.recv, bytes);
+  const bool inside = send && recv && send->window->device() == args.device &&
+                      recv->window->device() == args.device;
+  return inside ? WindowFit::kFits : WindowFit::kOutside;
+}
+
 }  // namespace
 
 bool window_buffers(const RingContext& ctx, const CollectiveArgs& args) {
-  if (ctx.windows == nullptr || !ctx.windows->any()) return false;
-  const size_t bytes = args.count * dtype_size(args.dtype);
-  const int size = ctx.transport.size();
-  // Device windows at every size: any other path stages through the host.
-  const size_t least = args.device >= 0 ? 0 : window_min_bytes(size);
-  if (args.kind != CollectiveKind::kAllReduce || size < 2 || bytes <= least ||
-      ctx.transport.bulletin() == nullptr) {
-    return false;
+  return window_fit(ctx, args) == WindowFit::kFits;
+}
+
+std::string window_passed_over(const RingContext& ctx, const CollectiveArgs& args) {
+  const WindowFit fit = window_fit(ctx, args);
+  if (fit == WindowFit::kFits || fit == WindowFit::kNoWindows) return "";
+  if (!ctx.windows->find(args.send, 1) && !ctx.windows->find(args.recv, 1)) return "";
+  const std::string n = std::to_string(ctx.transport.size());
+  std::string why;
+  switch (fit) {
+    case WindowFit::kNotOneHost:
+      why = "the " + n + " ranks do not all share this host";
+      break;
+    case WindowFit::kSmall:
+      why = std::to_string(args.count * dtype_size(args.dtype)) +
+            " bytes is at most the window path's floor of " +
+            std::to_string(window_min_bytes(ctx.transport.size())) + " bytes at " + n +
+            " ranks, below which one step of whole vectors is faster";
+      break;
+    case WindowFit::kOverlap:
+      why = "the input and the output overlap without being the same memory";
+      break;
+    case WindowFit::kManyRanks:
+      why = n + " ranks share this host, more than the " + std::to_string(Device::kMaxReduceAll) +
+            " whose device buffers one kernel reads, so device buffers are staged";
+      break;
+    default: {
+      const size_t bytes = args.count * dtype_size(args.dtype);
+      const auto inside = [&](const void* p) {
+        const auto place = ctx.windows->find(p, bytes);
+        return place && place->window->device() == args.device;
+      };
+      const bool send = inside(args.send), recv = inside(args.recv);
+      why = std::string(!send && !recv ? "neither the input nor the output is"
+                        : !send        ? "the input is not"
+                                       : "the output is not") +
+            " wholly inside a " +
+            (args.device >= 0 ? "window of device " + std::to_string(args.device)
+                              : std::string("host window"));
+      break;
+    }
   }
-  if (args.send != args.recv && overlap(args.send, args.recv, bytes)) return false;
-  // One kernel reads every rank's input: beyond the addresses it can take,
-  // device buffers are staged.
-  if (args.device >= 0 && size > Device::kMaxReduceAll) return false;
-  const auto send = ctx.windows->find(args.send, bytes);
-  const auto recv = ctx.windows->find(args.recv, bytes);
-  return send && recv && send->window->device() == args.device &&
-         recv->window->device() == args.device;
+  return "not the window path: " + why + "; ";
 }
 
 namespace {

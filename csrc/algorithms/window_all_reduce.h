@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "algorithms/collective.h"
 
@@ -46,6 +47,11 @@ inline size_t window_min_bytes(int size) { return size_t{4096} * static_cast<siz
 // above window_min_bytes, device windows at any size on at most
 // Device::kMaxReduceAll ranks (the addresses one kernel takes).
 bool window_buffers(const RingContext& ctx, const CollectiveArgs& args);
+
+// Why a rank whose buffers are in windows does not take the window path, for
+// explain(): "not the window path: <why>", or empty where its buffers take
+// it, or where neither buffer is in a window (nothing to explain).
+std::string window_passed_over(const RingContext& ctx, const CollectiveArgs& args);
 
 void window_all_reduce(RingContext& ctx, const CollectiveArgs& args);
 

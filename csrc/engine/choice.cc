@@ -125,7 +125,8 @@ std::string explain(const Choice& choice, const RingContext& ctx, const Collecti
              std::to_string(ctx.transport.size()) +
              " ranks share this host, so the ranks read each other's buffers in place: " + name;
     case Reason::kSmallMessage:
-      return byte_count(bytes) + " <= " + limit + ", latency-bound; " +
+      return window_passed_over(ctx, args) + byte_count(bytes) + " <= " + limit +
+             ", latency-bound; " +
              (choice.algorithm == Algorithm::kDirect
                   ? std::string("every peer is one link away (shared memory), so one step") +
                         (choice.route == Route::kBulletin
@@ -135,7 +136,8 @@ std::string explain(const Choice& choice, const RingContext& ctx, const Collecti
                                 "vectors: ")) +
              name;
     case Reason::kLargeMessage:
-      return byte_count(bytes) + " > " + limit + ", bandwidth-bound; " + hosts_sentence(ctx) +
+      return window_passed_over(ctx, args) + byte_count(bytes) + " > " + limit +
+             ", bandwidth-bound; " + hosts_sentence(ctx) +
              (choice.algorithm == Algorithm::kHierarchical
                   ? ", so each host's data crosses the network once per direction: "
                   : ": ") +

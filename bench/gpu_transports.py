@@ -3,6 +3,11 @@ against Gloo's CUDA all_reduce, in the same run.
 
     python bench/gpu_transports.py [-n 2] [--transports tcp,shm] [--sizes 64K,1M,16M,256M]
 
+A transport may carry settings for its ranks' environment, which its table's
+heading repeats: `--transports shm,shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536` runs
+shared memory as it is and again with messages of 64 KiB and more read by address
+(one host copy per byte instead of two, for the staged rows too).
+
 Every rank uses the same GPU (cuda:0, or --device), as ranks of one node share a
 host. Per size and round, in turn: ringreduce's all_reduce of a torch.cuda tensor
 (staged through pinned host memory by the engine), the same queued
@@ -56,7 +61,23 @@ def _iters(nbytes: int) -> int:
     return max(3, min(50, (64 << 20) // max(nbytes, 1)))
 
 
-def _rank(rank: int, args: Any, ports: List[int], transport: str) -> Dict[str, List[float]]:
+def split_transport(spec: str) -> tuple:
+    """ "shm:VAR=value:VAR2=value2" -> ("shm", {"VAR": "value", "VAR2": "value2"})."""
+    name, *settings = spec.split(":")
+    env = {}
+    for setting in settings:
+        var, eq, value = setting.partition("=")
+        if not eq or not var.startswith("RINGREDUCE_"):
+            raise SystemExit(f"--transports: {setting!r} in {spec!r} is not RINGREDUCE_...=value")
+        env[var] = value
+    return name, env
+
+
+def _rank(rank: int, args: Any, ports: List[int], spec: str) -> Dict[str, List[float]]:
+    import os
+
+    transport, env = split_transport(spec)
+    os.environ.update(env)  # before init, which reads them; this process is this rank's alone
     import torch
     import torch.distributed as dist
 
@@ -205,8 +226,11 @@ def main(argv: List[str] | None = None) -> int:
         parser.error(f"unknown systems {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
     args.sizes = [parse_size(s) for s in args.sizes.split(",")]
     status = 0
-    for transport in args.transports.split(","):
-        status |= run_transport(args, transport)
+    transports = args.transports.split(",")
+    for spec in transports:
+        split_transport(spec)  # a bad setting fails before any rank starts
+    for spec in transports:
+        status |= run_transport(args, spec)
     return status
 
 

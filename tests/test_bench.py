@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -431,10 +432,12 @@ def test_gpu_transports_harness_runs_without_a_gpu():
         "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
     )
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_transports.py")
-    args = ["--transports", "shm,tcp", "--sizes", "64K,1M", "--rounds", "1", "--device", "cpu"]
-    out = run_bench(args, cmd=[sys.executable, script])
+    single_copy = "shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536"
+    transports = ("shm", single_copy, "tcp")
+    args = ["--transports", ",".join(transports), "--sizes", "64K,1M", "--rounds", "1"]
+    out = run_bench(args + ["--device", "cpu"], cmd=[sys.executable, script])
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
-    for transport in ("shm", "tcp"):
+    for transport in transports:
         head = f"2 ranks, ringreduce transport {transport}: us per call (busbw GB/s)"
         lines = out.stdout.split(head)[1].strip().splitlines()
         assert lines[0].split()[0] == "size", out.stdout
@@ -442,6 +445,13 @@ def test_gpu_transports_harness_runs_without_a_gpu():
         assert [row[0] for row in rows] == ["65536", "1048576"], out.stdout
         # Four systems, microseconds and busbw each.
         assert all(len(row) == 1 + 4 * 2 and float(row[1]) > 0 for row in rows), out.stdout
+
+
+def test_gpu_transports_refuses_a_setting_that_is_not_one_before_starting_ranks():
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_transports.py")
+    out = run_bench(["--transports", "shm:SINGLE_COPY"], cmd=[sys.executable, script])
+    assert out.returncode != 0
+    assert "'SINGLE_COPY' in 'shm:SINGLE_COPY' is not RINGREDUCE_...=value" in out.stderr, out
 
 
 def test_gpu_sync_probe_says_it_needs_a_gpu():
@@ -525,3 +535,14 @@ def test_cpu_kernels_times_both_reductions_for_each_row():
     # Microseconds of each call, then GB/s and the ratio (a busy machine may round them to 0).
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), out.stdout
     assert all(float(x) >= 0 for r in rows for x in r[5:]), out.stdout
+
+
+def test_gpu_check_fits_a_ten_minute_lease():
+    """bench/gpu_check.sh runs in a device lease of 10 minutes a command: its steps'
+    timeouts, with half a minute for the build, must leave it inside that."""
+    path = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_check.sh")
+    with open(path) as f:
+        script = f.read()
+    timeouts = [int(t) for t in re.findall(r"^\s*timeout (\d+) ", script, re.MULTILINE)]
+    assert len(timeouts) == 5, timeouts  # the check, three benches, the tests
+    assert sum(timeouts) + 30 <= 600, timeouts

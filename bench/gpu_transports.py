@@ -10,7 +10,7 @@ shared memory as it is and again with messages of 64 KiB and more read by addres
 
 Every rank uses the same GPU (cuda:0, or --device), as ranks of one node share a
 host. Per size and round, in turn: ringreduce's all_reduce of a torch.cuda tensor
-(staged through pinned host memory by the engine), the same queued
+(staged through host memory by the engine), the same queued
 (async_op=True, then wait(): the worker's polite waits), ringreduce's all_reduce of a
 numpy array of the same size (the transport alone, no GPU), and Gloo's all_reduce
 of the torch.cuda tensor (torch.distributed, which stages through the host as

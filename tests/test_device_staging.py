@@ -33,7 +33,7 @@ from _data import (
     same_bits,
     sizes_for,
 )
-from _ranks import RankGroup
+from _ranks import RankGroup, run_ranks
 
 # (segment bytes, staging bytes): one element per segment, 40 bytes (a whole
 # number of elements of every dtype, and not of 16), and the default (one
@@ -326,28 +326,35 @@ def _partial_overlap(comm):
 # ---- tests -------------------------------------------------------------------
 
 
+# Over TCP every segment is received into a recv slot; over shared memory it is
+# copied onto the device straight out of the sender's inbox slot (landing in place).
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_all_reduce(fake_group, n, segment):
+def test_all_reduce(fake_group, n, segment, transport):
     counts = _counts(n, segment)
     for dtype in DTYPES:
-        assert fake_group(n, segment).run(_all_reduce, dtype, counts) == [[]] * n, dtype
+        got = fake_group(n, segment, transport).run(_all_reduce, dtype, counts)
+        assert got == [[]] * n, dtype
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_reduce_scatter(fake_group, n, segment):
+def test_reduce_scatter(fake_group, n, segment, transport):
     counts = _counts(n, segment)
     for dtype in ("float16", "bfloat16", "float64", "int8", "int64"):
-        assert fake_group(n, segment).run(_reduce_scatter, dtype, counts) == [[]] * n, dtype
+        got = fake_group(n, segment, transport).run(_reduce_scatter, dtype, counts)
+        assert got == [[]] * n, dtype
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_all_gather_and_broadcast(fake_group, n, segment):
+def test_all_gather_and_broadcast(fake_group, n, segment, transport):
     counts = _counts(n, segment)
     for dtype in ("bfloat16", "float32", "uint8", "int64"):
-        group = fake_group(n, segment)
+        group = fake_group(n, segment, transport)
         assert group.run(_all_gather, dtype, counts) == [[]] * n, dtype
         assert group.run(_broadcast, dtype, counts) == [[]] * n, dtype
 
@@ -407,6 +414,73 @@ def test_all_reduce_on_the_bulletin(fake_group, n):
     for dtype in DTYPES:
         got = fake_group(n, 0, "shm").run(_all_reduce, dtype, [0, 1, 3, 10, 11, 20, 21])
         assert got == [[]] * n, dtype
+
+
+def _lands_in_place(comm, count):
+    """A ring all_reduce and an all_gather of device arrays: right results; per call,
+    the bytes received and those that went onto the device straight out of the
+    transport's memory; and the page locks this process holds while the communicator
+    is open and once it is closed."""
+    from ringreduce import _core
+
+    n, r = comm.world_size, comm.rank
+    x = np.arange(count, dtype=np.float32) * (r + 1)
+    out = np.full(count, -1, np.float32)
+    gathered = np.full((n, count), -1, np.float32)
+    moved = []
+    for call in (
+        lambda: comm.all_reduce(fake(x), out=fake(out)),
+        lambda: comm.all_gather(fake(x), out=fake(gathered)),
+    ):
+        before = comm.stats()
+        call()
+        after = comm.stats()
+        moved.append(
+            (
+                after["bytes_received"] - before["bytes_received"],
+                after["staged_in_place_bytes"] - before["staged_in_place_bytes"],
+            )
+        )
+    right = bool(np.array_equal(out, np.arange(count, dtype=np.float32) * (n * (n + 1) // 2)))
+    for k in range(n):
+        right = right and bool(np.array_equal(gathered[k], np.arange(count) * (k + 1)))
+    locked_open = _core.testing.page_locked_ranges()
+    comm.close()
+    return right, moved, locked_open, _core.testing.page_locked_ranges()
+
+
+@pytest.mark.parametrize(
+    "transport, env, lands",
+    [
+        ("shm", {}, True),
+        ("tcp", {}, False),
+        # A GPU that cannot page-lock the inboxes: every segment through the recv slots.
+        ("shm", {"RINGREDUCE_TEST_FAKE_PAGE_LOCK": "0"}, False),
+        # Turned off: the same.
+        ("shm", {"RINGREDUCE_DEVICE_IN_PLACE": "0"}, False),
+    ],
+    ids=["shm", "tcp", "shm-unlockable", "shm-off"],
+)
+@pytest.mark.parametrize("n", [2, 3])
+def test_shared_memory_messages_land_on_the_device_in_place(n, transport, env, lands):
+    count = 1 << 16  # 256 KiB of float32: the ring, several segments a step
+    env = {**FAKE_DEVICE_ENV, **env}
+    outcomes = run_ranks(n, _lands_in_place, count, transport=transport, env=env)
+    for status, value, tb in outcomes:
+        assert status == "ok", tb
+        right, ((reduce_got, reduce_in_place), (gather_got, gather_in_place)), locked, gone = value
+        assert right
+        if lands:
+            # The all_gather's data are the other ranks' buffers, all of it in place.
+            assert gather_in_place == (n - 1) * count * 4, value
+            # Every byte received went in place (shared memory's call headers travel
+            # on the bulletin, not as messages).
+            assert (reduce_in_place, gather_in_place) == (reduce_got, gather_got), value
+            # The home segment that holds the inboxes, locked once.
+            assert locked == 1, value
+        else:
+            assert (reduce_in_place, gather_in_place, locked) == (0, 0, 0), value
+        assert gone == 0, "a page lock outlived its mapping"
 
 
 def test_bad_arguments_fail_locally(fake_group):

@@ -164,6 +164,7 @@ SETTINGS = {
     "shm_single_copy_bytes": "RINGREDUCE_SHM_SINGLE_COPY_BYTES",
     "shm_slot_bytes": "RINGREDUCE_SHM_SLOT_BYTES",
     "device_staging_bytes": "RINGREDUCE_DEVICE_STAGING_BYTES",
+    "device_land_in_place": "RINGREDUCE_DEVICE_IN_PLACE",
     "stream_store_bytes": "RINGREDUCE_STREAM_STORE_BYTES",
     "host_id": "RINGREDUCE_HOST_ID",
     "socket_addr": "RINGREDUCE_SOCKET_ADDR",
@@ -200,6 +201,7 @@ def test_set_settings_reach_their_options_field(no_settings):
         "shm_single_copy_bytes": 1 << 20,
         "shm_slot_bytes": 8192,
         "device_staging_bytes": 1 << 21,
+        "device_land_in_place": 0,
         "stream_store_bytes": 1 << 22,
         "host_id": "host-7",
         "socket_addr": "10.0.0.7",
@@ -222,6 +224,8 @@ def test_set_settings_reach_their_options_field(no_settings):
         ("RINGREDUCE_TCP_KEEPALIVE", "15s"),
         ("RINGREDUCE_DEVICE_STAGING_BYTES", "-1"),
         ("RINGREDUCE_DEVICE_STAGING_BYTES", "4M"),
+        ("RINGREDUCE_DEVICE_IN_PLACE", "2"),
+        ("RINGREDUCE_DEVICE_IN_PLACE", "yes"),
     ],
 )
 def test_a_bad_setting_names_its_variable(no_settings, var, text):

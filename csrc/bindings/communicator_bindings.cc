@@ -130,6 +130,8 @@ py::dict stats(const rr::Communicator& self) {
   d["tcp_links_connected"] = s.tcp_links_connected;
   // Local peers whose shared memory was taken over the same way.
   d["shm_peers_reused"] = s.shm_peers_reused;
+  // Bytes staged device calls copied onto the GPU straight out of shared memory.
+  d["staged_in_place_bytes"] = s.staged_in_place_bytes;
   // Compressed collectives by codec name: their counters and the canary's (CodecCounters).
   py::dict codecs;
   for (const auto& [name, c] : s.codecs) {
@@ -172,6 +174,7 @@ void register_communicator(py::module_& m) {
       .def_readwrite("spin_us", &rr::Options::spin_us)
       .def_readwrite("shm_single_copy_bytes", &rr::Options::shm_single_copy_bytes)
       .def_readwrite("device_staging_bytes", &rr::Options::device_staging_bytes)
+      .def_readwrite("device_land_in_place", &rr::Options::device_land_in_place)
       .def_readwrite("stream_store_bytes", &rr::Options::stream_store_bytes)
       .def_readwrite("shm_slot_bytes", &rr::Options::shm_slot_bytes)
       .def_readwrite("socket_addr", &rr::Options::socket_addr)

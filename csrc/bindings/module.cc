@@ -14,6 +14,7 @@
 #include "bindings/codes.h"
 #include "common/error.h"
 #include "common/fault_report.h"
+#include "common/page_lock.h"
 #include "common/process_state.h"
 #include "config.h"
 #include "engine/choice.h"
@@ -140,6 +141,9 @@ void register_testing(py::module_& t) {
   t.def("retired_device_windows", &rr::DeviceWindow::retired_for_testing,
         "Device windows of this process whose arrays are gone but whose memory a peer may "
         "still map (not yet freed), after freeing those no peer maps.");
+  t.def("page_locked_ranges", &rr::page_lock::count,
+        "Ranges of this process's host memory a device has page-locked (common/page_lock.h): "
+        "each goes before its mapping does.");
   t.def(
       "stalled_wait",
       [](int awaited, int busy, double busy_seconds, double timeout) {

@@ -118,6 +118,7 @@ std::unique_ptr<Transport> connect_links_among(Store& store, const std::string& 
                             : std::clamp<size_t>(options.segment_bytes, 4 << 10, 4 << 20);
   settings.cma_min_bytes =
       options.shm_single_copy_bytes == 0 ? SIZE_MAX : options.shm_single_copy_bytes;
+  settings.poison_released = options.fake_device;
   auto shm = ShmTransport::connect(store, prefix, rank, size, local, settings, deadline, reuse);
   if (one_host) return shm;
   std::vector<std::unique_ptr<Transport>> parts;

@@ -272,6 +272,7 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
     ctx.device = &device(call->device);
     ctx.device_mark = mark;
     ctx.device_staging_bytes = options_.device_staging_bytes;
+    ctx.device_land_in_place = options_.device_land_in_place;
   }
   // Only a compressed call counts its own wire bytes; the reading stays off
   // every other call's path.
@@ -306,6 +307,7 @@ void Communicator::execute(const CollectiveArgs& args, const StreamMark* mark, u
     stats_.bytes_received_between_hosts = between.bytes_received;
   }
   ++stats_.ops;
+  stats_.staged_in_place_bytes += ctx.staged_in_place_bytes;
   if (args.kind == CollectiveKind::kAllReduce) {
     ++stats_.all_reduce_by_algorithm[static_cast<int>(choice.algorithm)];
   }

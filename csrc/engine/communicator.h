@@ -71,6 +71,10 @@ struct CommStats {
   int tcp_links_connected = 0;
   // Local peers whose shared memory it took over (a shrink).
   int shm_peers_reused = 0;
+  // Of the bytes staged device calls received, those copied onto the device
+  // straight out of the shared-memory transport's inboxes, with no host copy
+  // (executor/device_executor.h: landing in place).
+  uint64_t staged_in_place_bytes = 0;
   // Compressed collectives, by codec name (Compression::name).
   std::map<std::string, CodecCounters> codecs;
 };

@@ -73,9 +73,11 @@ void dispatch(RingContext& ctx, const CollectiveArgs& args, const Choice& choice
   setup.stream_store_bytes = ctx.stream_store_bytes;
   if (args.device >= 0) {
     setup.staging_bytes = staging_bytes(ring, args, ctx.device_staging_bytes);
+    setup.land_in_place = ctx.device_land_in_place;
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy, &ctx.compressed);
     x.finish();
+    ctx.staged_in_place_bytes = x.landed_in_place_bytes();
   } else {
     HostExecutor x(setup, ctx.scratch);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy, &ctx.compressed);

@@ -36,6 +36,11 @@ struct Options {
   // segment). Each copy, and each wait for one, costs microseconds of launch
   // and completion latency that a segment-sized copy does not amortize.
   size_t device_staging_bytes = 4 << 20;
+  // Device arrays over shared memory: copy received messages onto the GPU
+  // straight out of the sender's inbox slots, page-locked for it, instead of
+  // through the pinned staging memory (RINGREDUCE_DEVICE_IN_PLACE=0 turns it
+  // off; executor/device_executor.h, "landing in place").
+  bool device_land_in_place = true;
   // Host reductions out of place: a step that reduces at least this many
   // bytes into the output writes it with streaming (non-temporal) stores, which
   // skip reading the output's lines into the cache before overwriting them

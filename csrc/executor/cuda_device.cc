@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/page_lock.h"
 #include "executor/devices.h"
 #include "kernels/codec_cuda.h"
 #include "reduce/cuda_kernels.h"
@@ -38,6 +39,20 @@ void check(cudaError_t err, const char* what, int device) {
   if (err == cudaSuccess) return;
   throw Error(std::string("CUDA ") + what + " on device " + std::to_string(device) +
               " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+// page_lock's lock and unlock for CUDA (common/page_lock.h). Portable: the
+// pages are pinned for every device's copies, not only the current one's.
+// A failure (no memory to pin, memory CUDA cannot pin) leaves nothing locked
+// and clears CUDA's error, so the caller falls back to pinned staging.
+bool register_host(void* p, size_t bytes) {
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
+void unregister_host(void* p) noexcept {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
 // Makes `device` current on this thread while it lives, then restores the
@@ -151,6 +166,14 @@ class CudaDevice final : public Device {
       scratch_capacity_ = scratch_bytes;
     }
     return {send_host_.get(), recv_host_.get(), recv_device_.get(), scratch_.get(), stride};
+  }
+
+  bool lock_host(void* p, size_t bytes) override {
+    return page_lock::lock(p, bytes, &register_host, &unregister_host);
+  }
+
+  bool host_locked(const void* p, size_t bytes) override {
+    return page_lock::locked(p, bytes, &unregister_host);
   }
 
   void copy(Lane lane, void* dst, const void* src, size_t bytes) override {

@@ -137,6 +137,16 @@ class Device {
   virtual void unmap_shared(void* mapped) noexcept = 0;
   virtual void release_shared(void* ptr) noexcept = 0;
 
+  // ---- host memory the device copies in place ----
+  // Page-locks host memory of this process (a transport's inbox,
+  // Transport::view_region) so that copies between it and the device run as
+  // from pinned memory; it stays locked until it is unmapped (whoever unmaps
+  // it calls common/page_lock.h's forget() first). True once it is locked for
+  // this kind of device; false where it cannot be, and then nothing changed.
+  virtual bool lock_host(void* p, size_t bytes) = 0;
+  // Whether [p, p + bytes) lies in memory lock_host() locked.
+  virtual bool host_locked(const void* p, size_t bytes) = 0;
+
   virtual void record(Lane lane, int event) = 0;
   virtual void lane_wait(Lane lane, int event) = 0;
   // Throws TimeoutError when the device has not got there by the deadline.

@@ -1,6 +1,7 @@
 #include "executor/device_executor.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/error.h"
 #include "executor/segments.h"
@@ -17,7 +18,11 @@ constexpr int kRecvLanded = DeviceExecutor::kSlots;
 constexpr int kStepBegins = 2 * DeviceExecutor::kSlots;
 // The codec's operations have all run (DeviceCodecOps::settle).
 constexpr int kSettled = kStepBegins + 1;
-static_assert(kSettled < Device::kEvents, "the pipeline uses more events than a Device has");
+// View n's copy onto the device is done (kViewLanded + n % kMaxViews): at most
+// kMaxViews are held, so an event is recorded again only after its view went back.
+constexpr int kViewLanded = kSettled + 1;
+static_assert(kViewLanded + Transport::kMaxViews <= Device::kEvents,
+              "the pipeline uses more events than a Device has");
 
 int slot_event(int base, size_t b) { return base + static_cast<int>(b % DeviceExecutor::kSlots); }
 
@@ -70,8 +75,15 @@ void DeviceExecutor::step(const StepPlan& plan) {
     throw Error("device executor: a step cannot both reduce and forward");
   }
   plan_ = plan;
+  in_place_ = setup_.land_in_place && !plan.forward && plan.recv_bytes > 0 &&
+              lands_in_place(plan.recv_from);
   const size_t segments = segments_in(std::max(plan.send_bytes, plan.recv_bytes), segment_bytes_);
-  batch_bytes_ = std::clamp<size_t>(segments / kBatchesPerStep, 1, slot_segments_) * segment_bytes_;
+  // Landing in place holds a view per segment until its copy has run: one
+  // segment per batch keeps the views of the batches in flight within what
+  // the transport lends.
+  batch_bytes_ = in_place_ ? segment_bytes_
+                           : std::clamp<size_t>(segments / kBatchesPerStep, 1, slot_segments_) *
+                                 segment_bytes_;
   send_batches_ = segments_in(plan.send_bytes, batch_bytes_);
   recv_batches_ = segments_in(plan.recv_bytes, batch_bytes_);
   // The chunk sent now may be the one the previous step received and reduced.
@@ -90,6 +102,19 @@ void DeviceExecutor::step(const StepPlan& plan) {
     land(b);
     stage_send(b + kLookahead);
   }
+}
+
+bool DeviceExecutor::lands_in_place(int peer) {
+  const MemoryRange inbox = transport_.view_region(peer, segment_bytes_);
+  return inbox.bytes > 0 && device_.lock_host(inbox.data, inbox.bytes);
+}
+
+void DeviceExecutor::release_oldest_view() {
+  HeldView& oldest = held_.front();
+  device_.sync(kViewLanded + static_cast<int>(oldest.number % Transport::kMaxViews),
+               setup_.deadline());
+  transport_.release(*oldest.view);
+  held_.pop_front();
 }
 
 // Queues the copy of send batch b off the device into its slot.
@@ -121,7 +146,16 @@ void DeviceExecutor::post_recv(size_t b) {
   wait_all(slot.forwards);
   device_.sync(slot_event(kRecvLanded, b), setup_.deadline());
   for_segments(length(plan_.recv_bytes, b), segment_bytes_, [&](size_t at, size_t n) {
-    slot.recvs.push_back(transport_.irecv(plan_.recv_from, slot.host + at, n));
+    if (!in_place_) {
+      slot.recvs.push_back(transport_.irecv(plan_.recv_from, slot.host + at, n));
+      return;
+    }
+    if (held_.size() + views_posted_ >= static_cast<size_t>(Transport::kMaxViews)) {
+      if (held_.empty()) throw Error("device executor: more views posted than a transport lends");
+      release_oldest_view();
+    }
+    slot.recvs.push_back(transport_.irecv_view(plan_.recv_from, n));
+    ++views_posted_;
   });
 }
 
@@ -139,17 +173,36 @@ void DeviceExecutor::land(size_t b) {
           transport_.isend(plan_.send_to, slot.host + at, std::min(segment_bytes_, bytes - at)));
     }
   }
-  slot.recvs.clear();
   char* dst = plan_.recv + b * batch_bytes_;
-  if (plan_.reduce_with == nullptr) {
-    device_.copy(Lane::kToDevice, dst, slot.host, bytes);
-    device_.record(Lane::kToDevice, slot_event(kRecvLanded, b));
-    return;
+  // Without a reduction the bytes go straight into place; with one, into the
+  // device slot the kernel reads. The host slot is free once the copy is
+  // done; the device slot is reused only by later work on the same lane,
+  // which runs after this kernel.
+  char* landing = plan_.reduce_with == nullptr ? dst : slot.device;
+  if (in_place_) {
+    for (size_t i = 0; i < slot.recvs.size(); ++i) {
+      const size_t at = i * segment_bytes_;
+      const size_t n = std::min(segment_bytes_, bytes - at);
+      const char* view = slot.recvs[i]->view();
+      if (device_.host_locked(view, n)) {
+        device_.copy(Lane::kToDevice, landing + at, view, n);
+        in_place_bytes_ += n;
+      } else {
+        std::memcpy(slot.host + at, view, n);
+        device_.copy(Lane::kToDevice, landing + at, slot.host + at, n);
+      }
+      const uint64_t number = views_taken_++;
+      device_.record(Lane::kToDevice,
+                     kViewLanded + static_cast<int>(number % Transport::kMaxViews));
+      held_.push_back({slot.recvs[i], number});
+      --views_posted_;
+    }
+  } else {
+    device_.copy(Lane::kToDevice, landing, slot.host, bytes);
   }
-  // The host slot is free once the copy is done; the device slot is reused
-  // only by later work on the same lane, which runs after this kernel.
-  device_.copy(Lane::kToDevice, slot.device, slot.host, bytes);
+  slot.recvs.clear();
   device_.record(Lane::kToDevice, slot_event(kRecvLanded, b));
+  if (plan_.reduce_with == nullptr) return;
   device_.reduce(Lane::kToDevice, setup_.dtype, setup_.op, dst,
                  plan_.reduce_with + b * batch_bytes_, slot.device, bytes / elem_);
   if (plan_.divide_by > 1) {
@@ -161,6 +214,8 @@ void DeviceExecutor::finish() {
   for (SendSlot& slot : send_) wait_all(slot.sends);
   for (RecvSlot& slot : recv_) wait_all(slot.forwards);
   device_.finish(setup_.deadline());
+  for (HeldView& held : held_) transport_.release(*held.view);  // oldest first
+  held_.clear();
   finished_ = true;
 }
 

@@ -27,6 +27,20 @@
 // so the host seldom waits on the device: copies, kernels and the network
 // overlap.
 //
+// Landing in place. Where the transport lends views of a step's messages in
+// memory of its own that the device can page-lock (Transport::view_region:
+// shared memory's inbox), the step receives views instead, and the copies
+// onto the device read the messages where the sender wrote them: one host
+// copy per byte received fewer (the transport's copy out of its inbox into
+// the recv slot). A view holds its inbox slot until its copy has run, and a
+// transport lends only Transport::kMaxViews at once, so such a step moves one
+// segment per batch, and a view goes back once the copy that read it has
+// passed (its event), oldest first, before the next is posted. A view that
+// turns out not to lie in locked memory (a peer sending by address after
+// all) is copied into the recv slot first, as before. Forwarding steps
+// (broadcast) keep the recv slots. The choice is this rank's alone: the wire
+// carries the same segments either way.
+//
 // Between steps, the copies out wait for everything queued on the way in
 // (the chunk sent in step t+1 is the one reduced in step t). Inside a step the
 // chunk sent and the chunk received are different chunks, so the lanes run
@@ -35,6 +49,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "executor/device.h"
@@ -68,6 +84,9 @@ class DeviceExecutor final : public Executor {
   // The codec's operations as the Device's kernels, on the kToDevice lane
   // (after the data that lane lands, before the next step's copies out).
   CodecOps* codec_ops() override { return &codec_; }
+  // Bytes copied onto the device straight out of the transport's memory
+  // (landing in place) so far.
+  uint64_t landed_in_place_bytes() const { return in_place_bytes_; }
   // Host memory: the transport's own messages, cut into segments as a host
   // rank cuts them.
   void host_exchange(const std::vector<StepPlan>& plans) override;
@@ -103,8 +122,18 @@ class DeviceExecutor final : public Executor {
     std::vector<RequestPtr> forwards;  // the isends forwarding it (broadcast)
   };
 
+  struct HeldView {
+    RequestPtr view;
+    uint64_t
+        number;  // of the views this executor took: its event is kViewLanded + number % kMaxViews
+  };
+
   size_t length(size_t total, size_t b) const;  // of batch b of a region of `total` bytes
   void wait_all(std::vector<RequestPtr>& requests);
+  // Whether the step receiving from `peer` lands its messages in place.
+  bool lands_in_place(int peer);
+  // Gives back the oldest held view once the copy that read it has run.
+  void release_oldest_view();
   void stage_send(size_t b);
   void send_staged(size_t b);
   void post_recv(size_t b);
@@ -123,6 +152,11 @@ class DeviceExecutor final : public Executor {
   StepPlan plan_;  // the step in progress
   size_t send_batches_ = 0;
   size_t recv_batches_ = 0;
+  bool in_place_ = false;      // the step in progress lands in place
+  std::deque<HeldView> held_;  // views whose copies are queued, oldest first
+  size_t views_posted_ = 0;    // views posted, not yet landed
+  uint64_t views_taken_ = 0;   // views posted so far, in all steps
+  uint64_t in_place_bytes_ = 0;
   bool finished_ = false;
   DeviceCodecOps codec_{*this};
 };

@@ -48,6 +48,10 @@ struct ExecutorSetup {
   // Device executor: the most bytes one copy between device and host staging
   // moves (a slot; at least a segment). Unused on the host.
   size_t staging_bytes = 0;
+  // Device executor: receive messages as views where the transport lends them
+  // in memory the device can page-lock, and copy them onto the device from
+  // there (device_executor.h, "landing in place"). Unused on the host.
+  bool land_in_place = true;
   // Host executor: a step reducing at least this many bytes out of place
   // writes them with streaming stores (Options::stream_store_bytes; 0: never).
   size_t stream_store_bytes = 0;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/page_lock.h"
 #include "executor/devices.h"
 #include "kernels/codec.h"
 #include "kernels/codec_scalar.h"
@@ -39,6 +40,9 @@ namespace rr {
 namespace {
 
 constexpr unsigned char kPoison = 0xA5;
+
+bool lock_nothing(void*, size_t) { return true; }
+void unlock_nothing(void*) noexcept {}
 // One queued operation in kEagerOneIn runs a lane ahead.
 constexpr uint32_t kEagerOneIn = 8;
 
@@ -180,6 +184,20 @@ class FakeDevice final : public Device {
     std::lock_guard<std::mutex> lock(shared_mu_);
     shared_[data] = std::move(segment);  // its fd stays open: peers attach through it
     return data;
+  }
+
+  // Host memory needs no locking here; the registry still records it, so the
+  // staged path takes its in-place route, and tests can count the ranges and
+  // see them go with their mappings. RINGREDUCE_TEST_FAKE_PAGE_LOCK=0 emulates
+  // a host whose memory the GPU cannot lock (the staged path's other route).
+  bool lock_host(void* p, size_t bytes) override {
+    const char* allowed = std::getenv("RINGREDUCE_TEST_FAKE_PAGE_LOCK");
+    if (allowed != nullptr && std::string(allowed) == "0") return false;
+    return page_lock::lock(p, bytes, &lock_nothing, &unlock_nothing);
+  }
+
+  bool host_locked(const void* p, size_t bytes) override {
+    return page_lock::locked(p, bytes, &unlock_nothing);
   }
 
   void* map_shared(const SharedHandle& handle, size_t bytes, int peer, int peer_device) override {

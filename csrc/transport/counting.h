@@ -25,6 +25,9 @@ class CountingTransport : public Transport {
   RequestPtr irecv(int peer, void* data, size_t bytes) override;
   RequestPtr irecv_view(int peer, size_t bytes) override;
   void release(Request& view) override { inner_->release(view); }
+  MemoryRange view_region(int peer, size_t bytes) override {
+    return inner_->view_region(peer, bytes);
+  }
   void wait(Request& request, const Deadline& deadline) override {
     inner_->wait(request, deadline);
   }

@@ -56,6 +56,10 @@ RequestPtr RoutedTransport::irecv_view(int peer, size_t bytes) {
 
 void RoutedTransport::release(Request& view) { part_for(view.peer()).release(view); }
 
+MemoryRange RoutedTransport::view_region(int peer, size_t bytes) {
+  return part_for(peer).view_region(peer, bytes);
+}
+
 bool RoutedTransport::reaches(int peer) const {
   return peer >= 0 && peer < size() && route_[static_cast<size_t>(peer)]->reaches(peer);
 }

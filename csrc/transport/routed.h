@@ -32,6 +32,7 @@ class RoutedTransport : public Transport {
   RequestPtr irecv(int peer, void* data, size_t bytes) override;
   RequestPtr irecv_view(int peer, size_t bytes) override;
   void release(Request& view) override;
+  MemoryRange view_region(int peer, size_t bytes) override;
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;

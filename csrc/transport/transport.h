@@ -65,6 +65,12 @@ struct TransportStats {
   int shm_peers_reused = 0;     // local peers whose shared memory was taken over
 };
 
+// A range of memory: where a transport's views lie (Transport::view_region).
+struct MemoryRange {
+  char* data = nullptr;
+  size_t bytes = 0;
+};
+
 class Transport {
  public:
   // A transport lends at least this many views per peer at once; an
@@ -89,6 +95,19 @@ class Transport {
   // Gives a completed view back. Views from one peer are released in the
   // order they were posted.
   virtual void release(Request& view) = 0;
+  // Where views of `bytes`-byte messages from `peer` will be the message in
+  // place: a range of this transport's own memory, mapped as long as the
+  // transport is (for shared memory, the home segment that holds the inbox
+  // `peer` writes), in whole pages. A view that
+  // lies inside it was not copied to be lent; the range is what a device
+  // page-locks to copy such views straight onto itself. Empty where views
+  // from `peer` of that size are copies (sockets, MPI, shared-memory messages
+  // by address or over several slots).
+  virtual MemoryRange view_region(int peer, size_t bytes) {
+    (void)peer;
+    (void)bytes;
+    return {};
+  }
 
   // Drives progress until `request` completes. Throws TimeoutError when no
   // byte has moved for the deadline's length (so a long transfer on a slow

@@ -76,6 +76,7 @@ class Options:
     shm_single_copy_bytes: int
     shm_slot_bytes: int
     device_staging_bytes: int
+    device_land_in_place: bool
     stream_store_bytes: int
     socket_addr: str
     token: str

@@ -336,6 +336,10 @@ def engine_options(transport: str, timeout: float) -> Any:
     options.device_staging_bytes = _int_env(
         "RINGREDUCE_DEVICE_STAGING_BYTES", options.device_staging_bytes
     )
+    in_place = _int_env("RINGREDUCE_DEVICE_IN_PLACE", int(options.device_land_in_place))
+    if in_place > 1:
+        raise ValueError(f"RINGREDUCE_DEVICE_IN_PLACE must be 0 or 1, got {in_place}")
+    options.device_land_in_place = bool(in_place)
     options.stream_store_bytes = _int_env(
         "RINGREDUCE_STREAM_STORE_BYTES", options.stream_store_bytes
     )

@@ -14,6 +14,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "common/page_lock.h"
 #include "security/auth.h"
 
 namespace rr {
@@ -74,7 +75,9 @@ Segment& Segment::operator=(Segment&& other) noexcept {
 }
 
 void Segment::unmap() noexcept {
-  if (base_ != nullptr) ::munmap(base_, bytes_);
+  if (base_ == nullptr) return;
+  page_lock::forget(base_, bytes_);  // a device's locks on it go first (common/page_lock.h)
+  ::munmap(base_, bytes_);
   base_ = nullptr;
   bytes_ = 0;
 }

@@ -86,6 +86,8 @@ class Segment {
   // The owner's fd has done its job once every peer has mapped the segment
   // (and holds an fd of its own): the memory lives as long as a mapping does.
   void close_fd() { fd_.reset(); }
+  // Unlocks whatever a device page-locked in it (common/page_lock.h), then
+  // unmaps it.
   void unmap() noexcept;
 
  private:

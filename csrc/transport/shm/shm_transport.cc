@@ -261,11 +261,28 @@ void ShmTransport::release(Request& view) {
   if (!op.is_view || !op.done_) return;
   if (op.holds_slot) {
     op.holds_slot = false;
+    if (settings_.poison_released) std::memset(const_cast<char*>(op.view_ptr), 0x5A, op.bytes);
     consume(peer(op.peer_), op.slot_index);
   } else if (op.bounce) {
     bounce_.give_back(std::move(op.bounce));
   }
   op.view_ptr = nullptr;
+}
+
+MemoryRange ShmTransport::view_region(int from, size_t bytes) {
+  if (!reaches(from) || header_ == nullptr || bytes == 0 || bytes > header_->slot_bytes) return {};
+  const Peer& p = *peers_[static_cast<size_t>(from)];
+  // It sends messages this large by address when we can read its memory, with
+  // its settings, which are ours (a peer whose differ still gives right views,
+  // copies where the range said in place).
+  if (header_->cma_from[p.local].load(std::memory_order_acquire) != 0 &&
+      bytes >= settings_.cma_min_bytes) {
+    return {};
+  }
+  // The whole home segment, not p's inbox alone: whole pages, one range for
+  // every peer's inbox (inboxes share pages at their edges, which a device
+  // could not lock twice).
+  return {home_.base(), home_.bytes()};
 }
 
 std::string ShmTransport::in_segment_of(const Peer& p) const {

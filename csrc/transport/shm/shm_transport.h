@@ -62,6 +62,11 @@ struct ShmSettings {
   // affinity masks).
   bool oversubscribed = false;
   bool log = false;  // say on stderr, once, how waits will go (RINGREDUCE_DEBUG=algorithm)
+  // Tests: release() overwrites a view's bytes before the sender may reuse its
+  // slot, so that anything still reading a view after giving it back (a copy
+  // queued on a device) reads garbage at once, not only when the slot comes
+  // round again. Set with the fake device (Options::fake_device).
+  bool poison_released = false;
 };
 
 // What a shrink's transport may take over: the revoked communicator's shared
@@ -98,6 +103,9 @@ class ShmTransport : public Transport, public Bulletin {
   RequestPtr irecv(int peer, void* data, size_t bytes) override;
   RequestPtr irecv_view(int peer, size_t bytes) override;
   void release(Request& view) override;
+  // Our home segment, which holds the inbox `peer` writes, for messages that
+  // fit one slot and come inline.
+  MemoryRange view_region(int peer, size_t bytes) override;
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;

@@ -6,7 +6,8 @@
 # shared memory with its failure paths, segments that lie, windows read in place by
 # their peers, communicators made and closed hundreds of times in a row, the compressed
 # collective's schedule against the Python path's bits, the reduction kernels
-# on buffers with guards past their ends) against it,
+# on buffers with guards past their ends, the staged device pipeline on the CPU
+# emulation of a GPU, over TCP and into and out of shared memory) against it,
 # with the sanitizer's runtime preloaded into Python. Any report fails the run.
 #
 #   bash .ci/sanitizers.sh                     # ASan + UBSan
@@ -20,7 +21,8 @@ tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
   tests=(tests/test_security.py tests/test_rendezvous.py tests/test_shm.py
          tests/test_shm_segments.py tests/test_churn.py tests/test_windows.py
-         tests/test_compression_engine.py tests/test_device_windows.py tests/test_functors.py)
+         tests/test_compression_engine.py tests/test_device_windows.py tests/test_functors.py
+         tests/test_device_staging.py)
 fi
 name="$(echo "$sanitize" | tr ',' '-')"
 # Inside this checkout's (ignored) build/ unless told otherwise, so that a
@@ -53,7 +55,26 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0"
 export LD_PRELOAD="${runtime[*]}"
-export PYTHONPATH="$build/site"
+# The sanitized build must be the ringreduce the tests import. An editable install
+# of this tree hooks the import system ahead of PYTHONPATH; a sitecustomize that
+# drops its hook keeps it out (rank processes inherit the setting), and the check
+# below fails loudly rather than test the unsanitized build.
+mkdir -p "$build/no-editable"
+cat > "$build/no-editable/sitecustomize.py" <<'PY'
+import sys
+
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ScikitBuildRedirectingFinder"]
+PY
+export PYTHONPATH="$build/site:$build/no-editable"
+python - "$build/site" <<'PY'
+import os
+import sys
+
+import ringreduce._core as core
+
+if not os.path.realpath(core.__file__).startswith(os.path.realpath(sys.argv[1])):
+    sys.exit(f"sanitizers: ringreduce imports from {core.__file__}, not the sanitized build")
+PY
 # The tests import the package from PYTHONPATH; run them from outside the source tree
 # so that python/ringreduce there is not picked up by accident.
 cd tests

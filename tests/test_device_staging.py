@@ -359,12 +359,13 @@ def test_all_gather_and_broadcast(fake_group, n, segment, transport):
         assert group.run(_broadcast, dtype, counts) == [[]] * n, dtype
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_reduce_gather_scatter_all_to_all(fake_group, n, segment):
+def test_reduce_gather_scatter_all_to_all(fake_group, n, segment, transport):
     counts = _counts(n, segment)
     for dtype in ("bfloat16", "float32", "int8"):
-        got = fake_group(n, segment).run(_rooted_and_all_to_all, dtype, counts)
+        got = fake_group(n, segment, transport).run(_rooted_and_all_to_all, dtype, counts)
         assert got == [[]] * n, dtype
 
 
@@ -418,9 +419,9 @@ def test_all_reduce_on_the_bulletin(fake_group, n):
 
 def _lands_in_place(comm, count):
     """A ring all_reduce and an all_gather of device arrays: right results; per call,
-    the bytes received and those that went onto the device straight out of the
-    transport's memory; and the page locks this process holds while the communicator
-    is open and once it is closed."""
+    the bytes sent and received, and those copied between the device and the
+    transport's memory directly; and the page locks this process holds while the
+    communicator is open and once it is closed."""
     from ringreduce import _core
 
     n, r = comm.world_size, comm.rank
@@ -436,9 +437,9 @@ def _lands_in_place(comm, count):
         call()
         after = comm.stats()
         moved.append(
-            (
-                after["bytes_received"] - before["bytes_received"],
-                after["staged_in_place_bytes"] - before["staged_in_place_bytes"],
+            tuple(
+                after[key] - before[key]
+                for key in ("bytes_sent", "bytes_received", "staged_in_place_bytes")
             )
         )
     right = bool(np.array_equal(out, np.arange(count, dtype=np.float32) * (n * (n + 1) // 2)))
@@ -468,18 +469,20 @@ def test_shared_memory_messages_land_on_the_device_in_place(n, transport, env, l
     outcomes = run_ranks(n, _lands_in_place, count, transport=transport, env=env)
     for status, value, tb in outcomes:
         assert status == "ok", tb
-        right, ((reduce_got, reduce_in_place), (gather_got, gather_in_place)), locked, gone = value
+        right, (reduce_moved, gather_moved), locked, gone = value
         assert right
         if lands:
-            # The all_gather's data are the other ranks' buffers, all of it in place.
-            assert gather_in_place == (n - 1) * count * 4, value
-            # Every byte received went in place (shared memory's call headers travel
-            # on the bulletin, not as messages).
-            assert (reduce_in_place, gather_in_place) == (reduce_got, gather_got), value
-            # The home segment that holds the inboxes, locked once.
-            assert locked == 1, value
+            # The all_gather receives the other ranks' buffers and sends as much.
+            assert gather_moved[:2] == ((n - 1) * count * 4,) * 2, value
+            # Every byte sent and received went in place (shared memory's call
+            # headers travel on the bulletin, not as messages).
+            for sent, received, in_place in (reduce_moved, gather_moved):
+                assert in_place == sent + received, value
+            # This rank's home segment (the inbox it reads), and the segment of
+            # its right neighbour mapped here (the inbox it writes): locked once each.
+            assert locked == 2, value
         else:
-            assert (reduce_in_place, gather_in_place, locked) == (0, 0, 0), value
+            assert (reduce_moved[2], gather_moved[2], locked) == (0, 0, 0), value
         assert gone == 0, "a page lock outlived its mapping"
 
 

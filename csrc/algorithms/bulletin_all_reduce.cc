@@ -1,5 +1,6 @@
 #include "algorithms/bulletin_all_reduce.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -52,9 +53,10 @@ void bulletin_all_reduce(RingContext& ctx, const CollectiveArgs& args, Algorithm
   }
   bulletin.publish(ctx.seq, &mine, sizeof(CallHeader) + bytes, true, deadline);
   // Every rank's data, in rank order, in the communicator's scratch.
-  if (ctx.scratch.size() < static_cast<size_t>(size) * bytes) {
-    ctx.scratch.resize(static_cast<size_t>(size) * bytes);
-  }
+  // At least a byte: a call of no elements still copies (nothing) through a
+  // pointer, which must not be null.
+  const size_t gathered = std::max<size_t>(1, static_cast<size_t>(size) * bytes);
+  if (ctx.scratch.size() < gathered) ctx.scratch.resize(gathered);
   char* slots = ctx.scratch.data();
   std::memcpy(slots + static_cast<size_t>(rank) * bytes, mine.data, bytes);
   for (int i = 1; i < size; ++i) {

@@ -77,7 +77,7 @@ void dispatch(RingContext& ctx, const CollectiveArgs& args, const Choice& choice
     DeviceExecutor x(setup, *ctx.device, *ctx.device_mark);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy, &ctx.compressed);
     x.finish();
-    ctx.staged_in_place_bytes = x.landed_in_place_bytes();
+    ctx.staged_in_place_bytes = x.in_place_bytes();
   } else {
     HostExecutor x(setup, ctx.scratch);
     run_schedule(x, ring, args, algorithm, ctx.segment_bytes, ctx.hierarchy, &ctx.compressed);

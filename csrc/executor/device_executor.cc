@@ -77,13 +77,15 @@ void DeviceExecutor::step(const StepPlan& plan) {
   plan_ = plan;
   in_place_ = setup_.land_in_place && !plan.forward && plan.recv_bytes > 0 &&
               lands_in_place(plan.recv_from);
+  lend_ = setup_.land_in_place && plan.send_bytes > 0 && sends_in_place(plan.send_to);
   const size_t segments = segments_in(std::max(plan.send_bytes, plan.recv_bytes), segment_bytes_);
   // Landing in place holds a view per segment until its copy has run: one
   // segment per batch keeps the views of the batches in flight within what
-  // the transport lends.
-  batch_bytes_ = in_place_ ? segment_bytes_
-                           : std::clamp<size_t>(segments / kBatchesPerStep, 1, slot_segments_) *
-                                 segment_bytes_;
+  // the transport lends. A lent slot holds one segment.
+  batch_bytes_ =
+      in_place_ || lend_
+          ? segment_bytes_
+          : std::clamp<size_t>(segments / kBatchesPerStep, 1, slot_segments_) * segment_bytes_;
   send_batches_ = segments_in(plan.send_bytes, batch_bytes_);
   recv_batches_ = segments_in(plan.recv_bytes, batch_bytes_);
   // The chunk sent now may be the one the previous step received and reduced.
@@ -109,6 +111,11 @@ bool DeviceExecutor::lands_in_place(int peer) {
   return inbox.bytes > 0 && device_.lock_host(inbox.data, inbox.bytes);
 }
 
+bool DeviceExecutor::sends_in_place(int peer) {
+  const MemoryRange inbox = transport_.lend_region(peer);
+  return inbox.bytes > 0 && device_.lock_host(inbox.data, inbox.bytes);
+}
+
 void DeviceExecutor::release_oldest_view() {
   HeldView& oldest = held_.front();
   device_.sync(kViewLanded + static_cast<int>(oldest.number % Transport::kMaxViews),
@@ -122,8 +129,18 @@ void DeviceExecutor::stage_send(size_t b) {
   if (b >= send_batches_) return;
   SendSlot& slot = send_[b % kSlots];
   wait_all(slot.sends);  // batch b - kSlots is still being read from this slot
-  device_.copy(Lane::kToHost, slot.host, plan_.send + b * batch_bytes_,
-               length(plan_.send_bytes, b));
+  const size_t bytes = length(plan_.send_bytes, b);
+  slot.lent = nullptr;
+  slot.lent_via_host = slot.held_back = false;
+  if (lend_ && held_back_ == 0) slot.lent = transport_.lend(plan_.send_to, bytes);
+  if (slot.lent != nullptr) {
+    slot.lent_via_host = !device_.host_locked(slot.lent, bytes);
+  } else if (lend_) {
+    slot.held_back = true;
+    ++held_back_;
+  }
+  char* staged = slot.lent != nullptr && !slot.lent_via_host ? slot.lent : slot.host;
+  device_.copy(Lane::kToHost, staged, plan_.send + b * batch_bytes_, bytes);
   device_.record(Lane::kToHost, slot_event(kSendStaged, b));
 }
 
@@ -133,9 +150,24 @@ void DeviceExecutor::send_staged(size_t b) {
   if (b >= send_batches_) return;
   SendSlot& slot = send_[b % kSlots];
   device_.sync(slot_event(kSendStaged, b), setup_.deadline());
-  for_segments(length(plan_.send_bytes, b), segment_bytes_, [&](size_t at, size_t n) {
+  const size_t bytes = length(plan_.send_bytes, b);
+  if (slot.lent != nullptr) {
+    if (slot.lent_via_host) {
+      std::memcpy(slot.lent, slot.host, bytes);
+    } else {
+      in_place_bytes_ += bytes;
+    }
+    slot.sends.push_back(transport_.isend_lent(plan_.send_to, slot.lent, bytes));
+    slot.lent = nullptr;
+    return;
+  }
+  for_segments(bytes, segment_bytes_, [&](size_t at, size_t n) {
     slot.sends.push_back(transport_.isend(plan_.send_to, slot.host + at, n));
   });
+  if (slot.held_back) {
+    slot.held_back = false;
+    --held_back_;
+  }
 }
 
 // Posts the receives of batch b into its slot, once the slot's previous batch

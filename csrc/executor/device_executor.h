@@ -41,6 +41,15 @@
 // (broadcast) keep the recv slots. The choice is this rank's alone: the wire
 // carries the same segments either way.
 //
+// Sending in place is the mirror image: where the transport lends the memory
+// a message will travel in (Transport::lend: the next slot of the peer's
+// inbox) inside a range the device can page-lock, the copy off the device
+// writes the segment straight into that slot, and isend_lent() publishes it
+// once the copy has run: no host copy at all between the two GPUs' copies.
+// Lent slots are posted in the order they were lent, so once a segment has
+// had to go through a send slot (no slot free), nothing more is lent until
+// its isend is posted.
+//
 // Between steps, the copies out wait for everything queued on the way in
 // (the chunk sent in step t+1 is the one reduced in step t). Inside a step the
 // chunk sent and the chunk received are different chunks, so the lanes run
@@ -84,9 +93,9 @@ class DeviceExecutor final : public Executor {
   // The codec's operations as the Device's kernels, on the kToDevice lane
   // (after the data that lane lands, before the next step's copies out).
   CodecOps* codec_ops() override { return &codec_; }
-  // Bytes copied onto the device straight out of the transport's memory
-  // (landing in place) so far.
-  uint64_t landed_in_place_bytes() const { return in_place_bytes_; }
+  // Bytes copied between the device and the transport's own memory directly
+  // so far (landing and sending in place).
+  uint64_t in_place_bytes() const { return in_place_bytes_; }
   // Host memory: the transport's own messages, cut into segments as a host
   // rank cuts them.
   void host_exchange(const std::vector<StepPlan>& plans) override;
@@ -114,6 +123,12 @@ class DeviceExecutor final : public Executor {
   struct SendSlot {
     char* host = nullptr;
     std::vector<RequestPtr> sends;  // the isends reading this slot, one per segment
+    // Sending in place: the batch's one segment goes in this lent memory (the
+    // copy off the device writes it there, or into `host` first where the
+    // lent memory is not locked: then a memcpy at posting).
+    char* lent = nullptr;
+    bool lent_via_host = false;
+    bool held_back = false;  // through `host` while in place: nothing is lent until posted
   };
   struct RecvSlot {
     char* host = nullptr;
@@ -132,6 +147,8 @@ class DeviceExecutor final : public Executor {
   void wait_all(std::vector<RequestPtr>& requests);
   // Whether the step receiving from `peer` lands its messages in place.
   bool lands_in_place(int peer);
+  // Whether the step sending to `peer` copies its segments into lent memory.
+  bool sends_in_place(int peer);
   // Gives back the oldest held view once the copy that read it has run.
   void release_oldest_view();
   void stage_send(size_t b);
@@ -153,6 +170,8 @@ class DeviceExecutor final : public Executor {
   size_t send_batches_ = 0;
   size_t recv_batches_ = 0;
   bool in_place_ = false;      // the step in progress lands in place
+  bool lend_ = false;          // the step in progress sends in place
+  size_t held_back_ = 0;       // batches through send slots while sending in place, not posted
   std::deque<HeldView> held_;  // views whose copies are queued, oldest first
   size_t views_posted_ = 0;    // views posted, not yet landed
   uint64_t views_taken_ = 0;   // views posted so far, in all steps

@@ -28,6 +28,12 @@ RequestPtr CountingTransport::irecv_view(int peer, size_t bytes) {
   return request;
 }
 
+RequestPtr CountingTransport::isend_lent(int peer, char* lent, size_t bytes) {
+  RequestPtr request = inner_->isend_lent(peer, lent, bytes);
+  if (remote(peer)) sent_.fetch_add(bytes, std::memory_order_relaxed);
+  return request;
+}
+
 TransportStats CountingTransport::between_hosts() const {
   TransportStats s;
   s.bytes_sent = sent_.load(std::memory_order_relaxed);

@@ -28,6 +28,9 @@ class CountingTransport : public Transport {
   MemoryRange view_region(int peer, size_t bytes) override {
     return inner_->view_region(peer, bytes);
   }
+  MemoryRange lend_region(int peer) override { return inner_->lend_region(peer); }
+  char* lend(int peer, size_t bytes) override { return inner_->lend(peer, bytes); }
+  RequestPtr isend_lent(int peer, char* lent, size_t bytes) override;
   void wait(Request& request, const Deadline& deadline) override {
     inner_->wait(request, deadline);
   }

@@ -60,6 +60,14 @@ MemoryRange RoutedTransport::view_region(int peer, size_t bytes) {
   return part_for(peer).view_region(peer, bytes);
 }
 
+MemoryRange RoutedTransport::lend_region(int peer) { return part_for(peer).lend_region(peer); }
+
+char* RoutedTransport::lend(int peer, size_t bytes) { return part_for(peer).lend(peer, bytes); }
+
+RequestPtr RoutedTransport::isend_lent(int peer, char* lent, size_t bytes) {
+  return part_for(peer).isend_lent(peer, lent, bytes);
+}
+
 bool RoutedTransport::reaches(int peer) const {
   return peer >= 0 && peer < size() && route_[static_cast<size_t>(peer)]->reaches(peer);
 }

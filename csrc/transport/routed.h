@@ -33,6 +33,9 @@ class RoutedTransport : public Transport {
   RequestPtr irecv_view(int peer, size_t bytes) override;
   void release(Request& view) override;
   MemoryRange view_region(int peer, size_t bytes) override;
+  MemoryRange lend_region(int peer) override;
+  char* lend(int peer, size_t bytes) override;
+  RequestPtr isend_lent(int peer, char* lent, size_t bytes) override;
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;

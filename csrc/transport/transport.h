@@ -109,6 +109,31 @@ class Transport {
     return {};
   }
 
+  // Sending without the transport's copy: lend() gives the memory the next
+  // message to `peer`, of `bytes` bytes, will travel in (for shared memory,
+  // the free slot of peer's inbox that comes next), or null where it cannot
+  // now (no such memory, no free slot, an earlier send still queued). The
+  // caller fills it, then posts it with isend_lent(): the message is the
+  // bytes the memory holds then. Lent memory is posted in the order it was
+  // lent, before anything else is sent to `peer` (which would otherwise queue
+  // behind it), and lies inside lend_region(peer): mapped as long as the
+  // transport is, in whole pages, what a device page-locks to copy into it.
+  virtual MemoryRange lend_region(int peer) {
+    (void)peer;
+    return {};
+  }
+  virtual char* lend(int peer, size_t bytes) {
+    (void)peer;
+    (void)bytes;
+    return nullptr;
+  }
+  virtual RequestPtr isend_lent(int peer, char* lent, size_t bytes) {
+    (void)peer;
+    (void)lent;
+    (void)bytes;
+    return nullptr;
+  }
+
   // Drives progress until `request` completes. Throws TimeoutError when no
   // byte has moved for the deadline's length (so a long transfer on a slow
   // link is not a timeout), and PeerError when the peer's connection fails.

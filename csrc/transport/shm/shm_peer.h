@@ -79,6 +79,13 @@ struct ShmTransport::Peer {
   bool by_address = false;                // it can read our memory: large sends go by address
   std::deque<std::shared_ptr<Op>> sends;  // not yet (fully) published
   std::deque<std::shared_ptr<Op>> by_address_sent;  // published by address, not yet read
+  // Slots lent (ShmTransport::lend), not yet posted, in order: their indices
+  // and data. head stops at the first.
+  struct Lent {
+    uint64_t index;
+    char* data;
+  };
+  std::deque<Lent> lent;
 
   shm::InboxControl* in = nullptr;  // its inbox in our segment: we read
   uint64_t in_next = 0;             // next message to take

@@ -285,6 +285,57 @@ MemoryRange ShmTransport::view_region(int from, size_t bytes) {
   return {home_.base(), home_.bytes()};
 }
 
+MemoryRange ShmTransport::lend_region(int to) {
+  if (!reaches(to) || header_ == nullptr) return {};
+  const Peer& p = *peers_[static_cast<size_t>(to)];
+  return {p.segment.base(), p.segment.bytes()};
+}
+
+char* ShmTransport::lend(int to, size_t bytes) {
+  if (!reaches(to) || header_ == nullptr || bytes == 0) return nullptr;
+  Peer& p = *peers_[static_cast<size_t>(to)];
+  const shm::Header& h = *p.header;
+  if (!p.sends.empty() || bytes > h.slot_bytes) return nullptr;
+  if (p.out_head - p.out->tail.load(std::memory_order_acquire) >= h.slots) return nullptr;
+  shm::SlotHeader* s = shm::slot(p.out, h, p.out_head);
+  const size_t need = sizeof(shm::SlotHeader) + bytes;
+  if (need > p.reserved[p.out_head % p.reserved.size()]) reserve_slot(p, s, p.out_head, need);
+  char* data = shm::slot_data(s);
+  // Tests: what was lent holds garbage until the caller fills it.
+  if (settings_.poison_released) std::memset(data, 0x3C, bytes);
+  p.lent.push_back({p.out_head, data});
+  ++p.out_head;
+  return data;
+}
+
+RequestPtr ShmTransport::isend_lent(int to, char* lent, size_t bytes) {
+  Peer& p = peer(to);
+  if (p.lent.empty() || p.lent.front().data != lent) {
+    throw Error("shared memory: rank " + std::to_string(rank_) + " posted memory lent for rank " +
+                std::to_string(to) + " out of the order it was lent in");
+  }
+  shm::SlotHeader* s = shm::slot(p.out, *p.header, p.lent.front().index);
+  s->bytes = bytes;
+  s->mode = shm::SlotMode::kInline;
+  s->last = 1;
+  s->remote = 0;
+  p.lent.pop_front();
+  publish(p);
+  p.header->doorbell.ring();
+  ++p.moved;
+  stats_.bytes_sent += bytes;
+  auto op = std::make_shared<Op>(to, lent, bytes, true);
+  op->done_ = true;  // published: nothing of ours is left to read
+  // Queued sends may have waited behind it.
+  progress_sends(p);
+  return op;
+}
+
+void ShmTransport::publish(Peer& p) {
+  const uint64_t head = p.lent.empty() ? p.out_head : p.lent.front().index;
+  p.out->head.store(head, std::memory_order_release);
+}
+
 std::string ShmTransport::in_segment_of(const Peer& p) const {
   return "in the segment of " + rank_name(p.rank) + " for " + rank_name(rank_) + "'s messages";
 }
@@ -348,7 +399,7 @@ bool ShmTransport::progress_sends(Peer& p) {
       }
     }
     ++p.out_head;
-    p.out->head.store(p.out_head, std::memory_order_release);
+    publish(p);
     published = moved = true;
     if (p.out_head - tail >= h.slots) tail = p.out->tail.load(std::memory_order_acquire);
   }
@@ -459,6 +510,7 @@ void ShmTransport::abort() noexcept {
       p->sends.clear();
       p->by_address_sent.clear();
       p->recvs.clear();
+      p->lent.clear();
     }
   }
 }
@@ -496,6 +548,7 @@ void ShmTransport::close() noexcept {
     p->sends.clear();
     p->by_address_sent.clear();
     p->recvs.clear();
+    p->lent.clear();
     p->segment.unmap();
   }
   peers_.clear();

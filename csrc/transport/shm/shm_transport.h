@@ -106,6 +106,13 @@ class ShmTransport : public Transport, public Bulletin {
   // Our home segment, which holds the inbox `peer` writes, for messages that
   // fit one slot and come inline.
   MemoryRange view_region(int peer, size_t bytes) override;
+  // peer's home segment as mapped here; lend() reserves the next slot of our
+  // inbox in it, for a message that fits one slot, and isend_lent() publishes
+  // it inline. A reserved slot holds back the publication of every message
+  // after it (head counts published messages in order).
+  MemoryRange lend_region(int peer) override;
+  char* lend(int peer, size_t bytes) override;
+  RequestPtr isend_lent(int peer, char* lent, size_t bytes) override;
   void wait(Request& request, const Deadline& deadline) override;
   bool progress() override;
   bool wait_for(Request& request, std::chrono::microseconds slice) override;
@@ -159,6 +166,9 @@ class ShmTransport : public Transport, public Bulletin {
   void decide_waits();
   RequestPtr post_recv(std::shared_ptr<Op> op);
   bool progress_sends(Peer& p);
+  // Stores p's inbox head: every message reserved so far, up to the first
+  // lent slot not yet posted.
+  void publish(Peer& p);
   bool progress_recvs(Peer& p);
   void consume(Peer& p, uint64_t index);
   // Reserve the pages of our inbox in p's segment before we first write them

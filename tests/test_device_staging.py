@@ -66,6 +66,11 @@ def fake_group():
                 env["RINGREDUCE_SEGMENT_BYTES"] = str(segment_bytes)
             if staging_bytes:
                 env["RINGREDUCE_DEVICE_STAGING_BYTES"] = str(staging_bytes)
+            if "shm" in transport:
+                # Over shared memory, segments go between the device and the inboxes
+                # directly (off by default); the pinned path is TCP's, and
+                # test_shared_memory_messages_land_on_the_device_in_place's.
+                env["RINGREDUCE_DEVICE_IN_PLACE"] = "1"
             _groups[key] = RankGroup(n, transport=transport, env=env)
         return _groups[key]
 
@@ -326,8 +331,9 @@ def _partial_overlap(comm):
 # ---- tests -------------------------------------------------------------------
 
 
-# Over TCP every segment is received into a recv slot; over shared memory it is
-# copied onto the device straight out of the sender's inbox slot (landing in place).
+# Over TCP every segment goes through the pinned slots; over shared memory (with
+# RINGREDUCE_DEVICE_IN_PLACE=1, fake_group) straight between the device and the
+# inboxes' slots.
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("segment", SEGMENTS.values(), ids=SEGMENTS.keys())
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -450,17 +456,20 @@ def _lands_in_place(comm, count):
     return right, moved, locked_open, _core.testing.page_locked_ranges()
 
 
+ON = {"RINGREDUCE_DEVICE_IN_PLACE": "1"}
+
+
 @pytest.mark.parametrize(
     "transport, env, lands",
     [
-        ("shm", {}, True),
-        ("tcp", {}, False),
-        # A GPU that cannot page-lock the inboxes: every segment through the recv slots.
-        ("shm", {"RINGREDUCE_TEST_FAKE_PAGE_LOCK": "0"}, False),
-        # Turned off: the same.
-        ("shm", {"RINGREDUCE_DEVICE_IN_PLACE": "0"}, False),
+        ("shm", ON, True),
+        ("tcp", ON, False),
+        # A GPU that cannot page-lock the inboxes: every segment through the slots.
+        ("shm", {**ON, "RINGREDUCE_TEST_FAKE_PAGE_LOCK": "0"}, False),
+        # Off, as by default: the same.
+        ("shm", {}, False),
     ],
-    ids=["shm", "tcp", "shm-unlockable", "shm-off"],
+    ids=["shm", "tcp", "shm-unlockable", "shm-default"],
 )
 @pytest.mark.parametrize("n", [2, 3])
 def test_shared_memory_messages_land_on_the_device_in_place(n, transport, env, lands):

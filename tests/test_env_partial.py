@@ -201,7 +201,7 @@ def test_set_settings_reach_their_options_field(no_settings):
         "shm_single_copy_bytes": 1 << 20,
         "shm_slot_bytes": 8192,
         "device_staging_bytes": 1 << 21,
-        "device_land_in_place": 0,
+        "device_land_in_place": 1,
         "stream_store_bytes": 1 << 22,
         "host_id": "host-7",
         "socket_addr": "10.0.0.7",

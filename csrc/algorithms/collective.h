@@ -152,7 +152,7 @@ struct RingContext {
   Device* device = nullptr;
   const StreamMark* device_mark = nullptr;
   size_t device_staging_bytes = 0;  // the most one staging copy moves (Options)
-  bool device_land_in_place = true;  // Options::device_land_in_place
+  bool device_land_in_place = false;  // Options::device_land_in_place
   // Out: of a staged device call, the bytes copied onto the device straight
   // out of the transport's memory (DeviceExecutor: landing in place).
   uint64_t staged_in_place_bytes = 0;

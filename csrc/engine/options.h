@@ -36,11 +36,14 @@ struct Options {
   // segment). Each copy, and each wait for one, costs microseconds of launch
   // and completion latency that a segment-sized copy does not amortize.
   size_t device_staging_bytes = 4 << 20;
-  // Device arrays over shared memory: copy received messages onto the GPU
-  // straight out of the sender's inbox slots, page-locked for it, instead of
-  // through the pinned staging memory (RINGREDUCE_DEVICE_IN_PLACE=0 turns it
-  // off; executor/device_executor.h, "landing in place").
-  bool device_land_in_place = true;
+  // Device arrays over shared memory: copy segments between the GPU and the
+  // inboxes' slots directly, page-locked for it, instead of through the pinned
+  // staging memory (RINGREDUCE_DEVICE_IN_PLACE=1; executor/device_executor.h,
+  // "landing in place"). No host copy, but a copy, and a wait for it, per
+  // segment: off until a GPU has measured it, since on ranks that time-slice
+  // one GPU each such wait cost a time slice (the per-segment staging was 4x
+  // slower than batches, docs/cuda.md).
+  bool device_land_in_place = false;
   // Host reductions out of place: a step that reduces at least this many
   // bytes into the output writes it with streaming (non-temporal) stores, which
   // skip reading the output's lines into the cache before overwriting them

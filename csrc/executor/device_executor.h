@@ -27,7 +27,9 @@
 // so the host seldom waits on the device: copies, kernels and the network
 // overlap.
 //
-// Landing in place. Where the transport lends views of a step's messages in
+// Landing in place (ExecutorSetup::land_in_place: RINGREDUCE_DEVICE_IN_PLACE=1,
+// off by default until a GPU has measured it; see below). Where the transport
+// lends views of a step's messages in
 // memory of its own that the device can page-lock (Transport::view_region:
 // shared memory's inbox), the step receives views instead, and the copies
 // onto the device read the messages where the sender wrote them: one host
@@ -49,6 +51,12 @@
 // Lent slots are posted in the order they were lent, so once a segment has
 // had to go through a send slot (no slot free), nothing more is lent until
 // its isend is posted.
+//
+// The price: both ways move one segment per copy and wait for each, where the
+// slots above move batches. The inboxes are shallow (a few segments per peer),
+// so the pipeline is as deep as they are. Under MPS or with a GPU per rank a
+// wait costs microseconds; where ranks time-slice one GPU it can cost a time
+// slice, which is what made per-segment staging 4x slower than batches.
 //
 // Between steps, the copies out wait for everything queued on the way in
 // (the chunk sent in step t+1 is the one reduced in step t). Inside a step the

@@ -51,7 +51,7 @@ struct ExecutorSetup {
   // Device executor: receive messages as views where the transport lends them
   // in memory the device can page-lock, and copy them onto the device from
   // there (device_executor.h, "landing in place"). Unused on the host.
-  bool land_in_place = true;
+  bool land_in_place = false;
   // Host executor: a step reducing at least this many bytes out of place
   // writes them with streaming stores (Options::stream_store_bytes; 0: never).
   size_t stream_store_bytes = 0;

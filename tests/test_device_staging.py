@@ -50,6 +50,10 @@ SEGMENTS = {
 }
 
 _groups: dict = {}
+# Groups kept alive at once, the least recently used closed first: the parameters
+# make 30 of them, about 90 processes, and under the sanitizers (.ci/sanitizers.sh)
+# each rank holds some 300 MB, more than the machine has.
+LIVE_GROUPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,11 @@ def fake_group():
     def get(n: int, segment, transport: str = "tcp") -> RankGroup:
         segment_bytes, staging_bytes = segment if isinstance(segment, tuple) else (segment, 0)
         key = (n, segment_bytes, staging_bytes, transport)
-        if key not in _groups:
+        if key in _groups:
+            _groups[key] = _groups.pop(key)  # the most recently used last
+        else:
+            while len(_groups) >= LIVE_GROUPS:
+                _groups.pop(next(iter(_groups))).close()
             env = dict(FAKE_DEVICE_ENV)
             if segment_bytes:
                 env["RINGREDUCE_SEGMENT_BYTES"] = str(segment_bytes)

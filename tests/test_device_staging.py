@@ -223,6 +223,31 @@ def _async_calls_in_flight(comm):
     return all(same_bits(o, expected(n, c, "float64", "sum")) for o, c in zip(outs, counts))
 
 
+def _after_the_callers_stream(comm, counts):
+    # Each input is written on the caller's stream (the fake device's emulation, which
+    # runs it only once something waits for it) just before its call: every path must
+    # wait for that stream before it reads the input, synchronous calls and async ones.
+    from ringreduce import _core
+
+    n, r = comm.world_size, comm.rank
+    stream = 0x5EED
+    wrong = []
+    for i, c in enumerate(counts):
+        x = np.full(c, -1.0, np.float32)  # stale: what a call reads if it comes too early
+        out = np.full(c, -7.0, np.float32)
+        _core.testing.fake_stream_write(
+            stream, x.ctypes.data, np.full(c, r + 1 + i, np.float32).tobytes()
+        )
+        args = (fake(x, stream=stream),)
+        if i % 2:
+            comm.all_reduce(*args, out=fake(out, stream=stream), async_op=True).wait()
+        else:
+            comm.all_reduce(*args, out=fake(out, stream=stream))
+        if not np.all(out == n * (n + 1) / 2 + n * i):
+            wrong.append((c, i, np.unique(out)[:4].tolist()))
+    return wrong
+
+
 def _device_and_host_ranks_meet(comm, counts):
     # Same bytes on the wire: even ranks pass "device" arrays, odd ranks numpy. On
     # shared memory the smallest calls go through the bulletin, whichever the arrays.
@@ -391,6 +416,14 @@ def test_random_float32_within_rounding_bound(fake_group, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_async_calls_in_flight(fake_group, n):
     assert fake_group(n, 40).run(_async_calls_in_flight) == [True] * n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_calls_start_after_the_work_queued_on_the_callers_stream(fake_group, n, transport):
+    # 5 elements take the bulletin over shm; the others the staged ring.
+    counts = [5, 4099, 100_003, 5, 4099, 100_003]
+    assert fake_group(n, 40, transport).run(_after_the_callers_stream, counts) == [[]] * n
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])

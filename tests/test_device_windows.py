@@ -9,7 +9,8 @@ through their addresses, which on the fake device are host memory.
 
 The risks are the host windows' (test_windows.py) and the device's own: a rank whose
 caller's stream has not reached the call yet when its peers read its input (the wait
-before `located`), a chunk not yet on every output when a rank says `done` (the sync
+before `located`; the fake device runs work a test queued on the caller's stream only
+once something waits for it), a chunk not yet on every output when a rank says `done` (the sync
 after the copies), and ranks that disagree on where their windows are.
 """
 
@@ -62,6 +63,39 @@ def test_16_bit_floats_accumulate_in_float32_and_round_once(group_factory, n):
 def test_buffers_rewritten_between_calls_never_corrupt_a_sum(group_factory, n):
     group = group_factory(n, fake_device=True, transport="shm")
     assert group.run(dw.reuse_under_pressure, 60, timeout=240) == ["ok"] * n
+
+
+def _after_the_callers_stream(comm):
+    """Each input is written on the caller's stream (the fake device's emulation runs it
+    only once something waits for that stream) just before the call: a rank must wait
+    for it before it says its buffers are ready, or a peer reads them stale."""
+    from ringreduce import _core
+
+    n, r = comm.world_size, comm.rank
+    stream = 0x5EED
+    dev = comm.empty(4096, np.float32, device="cuda")
+    h = host(dev)
+    before = comm.stats()["all_reduce_algorithms"]["window"]
+    for i in range(20):
+        h[:] = -1  # stale: what a peer reads if it comes too early
+        _core.testing.fake_stream_write(
+            stream, h.ctypes.data, np.full(h.size, r + 1 + i, h.dtype).tobytes()
+        )
+        x = fake(h, stream=stream)
+        if i % 2:
+            comm.all_reduce(x, out=x, async_op=True).wait()
+        else:
+            comm.all_reduce(x, out=x)
+        want = n * (n + 1) / 2 + n * i
+        if not np.all(h == want):
+            return f"call {i}: {np.unique(h)[:4].tolist()} where {want} was due"
+    return comm.stats()["all_reduce_algorithms"]["window"] - before
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_call_waits_for_the_callers_stream_before_peers_read_its_buffers(group_factory, n):
+    group = group_factory(n, fake_device=True, transport="shm")
+    assert group.run(_after_the_callers_stream) == [20] * n
 
 
 def _mixed(comm):

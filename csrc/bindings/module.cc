@@ -20,6 +20,7 @@
 #include "engine/choice.h"
 #include "engine/options.h"
 #include "executor/device_window.h"
+#include "executor/devices.h"
 #include "kernels/codec.h"
 #include "reduce/cpu_kernels.h"
 #include "rendezvous/store.h"
@@ -141,6 +142,17 @@ void register_testing(py::module_& t) {
   t.def("retired_device_windows", &rr::DeviceWindow::retired_for_testing,
         "Device windows of this process whose arrays are gone but whose memory a peer may "
         "still map (not yet freed), after freeing those no peer maps.");
+  t.def(
+      "fake_stream_write",
+      [](uintptr_t stream, uintptr_t address, const py::bytes& data) {
+        rr::fake_stream_write(stream, reinterpret_cast<void*>(address), std::string(data));
+      },
+      py::arg("stream"), py::arg("address"), py::arg("data"),
+      "Queues a write of `data` at `address` on the fake device's emulation of the caller's "
+      "stream `stream`: it runs only once a collective submitted on that stream after it "
+      "waits for the stream, or fake_stream_sync(stream) (executor/devices.h).");
+  t.def("fake_stream_sync", &rr::fake_stream_sync, py::arg("stream"),
+        "Runs everything queued on the fake device's emulated stream `stream`.");
   t.def("page_locked_ranges", &rr::page_lock::count,
         "Ranges of this process's host memory a device has page-locked (common/page_lock.h): "
         "each goes before its mapping does.");

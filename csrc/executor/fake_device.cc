@@ -15,6 +15,13 @@
 // handles the segments' records, so the ranks' processes map each other's
 // "device" memory as CUDA IPC maps a GPU's: the whole window protocol runs
 // without a GPU.
+//
+// The callers' streams are emulated too: tests queue writes on a stream
+// handle (fake_stream_write), standing for work the caller queued before its
+// call. They run as late as allowed as well: only when a collective that
+// marked the stream runs its first operation, syncs or finishes, or when the
+// test syncs the stream. A collective that touches its buffers, or lets a
+// peer touch them, before waiting for its caller's stream sees stale data.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -41,6 +48,52 @@ namespace {
 
 constexpr unsigned char kPoison = 0xA5;
 
+// Work queued on the callers' streams, by stream handle, for the process.
+class CallerStreams {
+ public:
+  static CallerStreams& get() {
+    static CallerStreams* streams = new CallerStreams;  // never destroyed: used at exit
+    return *streams;
+  }
+  void queue(uintptr_t stream, std::function<void()> op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stream& s = streams_[stream];
+    s.ops.push_back(std::move(op));
+    ++s.queued;
+  }
+  uint64_t queued(uintptr_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return streams_[stream].queued;
+  }
+  // Runs the stream's work up to its position-th operation.
+  void run_until(uintptr_t stream, uint64_t position) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stream& s = streams_[stream];
+    while (s.ran < position) {
+      std::function<void()> op = std::move(s.ops.front());
+      s.ops.pop_front();
+      ++s.ran;
+      op();
+    }
+  }
+
+ private:
+  struct Stream {
+    std::deque<std::function<void()>> ops;
+    uint64_t queued = 0;
+    uint64_t ran = 0;
+  };
+  std::mutex mu_;
+  std::map<uintptr_t, Stream> streams_;
+};
+
+// A caller's stream as it was at the call: how much work it had queued.
+struct FakeMark final : StreamMark {
+  FakeMark(uintptr_t s, uint64_t p) : stream(s), position(p) {}
+  uintptr_t stream;
+  uint64_t position;
+};
+
 bool lock_nothing(void*, size_t) { return true; }
 void unlock_nothing(void*) noexcept {}
 // One queued operation in kEagerOneIn runs a lane ahead.
@@ -50,12 +103,18 @@ class FakeDevice final : public Device {
  public:
   explicit FakeDevice(int device) : device_(device) {}
 
-  std::shared_ptr<StreamMark> mark(uintptr_t) override { return std::make_shared<StreamMark>(); }
+  std::shared_ptr<StreamMark> mark(uintptr_t stream) override {
+    return std::make_shared<FakeMark>(stream, CallerStreams::get().queued(stream));
+  }
 
-  void begin(const StreamMark&) override {
+  void begin(const StreamMark& mark) override {
     if (!lanes_[0].empty() || !lanes_[1].empty()) {
       throw Error("fake device: an earlier collective left work queued (a missing finish)");
     }
+    const auto* m = dynamic_cast<const FakeMark*>(&mark);
+    if (m == nullptr) throw Error("fake device: a stream mark another device made");
+    caller_ = *m;
+    caller_pending_ = true;
   }
 
   Staging staging(size_t slots, size_t slot_bytes, size_t scratch_bytes) override {
@@ -248,9 +307,15 @@ class FakeDevice final : public Device {
     enqueue(lane, [this, point] { run_until(point); });
   }
 
-  void sync(int event, const Deadline&) override { run_until(events_.at(event)); }
+  // Every event is recorded after begin(), which put the caller's stream
+  // ahead of both lanes: reaching any means the caller's work has run.
+  void sync(int event, const Deadline&) override {
+    catch_up_with_caller();
+    run_until(events_.at(event));
+  }
 
   void finish(const Deadline&) override {
+    catch_up_with_caller();
     for (int i = 0; i < 2; ++i) run_until({i, queued_[i]});
   }
 
@@ -280,8 +345,16 @@ class FakeDevice final : public Device {
     return random_;
   }
 
+  // Both lanes wait for the caller's stream as it was at the call.
+  void catch_up_with_caller() {
+    if (!caller_pending_) return;
+    caller_pending_ = false;
+    CallerStreams::get().run_until(caller_.stream, caller_.position);
+  }
+
   void run_until(const Point& point) {
     std::deque<std::function<void()>>& lane = lanes_[point.lane];
+    if (ran_[point.lane] < point.position) catch_up_with_caller();
     while (ran_[point.lane] < point.position) {
       std::function<void()> op = std::move(lane.front());
       lane.pop_front();
@@ -292,6 +365,8 @@ class FakeDevice final : public Device {
   }
 
   int device_;  // the CUDA device it stands in for
+  FakeMark caller_{0, 0};        // the caller's stream of the collective in progress
+  bool caller_pending_ = false;  // its work up to the mark has yet to run
   std::deque<std::function<void()>> lanes_[2];
   uint64_t queued_[2] = {0, 0};
   uint64_t ran_[2] = {0, 0};
@@ -310,6 +385,16 @@ class FakeDevice final : public Device {
 
 std::unique_ptr<Device> make_fake_device(int device) {
   return std::make_unique<FakeDevice>(device);
+}
+
+void fake_stream_write(uintptr_t stream, void* dst, std::string bytes) {
+  CallerStreams::get().queue(
+      stream, [dst, data = std::move(bytes)] { std::memcpy(dst, data.data(), data.size()); });
+}
+
+void fake_stream_sync(uintptr_t stream) {
+  CallerStreams& streams = CallerStreams::get();
+  streams.run_until(stream, streams.queued(stream));
 }
 
 }  // namespace rr

@@ -241,12 +241,11 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
   const size_t hi = std::min(args.count, lo + chunk);
   if (on_device) {
     // Device memory is ready for the peers once the caller's stream has
-    // queued all it wrote there before the call: the host waits for it
-    // before it says `located`.
+    // run all it queued before the call: the host waits for it before it
+    // says `located`, and meanwhile publishes and reads the entries.
     Device& d = *ctx.device;
     d.begin(*ctx.device_mark);  // first: it makes the device current here
     d.record(Lane::kToDevice, kCallerReady);
-    d.sync(kCallerReady, ctx.deadline());
   }
   Entry mine{};
   mine.header = make_call_header(ctx, args, Algorithm::kWindow);
@@ -303,6 +302,7 @@ void window_all_reduce(RingContext& ctx, const CollectiveArgs& args) {
       out[static_cast<size_t>(peer)] =
           locate(theirs.refs.recv_id, theirs.refs.recv_offset, "output");
     }
+    if (on_device) ctx.device->sync(kCallerReady, ctx.deadline());
   } catch (...) {
     try {
       bulletin.raise_phase(Bulletin::kPhaseRefused | located);

@@ -76,8 +76,9 @@ void DeviceExecutor::step(const StepPlan& plan) {
   }
   plan_ = plan;
   in_place_ = setup_.land_in_place && !plan.forward && plan.recv_bytes > 0 &&
-              lands_in_place(plan.recv_from);
-  lend_ = setup_.land_in_place && plan.send_bytes > 0 && sends_in_place(plan.send_to);
+              lockable(transport_.view_region(plan.recv_from, segment_bytes_));
+  lend_ =
+      setup_.land_in_place && plan.send_bytes > 0 && lockable(transport_.lend_region(plan.send_to));
   const size_t segments = segments_in(std::max(plan.send_bytes, plan.recv_bytes), segment_bytes_);
   // Landing in place holds a view per segment until its copy has run: one
   // segment per batch keeps the views of the batches in flight within what
@@ -106,13 +107,7 @@ void DeviceExecutor::step(const StepPlan& plan) {
   }
 }
 
-bool DeviceExecutor::lands_in_place(int peer) {
-  const MemoryRange inbox = transport_.view_region(peer, segment_bytes_);
-  return inbox.bytes > 0 && device_.lock_host(inbox.data, inbox.bytes);
-}
-
-bool DeviceExecutor::sends_in_place(int peer) {
-  const MemoryRange inbox = transport_.lend_region(peer);
+bool DeviceExecutor::lockable(const MemoryRange& inbox) {
   return inbox.bytes > 0 && device_.lock_host(inbox.data, inbox.bytes);
 }
 
@@ -131,15 +126,14 @@ void DeviceExecutor::stage_send(size_t b) {
   wait_all(slot.sends);  // batch b - kSlots is still being read from this slot
   const size_t bytes = length(plan_.send_bytes, b);
   slot.lent = nullptr;
-  slot.lent_via_host = slot.held_back = false;
+  slot.held_back = false;
+  // Lent memory lies inside lend_region(), which step() locked whole.
   if (lend_ && held_back_ == 0) slot.lent = transport_.lend(plan_.send_to, bytes);
-  if (slot.lent != nullptr) {
-    slot.lent_via_host = !device_.host_locked(slot.lent, bytes);
-  } else if (lend_) {
+  if (slot.lent == nullptr && lend_) {
     slot.held_back = true;
     ++held_back_;
   }
-  char* staged = slot.lent != nullptr && !slot.lent_via_host ? slot.lent : slot.host;
+  char* staged = slot.lent != nullptr ? slot.lent : slot.host;
   device_.copy(Lane::kToHost, staged, plan_.send + b * batch_bytes_, bytes);
   device_.record(Lane::kToHost, slot_event(kSendStaged, b));
 }
@@ -152,11 +146,7 @@ void DeviceExecutor::send_staged(size_t b) {
   device_.sync(slot_event(kSendStaged, b), setup_.deadline());
   const size_t bytes = length(plan_.send_bytes, b);
   if (slot.lent != nullptr) {
-    if (slot.lent_via_host) {
-      std::memcpy(slot.lent, slot.host, bytes);
-    } else {
-      in_place_bytes_ += bytes;
-    }
+    in_place_bytes_ += bytes;
     slot.sends.push_back(transport_.isend_lent(plan_.send_to, slot.lent, bytes));
     slot.lent = nullptr;
     return;

@@ -132,10 +132,8 @@ class DeviceExecutor final : public Executor {
     char* host = nullptr;
     std::vector<RequestPtr> sends;  // the isends reading this slot, one per segment
     // Sending in place: the batch's one segment goes in this lent memory (the
-    // copy off the device writes it there, or into `host` first where the
-    // lent memory is not locked: then a memcpy at posting).
+    // copy off the device writes it there).
     char* lent = nullptr;
-    bool lent_via_host = false;
     bool held_back = false;  // through `host` while in place: nothing is lent until posted
   };
   struct RecvSlot {
@@ -153,10 +151,10 @@ class DeviceExecutor final : public Executor {
 
   size_t length(size_t total, size_t b) const;  // of batch b of a region of `total` bytes
   void wait_all(std::vector<RequestPtr>& requests);
-  // Whether the step receiving from `peer` lands its messages in place.
-  bool lands_in_place(int peer);
-  // Whether the step sending to `peer` copies its segments into lent memory.
-  bool sends_in_place(int peer);
+  // Whether the device copies straight to or from this memory of the
+  // transport's (view_region: landing in place; lend_region: sending in
+  // place): it page-locks it, once.
+  bool lockable(const MemoryRange& inbox);
   // Gives back the oldest held view once the copy that read it has run.
   void release_oldest_view();
   void stage_send(size_t b);

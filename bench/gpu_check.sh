@@ -3,10 +3,12 @@
 # missing) and runs bench/gpu_check.py on this machine's GPU, then, where torch
 # sees the GPU, bench/gpu_transports.py (the device all_reduce, staged and over
 # device windows, against Gloo's, our host path and the device's own copies),
-# bench/gpu_sync_probe.py (what one copy and synchronize costs) and
+# bench/gpu_sync_probe.py (what one copy and synchronize costs),
 # bench/gpu_staging_probe.py (how fast pinned, page-locked shared and pageable
-# host memory feed and drain the GPU; RR_GPU_CHECK_NO_BENCH=1 skips all three),
-# then the GPU tests
+# host memory feed and drain the GPU) and bench/gpu_flag_probe.py (what a
+# barrier between two processes on the GPU costs through the host, the
+# stream's own flag operations and a spinning kernel, and under MPS;
+# RR_GPU_CHECK_NO_BENCH=1 skips all four), then the GPU tests
 # (RR_GPU_CHECK_NO_TESTS=1 skips them). Arguments go to gpu_check.py (--seed S
 # to replay a run). Exit status: the check's, or 1 if it passed and a test
 # failed. Set RR_GPU_CHECK_NO_BUILD=1 to test the ringreduce already installed
@@ -32,13 +34,14 @@ if [[ "${RR_GPU_CHECK_NO_BUILD:-0}" != 1 ]]; then
 fi
 
 # On an H200 (16 cores) the build took 25 s, the check 31 s, the bench 26 s (before
-# its third transport), the
-# probe about 10 s and the tests 45 s (the staging probe is new: its 60 s allow
-# for torch starting three times and about 20 GB of copies). The timeouts, about
-# 4x those, turn a hang into a failure and keep the whole run under 10 minutes,
-# inside a device lease.
+# its third transport), the sync probe about 10 s and the tests 45 s. Not yet run
+# on a GPU: the staging probe (its 60 s allow for torch starting three times and
+# about 20 GB of copies) and the flag probe (at most 3 s per way and rank by its
+# own deadlines, six ways, two pairs of processes started: about 30 s at worst).
+# The timeouts, 3-4x those, turn a hang into a failure and keep the whole run
+# under 10 minutes, inside a device lease.
 status=0
-timeout 120 "$PYTHON" bench/gpu_check.py "$@" || status=$?
+timeout 100 "$PYTHON" bench/gpu_check.py "$@" || status=$?
 if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
   "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   # Shared memory three times: as it is (through pinned staging memory, in batches),
@@ -47,11 +50,13 @@ if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
   timeout 150 "$PYTHON" bench/gpu_transports.py -n 2 \
     --transports shm,shm:RINGREDUCE_DEVICE_IN_PLACE=1,shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536,tcp \
     --sizes 8,64K,1M,16M,256M || echo "gpu_transports failed (status $?)" >&2
-  timeout 45 "$PYTHON" bench/gpu_sync_probe.py || echo "gpu_sync_probe failed (status $?)" >&2
+  timeout 30 "$PYTHON" bench/gpu_sync_probe.py || echo "gpu_sync_probe failed (status $?)" >&2
   timeout 60 "$PYTHON" bench/gpu_staging_probe.py || echo "gpu_staging_probe failed (status $?)" >&2
+  timeout 50 "$PYTHON" bench/gpu_flag_probe.py --timeout 3 ||
+    echo "gpu_flag_probe failed (status $?)" >&2
 fi
 if [[ "${RR_GPU_CHECK_NO_TESTS:-0}" != 1 ]]; then
-  timeout 180 "$PYTHON" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py \
+  timeout 170 "$PYTHON" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py \
     tests/test_cuda_build.py tests/test_compression_device.py tests/test_device_staging.py \
     tests/test_torch_cuda.py ||
     { [[ "$status" != 0 ]] || status=1; }

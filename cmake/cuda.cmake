@@ -52,7 +52,9 @@ if(RR_WITH_CUDA_VALUE)
 
   # No --use_fast_math: the float16 conversions need IEEE rounding and
   # subnormals, and the kernels must give the same bits as the CPU ones.
-  add_library(rr_cuda_kernels STATIC csrc/reduce/cuda_kernels.cu csrc/kernels/codec_cuda.cu)
+  # testing/flag_probe.cu is bench/gpu_flag_probe.py's (_core.testing).
+  add_library(rr_cuda_kernels STATIC csrc/reduce/cuda_kernels.cu csrc/kernels/codec_cuda.cu
+              csrc/testing/flag_probe.cu)
   set_target_properties(rr_cuda_kernels PROPERTIES
     CUDA_STANDARD 17
     CUDA_STANDARD_REQUIRED ON

@@ -481,6 +481,31 @@ def test_gpu_staging_probe_says_it_needs_a_gpu():
         assert out.returncode == 2 and "needs torch with CUDA and a GPU" in out.stderr
 
 
+def test_gpu_flag_probe_says_it_needs_a_gpu_and_its_harness_runs_without_one():
+    # Without a GPU the probe says so and exits 2. Its harness (the pair of processes,
+    # the shared page, the table, MPS where the control program exists) runs with the
+    # barriers passed in Python, so that a lease is not spent finding a bug in it.
+    from ringreduce import RingReduceError, _core
+
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_flag_probe.py")
+    if _core.cuda_device_count() == 0:
+        out = run_bench(["--iters", "3"], cmd=[sys.executable, script])
+        assert out.returncode == 2 and "needs ringreduce built with CUDA and a GPU" in out.stderr
+        with pytest.raises(RingReduceError, match="CUDA"):
+            _core.testing.cuda_flag_probe("host", 0, 4096, 0, 1, 1, 1.0)
+    out = run_bench(
+        ["--iters", "200", "--timeout", "20"],
+        cmd=[sys.executable, script],
+        extra_env={"RR_FLAG_PROBE_FAKE": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("2 processes on GPU 0, time-sliced, per barrier:"), out.stdout
+    for mode in ("host", "memops", "spin"):
+        assert re.search(rf"{mode} [0-9.]+ us \(200/200\)", first), out.stdout
+    assert out.stdout.splitlines()[1].startswith("MPS"), out.stdout
+
+
 def test_init_time_reports_each_size_and_the_store_s_traffic():
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "init_time.py")
     out = run_bench(["--sizes", "2,3", "--trials", "1"], cmd=[sys.executable, script])
@@ -544,5 +569,5 @@ def test_gpu_check_fits_a_ten_minute_lease():
     with open(path) as f:
         script = f.read()
     timeouts = [int(t) for t in re.findall(r"^\s*timeout (\d+) ", script, re.MULTILINE)]
-    assert len(timeouts) == 5, timeouts  # the check, three benches, the tests
+    assert len(timeouts) == 6, timeouts  # the check, four benches, the tests
     assert sum(timeouts) + 30 <= 600, timeouts

@@ -21,6 +21,7 @@
 
 #if RR_WITH_CUDA
 #include "reduce/cuda_kernels.h"
+#include "testing/flag_probe.h"
 #endif
 
 namespace py = pybind11;
@@ -217,6 +218,22 @@ double time_copy(uintptr_t dst, uintptr_t src, size_t nbytes, int iters) {
       iters);
 }
 
+py::dict flag_probe(const std::string& mode, uintptr_t page, size_t page_bytes, int rank,
+                    uint64_t first, int iters, double timeout_s, int device) {
+  require_device();
+  rr::testing::FlagProbe r;
+  {
+    py::gil_scoped_release release;
+    r = rr::testing::flag_probe(mode, reinterpret_cast<uint64_t*>(page), page_bytes, rank, first,
+                                iters, timeout_s, device);
+  }
+  py::dict d;
+  d["seconds"] = r.seconds;
+  d["completed"] = r.completed;
+  d["timed_out"] = r.timed_out;
+  return d;
+}
+
 }  // namespace
 
 void register_cuda(py::module_& m, py::module_& t) {
@@ -248,6 +265,12 @@ void register_cuda(py::module_& m, py::module_& t) {
   t.def("cuda_time_copy", &time_copy, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         py::arg("iters"),
         "Seconds per device-to-device cudaMemcpyAsync, timed like cuda_time_reduce.");
+  t.def("cuda_flag_probe", &flag_probe, py::arg("mode"), py::arg("page"), py::arg("page_bytes"),
+        py::arg("rank"), py::arg("first"), py::arg("iters"), py::arg("timeout_s"),
+        py::arg("device") = 0,
+        "Rank `rank` of two processes passing `iters` barriers through 64-bit flags in the "
+        "shared host page at `page` (testing/flag_probe.h): mode 'host', 'memops' or 'spin'. "
+        "Returns seconds, completed and timed_out (bench/gpu_flag_probe.py).");
 }
 
 #else  // RR_WITH_CUDA
@@ -263,8 +286,9 @@ void register_cuda(py::module_& m, py::module_& t) {
   for (const char* name : {"cuda_device_properties", "cuda_pointer_device"}) {
     m.def(name, unavailable);
   }
-  for (const char* name : {"cuda_reduce", "cuda_reduce_all", "cuda_divide", "cuda_malloc",
-                           "cuda_free", "cuda_memcpy", "cuda_time_reduce", "cuda_time_copy"}) {
+  for (const char* name :
+       {"cuda_reduce", "cuda_reduce_all", "cuda_divide", "cuda_malloc", "cuda_free", "cuda_memcpy",
+        "cuda_time_reduce", "cuda_time_copy", "cuda_flag_probe"}) {
     t.def(name, unavailable);
   }
 }

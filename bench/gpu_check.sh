@@ -44,11 +44,12 @@ status=0
 timeout 100 "$PYTHON" bench/gpu_check.py "$@" || status=$?
 if [[ "${RR_GPU_CHECK_NO_BENCH:-0}" != 1 ]] &&
   "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
-  # Shared memory three times: as it is (through pinned staging memory, in batches),
+  # Shared memory four times: as it is (through pinned staging memory, in batches),
   # with segments copied between the GPU and the inboxes directly (no host copy, a
-  # copy per segment), and with messages read by address (one host copy per byte).
+  # copy per segment), with messages read by address (one host copy per byte), and
+  # as it is under MPS (both ranks' work in one server: no time slicing).
   timeout 150 "$PYTHON" bench/gpu_transports.py -n 2 \
-    --transports shm,shm:RINGREDUCE_DEVICE_IN_PLACE=1,shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536,tcp \
+    --transports shm,shm:RINGREDUCE_DEVICE_IN_PLACE=1,shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536,shm:MPS,tcp \
     --sizes 8,64K,1M,16M,256M || echo "gpu_transports failed (status $?)" >&2
   timeout 30 "$PYTHON" bench/gpu_sync_probe.py || echo "gpu_sync_probe failed (status $?)" >&2
   timeout 60 "$PYTHON" bench/gpu_staging_probe.py || echo "gpu_staging_probe failed (status $?)" >&2

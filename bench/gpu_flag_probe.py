@@ -16,7 +16,7 @@ testing/flag_probe.h describes:
   spin    one kernel spinning on the flags for every barrier (a persistent kernel).
 
 Then the same under MPS, where nvidia-cuda-mps-control is on PATH (a daemon of its
-own, in a temporary directory, stopped at the end; --no-mps skips it). Each cell is
+own, bench/_mps.py, stopped at the end; --no-mps skips it). Each cell is
 the slower process's microseconds per barrier, and how many of the barriers passed
 before the deadline. Needs ringreduce built with CUDA and a GPU (exit status 2
 without); torch is not used. RR_FLAG_PROBE_FAKE=1 passes the barriers in Python on
@@ -28,11 +28,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional
+
+from _mps import mps_daemon  # bench/, this script's directory
 
 MODES = ("host", "memops", "spin")
 PAGE = 4096
@@ -142,19 +141,10 @@ def cells(results: List[Dict], iters: int) -> List[str]:
 
 
 def with_mps(iters: int, timeout: float) -> str:
-    control = shutil.which("nvidia-cuda-mps-control")
-    if control is None:
-        return "MPS: nvidia-cuda-mps-control is not on PATH"
-    with tempfile.TemporaryDirectory(prefix="rr-mps-") as d:
-        env = {"CUDA_MPS_PIPE_DIRECTORY": d, "CUDA_MPS_LOG_DIRECTORY": d}
-        full = dict(os.environ, **env)
-        started = subprocess.run([control, "-d"], env=full, capture_output=True, timeout=20)
-        if started.returncode != 0:
-            return f"MPS: the daemon did not start ({started.stderr.decode().strip()})"
-        try:
-            return "MPS, " + ", ".join(cells(run_pair(iters, timeout, env), iters))
-        finally:
-            subprocess.run([control], input=b"quit\n", env=full, capture_output=True, timeout=20)
+    with mps_daemon() as (env, why):
+        if env is None:
+            return f"MPS: {why}"
+        return "MPS, " + ", ".join(cells(run_pair(iters, timeout, env), iters))
 
 
 def main() -> int:

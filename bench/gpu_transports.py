@@ -6,7 +6,10 @@ against Gloo's CUDA all_reduce, in the same run.
 A transport may carry settings for its ranks' environment, which its table's
 heading repeats: `--transports shm,shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536` runs
 shared memory as it is and again with messages of 64 KiB and more read by address
-(one host copy per byte instead of two, for the staged rows too).
+(one host copy per byte instead of two, for the staged rows too). The setting `MPS`
+runs that transport's ranks under CUDA MPS (`shm:MPS`: a daemon of the harness's own,
+bench/_mps.py, for that run only; skipped, saying why, where MPS cannot run), so that
+ranks sharing a GPU are timed with and without time slicing.
 
 Every rank uses the same GPU (cuda:0, or --device), as ranks of one node share a
 host. Per size and round, in turn: ringreduce's all_reduce of a torch.cuda tensor
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -39,6 +43,7 @@ import traceback
 from typing import Any, Dict, List
 
 import numpy as np
+from _mps import mps_daemon  # bench/, this script's directory
 
 from ringreduce.bench.data import parse_size
 from ringreduce.launch import free_port
@@ -62,21 +67,25 @@ def _iters(nbytes: int) -> int:
 
 
 def split_transport(spec: str) -> tuple:
-    """ "shm:VAR=value:VAR2=value2" -> ("shm", {"VAR": "value", "VAR2": "value2"})."""
+    """ "shm:VAR=value:VAR2=value2:MPS" -> ("shm", {"VAR": "value", "VAR2": "value2"}, True)."""
     name, *settings = spec.split(":")
     env = {}
+    mps = False
     for setting in settings:
+        if setting == "MPS":
+            mps = True
+            continue
         var, eq, value = setting.partition("=")
         if not eq or not var.startswith("RINGREDUCE_"):
-            raise SystemExit(f"--transports: {setting!r} in {spec!r} is not RINGREDUCE_...=value")
+            raise SystemExit(
+                f"--transports: {setting!r} in {spec!r} is not RINGREDUCE_...=value or MPS"
+            )
         env[var] = value
-    return name, env
+    return name, env, mps
 
 
 def _rank(rank: int, args: Any, ports: List[int], spec: str) -> Dict[str, List[float]]:
-    import os
-
-    transport, env = split_transport(spec)
+    transport, env, _ = split_transport(spec)
     os.environ.update(env)  # before init, which reads them; this process is this rank's alone
     import torch
     import torch.distributed as dist
@@ -163,15 +172,32 @@ def _serve(rank: int, args: Any, ports: List[int], transport: str, conn: Any) ->
 
 
 def run_transport(args: Any, transport: str) -> int:
+    if split_transport(transport)[2]:
+        with mps_daemon() as (env, why):
+            if env is None:
+                print(f"\n{transport}: skipped: {why}")
+                return 0
+            return _run_transport(args, transport, env)
+    return _run_transport(args, transport, {})
+
+
+def _run_transport(args: Any, transport: str, env: Dict[str, str]) -> int:
+    """Runs the ranks of one transport, with `env` (MPS's) set for their processes."""
     ctx = mp.get_context("spawn")
     ports = [free_port(), free_port()]
     procs, conns = [], []
-    for rank in range(args.nprocs):
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_serve, args=(rank, args, ports, transport, child))
-        p.start()
-        procs.append(p)
-        conns.append(parent)
+    saved = dict(os.environ)
+    os.environ.update(env)  # inherited by the ranks' processes as they start
+    try:
+        for rank in range(args.nprocs):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(rank, args, ports, transport, child))
+            p.start()
+            procs.append(p)
+            conns.append(parent)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     deadline = time.monotonic() + args.timeout
     results = []
     for conn in conns:

@@ -425,18 +425,51 @@ def test_ab_compare_runs_the_builds_it_is_given(tmp_path):
     assert "build A: ringreduce imports from (nothing)" in missing.stderr, missing.stderr
 
 
-def test_gpu_transports_harness_runs_without_a_gpu():
+def _fake_mps_control(tmp_path) -> tuple:
+    """A stand-in for nvidia-cuda-mps-control on PATH that logs what it is told: "start
+    DIR" for the daemon (failing unless its pipe directory DIR exists), "quit DIR" for
+    the command on stdin. Returns (the environment with it on PATH, the log's path)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "mps.log"
+    control = bin_dir / "nvidia-cuda-mps-control"
+    control.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-d" ]; then\n'
+        f'  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n'
+        '  [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] || exit 3\n'
+        "  exit 0\n"
+        "fi\n"
+        "read cmd\n"
+        f'echo "$cmd $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n'
+    )
+    control.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+def _assert_one_mps_daemon_started_and_stopped(log) -> None:
+    lines = log.read_text().split("\n")
+    assert len(lines) == 3 and lines[2] == "", lines
+    (start, d), (quit, d2) = lines[0].split(), lines[1].split()
+    assert (start, quit, d2) == ("start", "quit", d), lines
+    assert not os.path.exists(d), "the daemon's temporary directory outlived it"
+
+
+def test_gpu_transports_harness_runs_without_a_gpu(tmp_path):
     """bench/gpu_transports.py (run by bench/gpu_check.sh on a GPU) on CPU tensors: the
-    harness, its check of each first result and its table, so it works when a GPU comes."""
+    harness, its check of each first result and its table, so it works when a GPU comes;
+    "shm:MPS" runs under an MPS daemon the harness starts and stops (a stand-in here)."""
     pytest.importorskip(
         "torch", reason="needs torch: pip install torch (the CPU wheel is enough; docs/install.md)"
     )
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_transports.py")
     single_copy = "shm:RINGREDUCE_SHM_SINGLE_COPY_BYTES=65536"
-    transports = ("shm", single_copy, "tcp")
+    transports = ("shm", single_copy, "tcp", "shm:MPS")
     args = ["--transports", ",".join(transports), "--sizes", "64K,1M", "--rounds", "1"]
-    out = run_bench(args + ["--device", "cpu"], cmd=[sys.executable, script])
+    env, log = _fake_mps_control(tmp_path)
+    out = run_bench(args + ["--device", "cpu"], cmd=[sys.executable, script], extra_env=env)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    _assert_one_mps_daemon_started_and_stopped(log)
     for transport in transports:
         head = f"2 ranks, ringreduce transport {transport}: us per call (busbw GB/s)"
         lines = out.stdout.split(head)[1].strip().splitlines()
@@ -451,7 +484,7 @@ def test_gpu_transports_refuses_a_setting_that_is_not_one_before_starting_ranks(
     script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_transports.py")
     out = run_bench(["--transports", "shm:SINGLE_COPY"], cmd=[sys.executable, script])
     assert out.returncode != 0
-    assert "'SINGLE_COPY' in 'shm:SINGLE_COPY' is not RINGREDUCE_...=value" in out.stderr, out
+    assert "'SINGLE_COPY' in 'shm:SINGLE_COPY' is not RINGREDUCE_...=value or MPS" in out.stderr
 
 
 def test_gpu_sync_probe_says_it_needs_a_gpu():
@@ -481,7 +514,7 @@ def test_gpu_staging_probe_says_it_needs_a_gpu():
         assert out.returncode == 2 and "needs torch with CUDA and a GPU" in out.stderr
 
 
-def test_gpu_flag_probe_says_it_needs_a_gpu_and_its_harness_runs_without_one():
+def test_gpu_flag_probe_says_it_needs_a_gpu_and_its_harness_runs_without_one(tmp_path):
     # Without a GPU the probe says so and exits 2. Its harness (the pair of processes,
     # the shared page, the table, MPS where the control program exists) runs with the
     # barriers passed in Python, so that a lease is not spent finding a bug in it.
@@ -503,7 +536,19 @@ def test_gpu_flag_probe_says_it_needs_a_gpu_and_its_harness_runs_without_one():
     assert first.startswith("2 processes on GPU 0, time-sliced, per barrier:"), out.stdout
     for mode in ("host", "memops", "spin"):
         assert re.search(rf"{mode} [0-9.]+ us \(200/200\)", first), out.stdout
-    assert out.stdout.splitlines()[1].startswith("MPS"), out.stdout
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        assert out.stdout.splitlines()[1] == "MPS: nvidia-cuda-mps-control is not on PATH", out
+    # Under a stand-in MPS daemon: started with a pipe directory of its own, then stopped.
+    env, log = _fake_mps_control(tmp_path)
+    out = run_bench(
+        ["--iters", "200", "--timeout", "20"],
+        cmd=[sys.executable, script],
+        extra_env={"RR_FLAG_PROBE_FAKE": "1", **env},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    mps = out.stdout.splitlines()[1]
+    assert mps.startswith("MPS, host ") and mps.count("(200/200)") == 3, out.stdout
+    _assert_one_mps_daemon_started_and_stopped(log)
 
 
 def test_init_time_reports_each_size_and_the_store_s_traffic():

@@ -357,6 +357,10 @@ class _Testing:
     @staticmethod
     def page_locked_ranges() -> int: ...
     @staticmethod
+    def fake_stream_write(stream: int, address: int, data: bytes) -> None: ...
+    @staticmethod
+    def fake_stream_sync(stream: int) -> None: ...
+    @staticmethod
     def hmac_sha256(key: bytes, message: bytes) -> bytes: ...
     @staticmethod
     def sha256(data: bytes) -> bytes: ...
@@ -390,6 +394,17 @@ class _Testing:
     ) -> float: ...
     @staticmethod
     def cuda_time_copy(dst: int, src: int, nbytes: int, iters: int) -> float: ...
+    @staticmethod
+    def cuda_flag_probe(
+        mode: str,
+        page: int,
+        page_bytes: int,
+        rank: int,
+        first: int,
+        iters: int,
+        timeout_s: float,
+        device: int = 0,
+    ) -> Dict[str, Any]: ...
 
 testing: _Testing
 

@@ -100,7 +100,11 @@ def run_pair(iters: int, timeout: float, env: Optional[Dict[str, str]] = None) -
     try:
         queue, start = ctx.Queue(), ctx.Barrier(2)
         procs = [
-            ctx.Process(target=_rank, args=(r, page.name, iters, timeout, start, queue))
+            # Daemons: a rank stuck in the driver must not keep the harness from exiting
+            # (gpu_check's timeout would then take the whole step).
+            ctx.Process(
+                target=_rank, args=(r, page.name, iters, timeout, start, queue), daemon=True
+            )
             for r in range(2)
         ]
         for p in procs:

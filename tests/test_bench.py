@@ -425,10 +425,11 @@ def test_ab_compare_runs_the_builds_it_is_given(tmp_path):
     assert "build A: ringreduce imports from (nothing)" in missing.stderr, missing.stderr
 
 
-def _fake_mps_control(tmp_path) -> tuple:
+def _fake_mps_control(tmp_path, then: str = "") -> tuple:
     """A stand-in for nvidia-cuda-mps-control on PATH that logs what it is told: "start
-    DIR" for the daemon (failing unless its pipe directory DIR exists), "quit DIR" for
-    the command on stdin. Returns (the environment with it on PATH, the log's path)."""
+    DIR" for the daemon (failing unless its pipe directory DIR exists; then runs the
+    shell command `then`), "quit DIR" for the command on stdin. Returns (the environment
+    with it on PATH, the log's path)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "mps.log"
@@ -438,6 +439,7 @@ def _fake_mps_control(tmp_path) -> tuple:
         'if [ "$1" = "-d" ]; then\n'
         f'  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n'
         '  [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] || exit 3\n'
+        f"  {then or ':'}\n"
         "  exit 0\n"
         "fi\n"
         "read cmd\n"
@@ -548,6 +550,21 @@ def test_gpu_flag_probe_says_it_needs_a_gpu_and_its_harness_runs_without_one(tmp
     assert out.returncode == 0, out.stderr[-2000:]
     mps = out.stdout.splitlines()[1]
     assert mps.startswith("MPS, host ") and mps.count("(200/200)") == 3, out.stdout
+    _assert_one_mps_daemon_started_and_stopped(log)
+
+
+def test_an_mps_daemon_is_stopped_when_the_harness_is_terminated(tmp_path):
+    # gpu_check.sh's `timeout` sends SIGTERM: the harness must still stop its daemon. The
+    # stand-in control program sends it to the harness as it starts the daemon.
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "gpu_flag_probe.py")
+    env, log = _fake_mps_control(tmp_path, then="kill -TERM $PPID")
+    out = run_bench(
+        ["--iters", "5", "--timeout", "20"],
+        cmd=[sys.executable, script],
+        extra_env={"RR_FLAG_PROBE_FAKE": "1", **env},
+    )
+    assert out.returncode == 128 + 15, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert out.stdout.startswith("2 processes on GPU 0"), out.stdout  # the run before MPS
     _assert_one_mps_daemon_started_and_stopped(log)
 
 

@@ -51,5 +51,18 @@ def mps_daemon() -> Iterator[Tuple[Optional[Dict[str, str]], str]]:
                 signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def environment(env: Dict[str, str]) -> Iterator[None]:
+    """`env` set in os.environ meanwhile (the processes started inside inherit it, such
+    as mps_daemon()'s clients), and the environment as it was afterwards."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)

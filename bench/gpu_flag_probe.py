@@ -31,7 +31,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from _mps import mps_daemon  # bench/, this script's directory
+from _mps import environment, mps_daemon  # bench/, this script's directory
 
 MODES = ("host", "memops", "spin")
 PAGE = 4096
@@ -94,8 +94,6 @@ def run_pair(iters: int, timeout: float, env: Optional[Dict[str, str]] = None) -
 
     page = shared_memory.SharedMemory(create=True, size=PAGE)
     page.buf[:PAGE] = bytes(PAGE)
-    saved = dict(os.environ)
-    os.environ.update(env or {})
     ctx = mp.get_context("spawn")
     try:
         queue, start = ctx.Queue(), ctx.Barrier(2)
@@ -107,10 +105,9 @@ def run_pair(iters: int, timeout: float, env: Optional[Dict[str, str]] = None) -
             )
             for r in range(2)
         ]
-        for p in procs:
-            p.start()
-        os.environ.clear()
-        os.environ.update(saved)
+        with environment(env or {}):
+            for p in procs:
+                p.start()
         budget = len(MODES) * (timeout + 10) + 30
         results: List[Dict] = [{}, {}]
         for _ in procs:
@@ -120,8 +117,6 @@ def run_pair(iters: int, timeout: float, env: Optional[Dict[str, str]] = None) -
             p.join(timeout=10)
         return results
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
         page.close()
         page.unlink()
 

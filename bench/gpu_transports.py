@@ -43,7 +43,7 @@ import traceback
 from typing import Any, Dict, List
 
 import numpy as np
-from _mps import mps_daemon  # bench/, this script's directory
+from _mps import environment, mps_daemon  # bench/, this script's directory
 
 from ringreduce.bench.data import parse_size
 from ringreduce.launch import free_port
@@ -186,18 +186,13 @@ def _run_transport(args: Any, transport: str, env: Dict[str, str]) -> int:
     ctx = mp.get_context("spawn")
     ports = [free_port(), free_port()]
     procs, conns = [], []
-    saved = dict(os.environ)
-    os.environ.update(env)  # inherited by the ranks' processes as they start
-    try:
+    with environment(env):  # inherited by the ranks' processes as they start
         for rank in range(args.nprocs):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_serve, args=(rank, args, ports, transport, child))
             p.start()
             procs.append(p)
             conns.append(parent)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     deadline = time.monotonic() + args.timeout
     results = []
     for conn in conns:

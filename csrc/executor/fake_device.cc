@@ -59,11 +59,11 @@ class CallerStreams {
     std::lock_guard<std::mutex> lock(mu_);
     Stream& s = streams_[stream];
     s.ops.push_back(std::move(op));
-    ++s.queued;
   }
   uint64_t queued(uintptr_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
-    return streams_[stream].queued;
+    const Stream& s = streams_[stream];
+    return s.ran + s.ops.size();
   }
   // Runs the stream's work up to its position-th operation.
   void run_until(uintptr_t stream, uint64_t position) {
@@ -79,8 +79,7 @@ class CallerStreams {
 
  private:
   struct Stream {
-    std::deque<std::function<void()>> ops;
-    uint64_t queued = 0;
+    std::deque<std::function<void()>> ops;  // queued, not yet run
     uint64_t ran = 0;
   };
   std::mutex mu_;
